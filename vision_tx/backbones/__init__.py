@@ -1,0 +1,10 @@
+"""Hierarchical backbones (Swin, NAT, ResNet) behind one factory.
+
+>>> from vision_tx.backbones import build_backbone
+>>> m = build_backbone("swin_t")          # images [N,3,H,W] -> {"res2": ..., "res5": ...}
+"""
+
+from vision_tx.backbones.registry import build_backbone, build_classifier, list_backbones
+from vision_tx.backbones.weights import LoadReport, load_weights, save_weights
+
+__all__ = ["build_backbone", "build_classifier", "list_backbones", "load_weights", "save_weights", "LoadReport"]

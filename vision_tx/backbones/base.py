@@ -1,0 +1,54 @@
+"""What every dense-prediction backbone shares: output naming, channel/stride tables, freezing."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from torch import nn
+
+
+class Backbone(nn.Module):
+    """Base class: a ``stem`` followed by ``stages`` (an ``nn.ModuleList``), stage ``i`` named ``res{i+2}``.
+
+    Subclasses set ``self.stem`` and ``self.stages`` and call :meth:`_init_outputs` with the channels
+    and strides of all stages; ``forward(images [N,3,H,W])`` returns an ordered dict with the
+    ``out_features`` names, mapping to ``[N, C, H/stride, W/stride]`` maps.
+    """
+
+    stem: nn.Module
+    stages: nn.ModuleList
+
+    def _init_outputs(
+        self, stage_channels: Sequence[int], stage_strides: Sequence[int], out_indices: Sequence[int], frozen_stages: int
+    ) -> None:
+        num = len(stage_channels)
+        bad = [i for i in out_indices if not 0 <= i < num]
+        if bad or not out_indices:
+            raise ValueError(f"out_indices must be a non-empty subset of 0..{num - 1}, got {tuple(out_indices)}")
+        self.out_indices = tuple(sorted(out_indices))
+        self.out_features = [f"res{i + 2}" for i in self.out_indices]
+        self.out_channels = [int(stage_channels[i]) for i in self.out_indices]
+        self.strides = [int(stage_strides[i]) for i in self.out_indices]
+        self.frozen_stages = -1
+        self.freeze_stages(frozen_stages)
+
+    def freeze_stages(self, num_stages: int) -> None:
+        """Freezes the stem and the first ``num_stages`` stages (``0``: stem only, ``-1``: nothing).
+
+        Frozen parts stop needing gradients and stay in eval mode (no dropout, no BN updates); a
+        later call with a smaller number unfreezes the rest.
+        """
+        if not -1 <= num_stages <= len(self.stages):
+            raise ValueError(f"frozen_stages must be in -1..{len(self.stages)}, got {num_stages}")
+        self.frozen_stages = num_stages
+        for index, module in enumerate([self.stem, *self.stages]):
+            frozen = index <= num_stages
+            for p in module.parameters():
+                p.requires_grad_(not frozen)
+            module.train(self.training and not frozen)
+
+    def train(self, mode: bool = True) -> "Backbone":
+        super().train(mode)
+        for module in [self.stem, *self.stages][: self.frozen_stages + 1]:
+            module.eval()
+        return self

@@ -1,0 +1,68 @@
+"""Pieces every task's LightningModule shares: optimiser parameter groups and result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+# Parameters that should not be decayed: normalisation layers, biases, position and bias tables.
+NO_DECAY_NAME_PARTS = ("relative_position_bias_table", "rpb", "pos_embed", "absolute_pos_embed")
+
+
+def _is_no_decay(name: str, param: nn.Parameter, norm_param_names: set[str]) -> bool:
+    return param.ndim <= 1 or name in norm_param_names or any(part in name for part in NO_DECAY_NAME_PARTS)
+
+
+def param_groups(
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    backbone_lr: float | None = None,
+    decay_norms_and_biases: bool = True,
+) -> list[dict[str, Any]]:
+    """Optimiser parameter groups: ``backbone.*`` at ``backbone_lr`` (default ``lr``), the rest at ``lr``.
+
+    With ``decay_norms_and_biases=False`` norms, biases and position/bias tables get no weight
+    decay (Swin/UperNet recipe); DETR decays everything. Frozen parameters are left out.
+    """
+    norm_param_names = {
+        f"{module_name}.{param_name}" if module_name else param_name
+        for module_name, module in model.named_modules()
+        if isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm))
+        for param_name, _ in module.named_parameters(recurse=False)
+    }
+    groups: dict[tuple[float, float], list[nn.Parameter]] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        group_lr = backbone_lr if backbone_lr is not None and name.startswith("backbone.") else lr
+        decay = weight_decay
+        if not decay_norms_and_biases and _is_no_decay(name, param, norm_param_names):
+            decay = 0.0
+        groups.setdefault((group_lr, decay), []).append(param)
+    return [{"params": params, "lr": group_lr, "weight_decay": decay} for (group_lr, decay), params in groups.items()]
+
+
+def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:
+    """Writes ``data`` as indented JSON to a temporary file beside ``path``, then renames it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+    return path
+
+
+def merge_metrics_json(section: str, values: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Adds or replaces ``{section: values}`` in ``metrics.json`` (other sections are kept)."""
+    path = Path(path)
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[section] = values
+    return write_json_atomic(data, path)
+
