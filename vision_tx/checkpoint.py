@@ -35,7 +35,7 @@ def read_checkpoint(path: str | os.PathLike) -> Any:
             f"{path}: refused: the file holds Python objects other than tensors and plain containers, "
             f"and loading it would execute code ({err}). Re-save only its state dict."
         ) from err
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError, KeyError, AttributeError) as err:
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, corrupt or truncated ({err})") from err
 
 

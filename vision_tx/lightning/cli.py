@@ -8,6 +8,7 @@ value in it can be overridden with ``--section.key value`` (``--model.lr 2e-4``)
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -68,14 +69,27 @@ def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--config" not in " ".join(argv) and not any(a in ("-h", "--help") for a in argv):
         raise SystemExit(f"error: --config is required; available: {', '.join(available_configs())}")
+    show_library_log()
+    # LightningCLI reads sys.argv; it is rewritten (config names resolved) rather than passed as
+    # ``args``, which LightningCLI takes for a mistake when the process also has arguments.
+    sys.argv = [sys.argv[0], subcommand, *resolve_config_args(argv)]
     return VisionTxCLI(
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
-        args=[subcommand, *resolve_config_args(argv)],
     )
+
+
+def show_library_log() -> None:
+    """Sends vision_tx's INFO messages (which dataset is used, what was dropped) to the console."""
+    logger = logging.getLogger("vision_tx")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[vision_tx] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 def eval_main(argv: Sequence[str] | None = None) -> None:
@@ -106,7 +120,10 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
             parser.error("--gt and --results go together")
         from vision_tx.metrics.coco import evaluate_results_file
 
-        evaluate_results_file(known.gt, known.results, iou_type=known.iou_type)
+        stats = evaluate_results_file(known.gt, known.results, iou_type=known.iou_type)
+        print(f"{known.iou_type} stats (full precision):")
+        for name, value in stats.items():
+            print(f"  {name:<5} {value!r}")
     elif known.gt_panoptic or known.pred_panoptic:
         if not all((known.gt_panoptic, known.gt_folder, known.pred_panoptic, known.pred_folder)):
             parser.error("--gt-panoptic, --gt-folder, --pred-panoptic and --pred-folder go together")

@@ -1,0 +1,45 @@
+"""The COCO detection datamodule on the toy dataset and on coco128's layout."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from vision_tx.data.coco import CocoFormatError
+from vision_tx.data.detection import CocoDetectionDataModule
+from vision_tx.data.transforms import DetrTrainTransform, DetrValTransform
+
+
+def test_toy_datamodule_batches(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="vision_tx.data.detection"):
+        data = CocoDetectionDataModule(
+            toy_cache_dir=str(tmp_path / "toy"),
+            train_transform=DetrTrainTransform(scales=(96, 128), max_size=160, crop_scales=(96,), crop_size=(64, 96)),
+            val_transform=DetrValTransform(size=128, max_size=160),
+            batch_size=4,
+            num_workers=0,
+            size_divisibility=32,
+        )
+    assert "built-in toy dataset" in caplog.text and "--data.root" in caplog.text
+    assert data.num_classes == 4
+    assert data.category_names == {1: "circle", 2: "square", 3: "triangle"}
+    assert data.val_coco.getImgIds() and data.val_ann_file.name == "instances_val2017.json"
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    images, pixel_mask, targets = batch["images"], batch["pixel_mask"], batch["targets"]
+    assert images.shape[0] == 4 and images.shape[-1] % 32 == 0 and images.shape[-2] % 32 == 0
+    assert pixel_mask.shape == (4, *images.shape[-2:])
+    for mask, target in zip(pixel_mask, targets):
+        h, w = target["size"].tolist()
+        assert not mask[:h, :w].any() and mask.sum() == mask.numel() - h * w
+        assert set(target["labels"].tolist()) <= {1, 2, 3}
+    val_batch = next(iter(data.val_dataloader()))
+    assert all(min(t["size"].tolist()) == 128 for t in val_batch["targets"])
+    assert len(data.train_dataloader()) == 64 // 4 and len(data.val_dataloader()) == 16 // 4
+
+
+def test_wrong_root_names_the_expected_layout(tmp_path: Path) -> None:
+    with pytest.raises(CocoFormatError, match=r"not a COCO detection root.*Expected the layout"):
+        CocoDetectionDataModule(root=str(tmp_path))

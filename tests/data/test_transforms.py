@@ -1,0 +1,131 @@
+"""DETR augmentation: boxes and masks follow flips, resizes and crops exactly; sizes obey the settings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from vision_tx.data.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    DetectionTransform,
+    DetrTrainTransform,
+    DetrValTransform,
+    RandomSizeCrop,
+)
+
+
+def _sample(height: int = 200, width: int = 300) -> tuple[tv_tensors.Image, dict]:
+    image = tv_tensors.Image(torch.randint(0, 256, (3, height, width), dtype=torch.uint8))
+    boxes = torch.tensor([[10.0, 20.0, 110.0, 60.0], [200.0, 150.0, 290.0, 190.0], [0.0, 0.0, 30.0, 30.0]])
+    masks = torch.zeros(3, height, width, dtype=torch.bool)
+    for mask, (x1, y1, x2, y2) in zip(masks, boxes.int().tolist()):
+        mask[y1:y2, x1:x2] = True
+    size = torch.tensor([height, width])
+    target = {
+        "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(height, width)),
+        "labels": torch.tensor([1, 5, 9]),
+        "masks": tv_tensors.Mask(masks),
+        "image_id": 42,
+        "orig_size": size,
+        "size": size.clone(),
+    }
+    return image, target
+
+
+def _mask_boxes(masks: torch.Tensor) -> list[list[float]]:
+    """The xyxy extent of each mask."""
+    out = []
+    for mask in masks:
+        ys, xs = torch.nonzero(mask, as_tuple=True)
+        out.append([xs.min().item(), ys.min().item(), xs.max().item() + 1.0, ys.max().item() + 1.0])
+    return out
+
+
+def test_horizontal_flip() -> None:
+    image, target = _sample()
+    flipped_image, flipped = DetectionTransform(v2.RandomHorizontalFlip(p=1.0))(image, target)
+    assert flipped["boxes"].tolist() == [[190, 20, 290, 60], [10, 150, 100, 190], [270, 0, 300, 30]]
+    assert torch.equal(flipped_image, image.flip(-1))
+    assert torch.equal(flipped["masks"], target["masks"].flip(-1))
+    assert flipped["labels"].tolist() == [1, 5, 9] and flipped["image_id"] == 42
+
+
+@pytest.mark.parametrize(
+    ("image_hw", "size", "max_size", "expected_hw"),
+    [((200, 300), 100, 1333, (100, 150)), ((200, 300), 100, 120, (80, 120)), ((300, 199), 100, 1333, (150, 100))],
+)
+def test_val_resize_scales_boxes_and_updates_size(
+    image_hw: tuple[int, int], size: int, max_size: int, expected_hw: tuple[int, int]
+) -> None:
+    image, target = _sample(*image_hw)
+    out_image, out = DetrValTransform(size=size, max_size=max_size)(image, target)
+    assert tuple(out_image.shape) == (3, *expected_hw)
+    assert out["size"].tolist() == list(expected_hw) and out["orig_size"].tolist() == list(image_hw)
+    scale = torch.tensor([expected_hw[1] / image_hw[1], expected_hw[0] / image_hw[0]] * 2)
+    torch.testing.assert_close(out["boxes"].as_subclass(torch.Tensor), target["boxes"].as_subclass(torch.Tensor) * scale)
+    assert out["masks"].shape == (3, *expected_hw)
+    assert out_image.dtype == torch.float32
+
+
+def test_normalisation_is_imagenet() -> None:
+    image = tv_tensors.Image(torch.full((3, 8, 8), 255, dtype=torch.uint8))
+    target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(8, 8)), "labels": torch.zeros(0)}
+    out, _ = DetrValTransform(size=8)(image, target)
+    expected = (1 - torch.tensor(IMAGENET_MEAN)) / torch.tensor(IMAGENET_STD)
+    torch.testing.assert_close(out[:, 0, 0], expected)
+
+
+def test_random_size_crop_moves_clips_and_drops_boxes() -> None:
+    crop = RandomSizeCrop(60, 120)
+    for seed in range(20):
+        image, target = _sample()
+        torch.manual_seed(seed)
+        params = crop.make_params([image])
+        torch.manual_seed(seed)
+        out_image, out = DetectionTransform(v2.Compose([crop, v2.SanitizeBoundingBoxes()]))(image, target)
+        top, left, height, width = params["top"], params["left"], params["height"], params["width"]
+        assert 60 <= height <= 120 and 60 <= width <= 120
+        assert torch.equal(out_image, image[:, top : top + height, left : left + width])
+        expected, labels = [], []
+        for (x1, y1, x2, y2), label in zip(target["boxes"].tolist(), target["labels"].tolist()):
+            box = [min(max(x1 - left, 0), width), min(max(y1 - top, 0), height),
+                   min(max(x2 - left, 0), width), min(max(y2 - top, 0), height)]
+            if box[2] - box[0] >= 1 and box[3] - box[1] >= 1:
+                expected.append(box)
+                labels.append(label)
+        assert out["boxes"].tolist() == expected
+        assert out["labels"].tolist() == labels
+        assert out["size"].tolist() == [height, width]
+        assert _mask_boxes(out["masks"]) == expected  # the masks left are those of the boxes left
+
+
+def test_train_transform_sizes_respect_the_settings() -> None:
+    scales, max_size = (96, 128, 160), 200
+    transform = DetrTrainTransform(scales=scales, max_size=max_size, crop_scales=(100, 120), crop_size=(64, 96))
+    seen_sizes = set()
+    for _ in range(30):
+        image, target = _sample()
+        out_image, out = transform(image, target)
+        height, width = out_image.shape[-2:]
+        assert out["size"].tolist() == [height, width]
+        # The shorter side is a scale, unless that made the longer one too long: then it is max_size
+        # (to within the rounding of the shorter side; these images' aspect ratios stay under 3).
+        assert min(height, width) in scales or max_size - 3 <= max(height, width)
+        assert max(height, width) <= max_size
+        boxes = out["boxes"]
+        assert boxes.canvas_size == (height, width) and len(boxes) == len(out["labels"]) == len(out["masks"])
+        assert (boxes[:, 2:] - boxes[:, :2] >= 1).all() and (boxes[:, 2] <= width).all() and (boxes[:, 3] <= height).all()
+        assert out["masks"].shape[-2:] == (height, width)
+        seen_sizes.add((height, width))
+    assert len(seen_sizes) > 2  # multi-scale indeed
+
+
+def test_empty_targets_pass_through() -> None:
+    image = tv_tensors.Image(torch.zeros(3, 50, 70, dtype=torch.uint8))
+    target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(50, 70)),
+              "labels": torch.zeros(0, dtype=torch.int64)}
+    _, out = DetrTrainTransform(scales=(40,), max_size=80, crop_scales=(40,), crop_size=(20, 30))(image, target)
+    assert out["boxes"].shape == (0, 4) and out["labels"].shape == (0,)

@@ -1,0 +1,75 @@
+"""Set criterion: target conversion, loss normalisation, images without targets, distributed box count.
+
+Numerical parity with transformers' DETR loss (final and auxiliary layers) is in tests/models/test_detr.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from vision_tx.heads.detr import SetCriterion, normalize_targets
+
+NUM_CLASSES = 4
+
+
+def outputs(batch: int, num_queries: int = 5, aux: int = 2) -> dict:
+    def layer() -> dict:
+        return {
+            "pred_logits": torch.randn(batch, num_queries, NUM_CLASSES + 1, requires_grad=True),
+            "pred_boxes": (torch.rand(batch, num_queries, 4) * 0.4 + 0.3).requires_grad_(),
+        }
+
+    return {**layer(), "aux_outputs": [layer() for _ in range(aux)]}
+
+
+def test_normalize_targets_gives_relative_cxcywh() -> None:
+    target = {"boxes": torch.tensor([[10.0, 20.0, 50.0, 60.0]]), "labels": torch.tensor([3]), "size": torch.tensor([100, 200])}
+    (converted,) = normalize_targets([target])
+    torch.testing.assert_close(converted["boxes"], torch.tensor([[0.15, 0.4, 0.2, 0.4]]))
+    assert converted["labels"].tolist() == [3]
+
+
+def test_keys_total_and_gradients() -> None:
+    out = outputs(batch=2)
+    targets = [
+        {"labels": torch.tensor([0, 3]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1]])},
+        {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.4, 0.4, 0.3, 0.3]])},
+    ]
+    losses = SetCriterion(NUM_CLASSES)(out, targets)
+    names = {f"loss_{kind}{suffix}" for kind in ("ce", "bbox", "giou") for suffix in ("", "_0", "_1")}
+    assert names | {"loss", "class_error", "cardinality_error"} == set(losses)
+    expected = sum((1 if "ce" in k else 5 if "bbox" in k else 2) * losses[k] for k in names)
+    torch.testing.assert_close(losses["loss"], expected)
+    losses["loss"].backward()
+    for layer in [out, *out["aux_outputs"]]:
+        assert layer["pred_logits"].grad.abs().sum() > 0 and layer["pred_boxes"].grad.abs().sum() > 0
+    assert not losses["class_error"].requires_grad and not losses["cardinality_error"].requires_grad
+
+
+def test_image_without_targets_learns_no_object_only() -> None:
+    out = outputs(batch=1, aux=0)
+    empty = [{"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4)}]
+    losses = SetCriterion(NUM_CLASSES)(out, empty)
+    no_object = torch.full((1, 5), NUM_CLASSES)
+    torch.testing.assert_close(losses["loss_ce"], F.cross_entropy(out["pred_logits"].transpose(1, 2), no_object))
+    assert losses["loss_bbox"] == 0 and losses["loss_giou"] == 0
+    assert torch.isfinite(losses["loss"])
+
+
+def test_box_count_is_averaged_over_processes(tmp_path) -> None:
+    torch.manual_seed(0)
+    out = outputs(batch=1, aux=0)
+    targets = [{"labels": torch.tensor([2, 1]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1]])}]
+    local = SetCriterion(NUM_CLASSES)(out, targets)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        distributed = SetCriterion(NUM_CLASSES)(out, targets)
+    finally:
+        dist.destroy_process_group()
+    torch.testing.assert_close(distributed["loss_bbox"], local["loss_bbox"])
+    # Two boxes: the summed L1 over matched pairs is divided by 2.
+    matched = SetCriterion(NUM_CLASSES).matcher(out["pred_logits"], out["pred_boxes"], targets)[0]
+    l1 = (out["pred_boxes"][0, matched[0]] - targets[0]["boxes"][matched[1]]).abs().sum() / 2
+    torch.testing.assert_close(local["loss_bbox"], l1)

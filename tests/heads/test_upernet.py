@@ -1,0 +1,85 @@
+"""UperNet decode head and FCN auxiliary head against transformers' UperNet heads with the same weights.
+
+transformers' heads follow mmsegmentation's ``UPerHead``/``FCNHead`` except that they have no
+dropout before the classifier (mmseg and the paper's recipe use ``Dropout2d(0.1)``); in eval mode,
+where dropout is the identity, the two must agree.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vision_tx.heads.fcn import FCNHead
+from vision_tx.heads.upernet import UperNetHead
+
+transformers = pytest.importorskip("transformers")
+from transformers import UperNetConfig  # noqa: E402
+from transformers.models.upernet.modeling_upernet import UperNetFCNHead, UperNetHead as HFUperNetHead  # noqa: E402
+
+IN_CHANNELS = [12, 24, 48, 96]
+NUM_CLASSES = 7
+
+
+def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """vision_tx head keys -> transformers': the blocks' BatchNorm is ``batch_norm`` there, ``bn`` here."""
+    return {key.replace(".bn.", ".batch_norm."): value for key, value in state.items()}
+
+
+def randomize_(module: torch.nn.Module) -> None:
+    """Moves every weight and BatchNorm statistic off its initial value, so no mapping error hides."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, tensor in module.state_dict().items():
+            if name.endswith("num_batches_tracked"):
+                continue
+            noise = torch.rand(tensor.shape, generator=generator) if "running_var" in name else torch.randn(tensor.shape, generator=generator)
+            tensor.copy_(noise * 0.5 + (0.5 if "running_var" in name else 0.0))
+
+
+def features(batch: int = 2, size: int = 96) -> list[torch.Tensor]:
+    return [torch.randn(batch, c, size // s, size // s) for c, s in zip(IN_CHANNELS, (4, 8, 16, 32))]
+
+
+@pytest.fixture
+def config() -> UperNetConfig:
+    return UperNetConfig(num_labels=NUM_CLASSES, hidden_size=32, auxiliary_channels=16, auxiliary_in_channels=None)
+
+
+def test_decode_head_matches_transformers(config: UperNetConfig) -> None:
+    ours = UperNetHead(IN_CHANNELS, NUM_CLASSES, channels=32).eval()
+    randomize_(ours)
+    reference = HFUperNetHead(config, in_channels=IN_CHANNELS).eval()
+    result = reference.load_state_dict(to_transformers(ours.state_dict()), strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    inputs = features()
+    with torch.no_grad():
+        expected = reference(inputs)
+        actual = ours(inputs)
+    assert actual.shape == (2, NUM_CLASSES, 24, 24)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_auxiliary_head_matches_transformers(config: UperNetConfig) -> None:
+    ours = FCNHead(IN_CHANNELS[2], NUM_CLASSES, channels=16).eval()
+    randomize_(ours)
+    reference = UperNetFCNHead(config, in_channels=IN_CHANNELS, in_index=2).eval()
+    reference.load_state_dict(to_transformers(ours.state_dict()), strict=True)
+    inputs = features()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(inputs[2]), reference(inputs), atol=1e-4, rtol=1e-4)
+
+
+def test_head_works_on_odd_sizes_and_fewer_levels() -> None:
+    head = UperNetHead([8, 16, 32], 3, channels=8).eval()
+    inputs = [torch.randn(1, 8, 25, 33), torch.randn(1, 16, 13, 17), torch.randn(1, 32, 7, 9)]
+    assert head(inputs).shape == (1, 3, 25, 33)
+
+
+def test_dropout_only_in_training() -> None:
+    head = UperNetHead(IN_CHANNELS, NUM_CLASSES, channels=16)
+    inputs = features()
+    head.train()
+    assert not torch.equal(head(inputs), head(inputs))  # Dropout2d draws new channels each call
+    head.eval()
+    assert torch.equal(head(inputs), head(inputs))

@@ -1,0 +1,128 @@
+"""Building blocks shared by the hierarchical transformer backbones (Swin, NAT).
+
+Both are a ``stem`` and ``stages`` of pre-norm blocks with MLPs, stochastic depth and the official
+truncated-normal initialisation, returning each requested stage through its own ``out_norm``; the
+classes here hold that common part and keep the modules' attribute (state-dict key) names.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from typing import Iterable, Mapping
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from vision_tx.backbones.base import Backbone
+from vision_tx.backbones.registry import register_backbone
+
+
+def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
+    """Stochastic depth: zeroes whole samples of a residual branch with probability ``rate``, rescales the rest."""
+    if rate == 0.0 or not training:
+        return x
+    keep = 1.0 - rate
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+    return x * mask / keep
+
+
+def init_weights(module: nn.Module) -> None:
+    """The official initialisation of one module: truncated normal linears, zero biases, unit LayerNorms."""
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+class Mlp(nn.Module):
+    """``fc1 -> GELU -> fc2``: ``[..., dim] -> [..., dim]`` through ``hidden`` channels."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Stage(nn.Module):
+    """An optional ``downsample`` entering the stage, then ``blocks`` on ``[B, H, W, C]`` maps.
+
+    ``out_norm`` (present on stages whose features are returned) is applied by the backbone to the
+    copy it outputs, not to what flows on to the next stage.
+    """
+
+    def __init__(self, downsample: nn.Module | None, blocks: Iterable[nn.Module], out_norm: nn.Module | None) -> None:
+        super().__init__()
+        self.grad_checkpointing = False
+        self.downsample = downsample
+        self.blocks = nn.ModuleList(blocks)
+        self.out_norm = out_norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, H, W, C_in] -> [B, H', W', C]`` (``H' = ceil(H/2)`` after downsampling)."""
+        if self.downsample is not None:
+            x = self.downsample(x)
+        for block in self.blocks:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return x
+
+
+class StagedBackbone(Backbone):
+    """A ``stem`` to ``[N, H, W, C]`` tokens and :class:`Stage` s: ``images [N,3,H,W] -> {"res{i+2}": [N,C_i,H_i,W_i]}``."""
+
+    stages: nn.ModuleList
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recomputes each block's activations in the backward pass instead of storing them (less memory)."""
+        for stage in self.stages:
+            stage.grad_checkpointing = enable
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        x = self.stem(images)
+        outputs: dict[str, torch.Tensor] = OrderedDict()
+        for index, stage in enumerate(self.stages):
+            x = stage(x)
+            if stage.out_norm is not None:
+                outputs[f"res{index + 2}"] = stage.out_norm(x).permute(0, 3, 1, 2).contiguous()
+        return outputs
+
+
+class ClassifierMixin:
+    """The ImageNet form of a :class:`StagedBackbone` (listed first among the bases):
+    ``images [N,3,H,W] -> logits [N,num_classes]`` (last stage, its norm, average pool, ``head``)."""
+
+    def __init__(self, num_classes: int = 1000, **kwargs) -> None:
+        super().__init__(out_indices=(len(kwargs["depths"]) - 1,), **kwargs)
+        self.head = nn.Linear(self.out_channels[-1], num_classes)
+        init_weights(self.head)
+
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """Normalised last-stage features ``[N, C, H/32, W/32]``."""
+        return next(iter(super().forward(images).values()))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.forward_features(images).mean((2, 3)))
+
+
+def _build(cls: type[nn.Module], variants: Mapping[str, dict], name: str, **kwargs) -> nn.Module:
+    return cls(**{**variants[name], **kwargs})
+
+
+def register_variants(variants: Mapping[str, dict], backbone: type[nn.Module], classifier: type[nn.Module]) -> None:
+    """Registers each ``name -> config`` of ``variants`` as ``backbone(**config)`` and ``classifier(**config)``;
+    keyword arguments given at build time override the config."""
+    for name in variants:
+        register_backbone(
+            name, functools.partial(_build, backbone, variants, name), functools.partial(_build, classifier, variants, name)
+        )

@@ -1,0 +1,326 @@
+"""Swin Transformer (Liu et al., 2021, https://arxiv.org/abs/2103.14030): attention in shifted windows.
+
+Every block attends within non-overlapping ``M x M`` windows with a learned relative position bias
+(a table of ``(2M-1)^2`` entries per head); every second block first rolls the map by ``M // 2`` so
+that windows straddle the previous block's borders, and a mask keeps tokens that the roll brought
+together from different image regions apart. Stages are joined by patch merging (2x2 neighbours
+concatenated, normalised and projected to twice the channels).
+
+Native layout: ``stem`` (patch embedding), ``stages.{i}`` with the patch merging that *enters*
+stage ``i`` (``stages.{i}.downsample``, ``i > 0``), its ``blocks`` and its output norm
+(``stages.{i}.out_norm``); the classifier adds ``head``. :meth:`SwinTransformer.convert_state_dict`
+maps timm's and Microsoft's layouts onto it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vision_tx.backbones.layers import ClassifierMixin, Mlp, Stage, StagedBackbone, drop_path, init_weights, register_variants
+
+# embed_dim, depths, num_heads and window_size from the paper (Table 1); drop_path_rate is the
+# stochastic depth of the paper's ImageNet recipe for each size.
+VARIANTS: dict[str, dict] = {
+    "swin_t": dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7, drop_path_rate=0.2),
+    "swin_s": dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24), window_size=7, drop_path_rate=0.3),
+    "swin_b": dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32), window_size=7, drop_path_rate=0.5),
+    "swin_l": dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48), window_size=12, drop_path_rate=0.2),
+}
+
+# Official Swin adds -100 (not -inf) between tokens of different regions; kept for identical outputs.
+_MASKED = -100.0
+
+
+# The index tables below are cached per size and device; built outside inference mode, so that a
+# model first run under ``torch.inference_mode`` can still be trained.
+@functools.lru_cache(maxsize=32)
+@torch.inference_mode(False)
+def relative_position_index(window: tuple[int, int], table_window: int, device: torch.device) -> torch.Tensor:
+    """``[N, N]`` rows of the ``(2M-1)^2`` bias table for each query/key pair of a ``window`` (``N = h*w``).
+
+    ``window`` may be smaller than the table's ``M`` (maps smaller than a window); it then reads the
+    central part of the table.
+    """
+    ys, xs = torch.meshgrid(torch.arange(window[0], device=device), torch.arange(window[1], device=device), indexing="ij")
+    ys, xs = ys.flatten(), xs.flatten()
+    dy = ys[:, None] - ys[None, :] + table_window - 1
+    dx = xs[:, None] - xs[None, :] + table_window - 1
+    return dy * (2 * table_window - 1) + dx
+
+
+@functools.lru_cache(maxsize=32)
+@torch.inference_mode(False)
+def shift_mask(padded: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """``[nW, N, N]`` additive mask (0 or -100) of the rolled map: tokens attend only within their region.
+
+    After a roll by ``-shift`` the last ``shift`` rows/columns hold the wrapped-around first ones;
+    regions are the bands ``[0, H-M)``, ``[H-M, H-s)``, ``[H-s, H)`` along each rolled axis.
+    """
+    def bands(size: int, win: int, s: int) -> torch.Tensor:
+        band = torch.zeros(size, dtype=torch.long, device=device)
+        if s:
+            band[size - win:] = 1
+            band[size - s:] = 2
+        return band
+
+    region = bands(padded[0], window[0], shift[0])[:, None] * 3 + bands(padded[1], window[1], shift[1])[None, :]
+    windows = window_partition(region[None, :, :, None], window).flatten(0, 1).squeeze(-1)  # [nW, N]
+    different = windows[:, :, None] != windows[:, None, :]
+    return torch.zeros(different.shape, device=device).masked_fill_(different, _MASKED)
+
+
+def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
+    """``[B, H, W, C] -> [B, nW, h*w, C]`` windows in row-major order (H, W multiples of the window)."""
+    batch, height, width, channels = x.shape
+    x = x.view(batch, height // window[0], window[0], width // window[1], window[1], channels)
+    return x.transpose(2, 3).reshape(batch, -1, window[0] * window[1], channels)
+
+
+@functools.lru_cache(maxsize=64)
+@torch.inference_mode(False)
+def window_gather(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token indices that roll, partition and un-partition a map in one gather each.
+
+    For a map of ``size`` zero-padded to ``padded`` (multiples of ``window``) and rolled by ``-shift``:
+    ``partition [Hp*Wp]`` is, for each token of the windows (row-major windows, row-major inside),
+    its index in the flattened padded map; ``restore [H*W]`` is, for each token of the unpadded map,
+    its position among the windows (undoing the roll and dropping the padding).
+    """
+    padded = [-(-s // w) * w for s, w in zip(size, window)]
+    rows = (torch.arange(padded[0], device=device) + shift[0]) % padded[0]
+    cols = (torch.arange(padded[1], device=device) + shift[1]) % padded[1]
+    source = rows[:, None] * padded[1] + cols[None, :]
+    partition = window_partition(source[None, :, :, None], window).flatten()
+    position = torch.empty_like(partition)
+    position[partition] = torch.arange(partition.numel(), device=device)
+    restore = position.view(padded)[: size[0], : size[1]].flatten()
+    return partition, restore
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping ``patch x patch`` convolution + LayerNorm: ``[N,3,H,W] -> [N, ceil(H/p), ceil(W/p), C]``."""
+
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.norm = nn.LayerNorm(embed_dim)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        height, width = images.shape[-2:]
+        images = F.pad(images, (0, -width % self.patch_size, 0, -height % self.patch_size))
+        return self.norm(self.proj(images).permute(0, 2, 3, 1))
+
+
+class PatchMerging(nn.Module):
+    """2x2 neighbours concatenated, LayerNorm, linear to ``2C``: ``[N,H,W,C] -> [N, ceil(H/2), ceil(W/2), 2C]``.
+
+    Odd sizes are zero-padded at the bottom/right. The concatenation order (top-left, bottom-left,
+    top-right, bottom-right) is the official one, which the ``reduction`` weights depend on.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * dim)
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, height, width, channels = x.shape
+        x = F.pad(x, (0, 0, 0, width % 2, 0, height % 2))
+        x = x.view(batch, (height + 1) // 2, 2, (width + 1) // 2, 2, channels)
+        x = x.permute(0, 1, 3, 4, 2, 5).flatten(3)  # [.., col offset, row offset, C]
+        return self.reduction(self.norm(x))
+
+
+class WindowAttention(nn.Module):
+    """Multi-head self-attention inside windows with a relative position bias table ``[(2M-1)^2, heads]``."""
+
+    def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.window_size = window_size
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1) ** 2, num_heads))
+        nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+
+    def relative_position_bias(self, window: tuple[int, int]) -> torch.Tensor:
+        """``[heads, N, N]`` bias for a ``window`` of ``N = h*w`` tokens."""
+        index = relative_position_index(window, self.window_size, self.relative_position_bias_table.device)
+        tokens = index.shape[0]
+        bias = self.relative_position_bias_table.index_select(0, index.flatten()).view(tokens, tokens, -1)
+        return bias.permute(2, 0, 1).contiguous()
+
+    def forward(self, windows: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        """``windows [B, nW, N, C]`` and an additive ``attn_mask``, ``[heads, N, N]`` or per window
+        ``[nW, heads, N, N]`` -> ``[B, nW, N, C]``."""
+        batch, num_windows, tokens, channels = windows.shape
+        qkv = self.qkv(windows).view(batch, num_windows, tokens, 3, self.num_heads, channels // self.num_heads)
+        q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)  # each [B, nW, heads, N, d]
+        # The fused CPU kernel takes only 4-d inputs and masks (others fall back to the slow math
+        # path); a mask that differs per window makes windows x heads one axis, so that the mask
+        # broadcasts over the images.
+        if attn_mask.dim() == 4:
+            q, k, v = (t.reshape(batch, num_windows * self.num_heads, tokens, -1) for t in (q, k, v))
+            attn_mask = attn_mask.flatten(0, 1)
+        else:
+            q, k, v = (t.flatten(0, 1) for t in (q, k, v))
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.unsqueeze(0).to(q.dtype))
+        x = x.view(batch, num_windows, self.num_heads, tokens, -1).transpose(2, 3)
+        return self.proj(x.reshape(batch, num_windows, tokens, channels))
+
+
+class SwinBlock(nn.Module):
+    """Pre-norm (shifted-)window attention and MLP, each a residual branch with stochastic depth.
+
+    Per axis, a map no larger than the window is one window of its own size and is not shifted (as in
+    the official classifier, e.g. the 7x7 last stage at 224x224); larger maps are zero-padded at the
+    bottom/right to a multiple of the window before the roll (as in the official detection backbone).
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: int, shifted: bool, mlp_ratio: float,
+                 qkv_bias: bool, drop_path_rate: float) -> None:
+        super().__init__()
+        self.window_size = window_size
+        self.shift_size = window_size // 2 if shifted else 0
+        self.drop_path_rate = drop_path_rate
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def _window_attention(self, x: torch.Tensor) -> torch.Tensor:
+        _, height, width, _ = x.shape
+        window = (min(self.window_size, height), min(self.window_size, width))
+        shift = tuple(self.shift_size if size > self.window_size else 0 for size in (height, width))
+        if height % window[0] or width % window[1]:
+            x = F.pad(x, (0, 0, 0, -width % window[1], 0, -height % window[0]))
+        batch, padded_height, padded_width, channels = x.shape
+        partition, restore = window_gather((height, width), window, shift, x.device)
+        windows = x.flatten(1, 2).index_select(1, partition).view(batch, -1, window[0] * window[1], channels)
+        attn_mask = self.attn.relative_position_bias(window)  # [heads, N, N]
+        if any(shift):
+            attn_mask = attn_mask + shift_mask((padded_height, padded_width), window, shift, x.device).unsqueeze(1)
+        x = self.attn(windows, attn_mask).flatten(1, 2).index_select(1, restore)
+        return x.view(batch, height, width, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``."""
+        x = x + drop_path(self._window_attention(self.norm1(x)), self.drop_path_rate, self.training)
+        return x + drop_path(self.mlp(self.norm2(x)), self.drop_path_rate, self.training)
+
+
+class SwinStage(Stage):
+    """Patch merging (all but the first stage), then ``depth`` blocks alternating plain and shifted windows."""
+
+    def __init__(self, in_dim: int, dim: int, depth: int, num_heads: int, window_size: int, mlp_ratio: float,
+                 qkv_bias: bool, drop_path_rates: Sequence[float], downsample: bool, output: bool) -> None:
+        super().__init__(
+            PatchMerging(in_dim) if downsample else None,
+            [SwinBlock(dim, num_heads, window_size, index % 2 == 1, mlp_ratio, qkv_bias, drop_path_rates[index])
+             for index in range(depth)],
+            nn.LayerNorm(dim) if output else None,
+        )
+
+
+class SwinTransformer(StagedBackbone):
+    """Swin dense-prediction backbone: ``images [N,3,H,W] -> {"res2": [N,C,H/4,W/4], ..., "res5": [N,8C,H/32,W/32]}``.
+
+    Any input size works: the image is padded to the patch size, each map to the window size, and
+    odd maps before merging, so output sizes are ``ceil`` divisions. Only stages up to the last of
+    ``out_indices`` are built; each returned stage has its own LayerNorm.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        depths: Sequence[int],
+        num_heads: Sequence[int],
+        window_size: int,
+        drop_path_rate: float,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        patch_size: int = 4,
+        in_chans: int = 3,
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+        frozen_stages: int = -1,
+        grad_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        if len(depths) != len(num_heads):
+            raise ValueError(f"vision_tx/backbones/swin.py: depths {tuple(depths)} and num_heads {tuple(num_heads)} differ in length")
+        if window_size < 1:
+            raise ValueError(f"vision_tx/backbones/swin.py: window_size must be positive, got {window_size}")
+        # Stages after the last returned one would hold parameters without gradients (DDP rejects those).
+        num_built = max(out_indices) + 1 if out_indices and all(0 <= i < len(depths) for i in out_indices) else len(depths)
+        self.num_stages = len(depths)
+        dims = [embed_dim * 2**i for i in range(self.num_stages)]
+        rates = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
+        self.stem = PatchEmbed(patch_size, in_chans, embed_dim)
+        self.stages = nn.ModuleList(
+            SwinStage(
+                dims[max(i - 1, 0)], dims[i], depths[i], num_heads[i], window_size, mlp_ratio, qkv_bias,
+                rates[sum(depths[:i]): sum(depths[: i + 1])], downsample=i > 0, output=i in out_indices,
+            )
+            for i in range(num_built)
+        )
+        self._init_outputs(dims, [patch_size * 2**i for i in range(len(depths))], out_indices, frozen_stages)
+        self.set_grad_checkpointing(grad_checkpointing)
+        self.apply(init_weights)
+
+    def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Maps timm, official Microsoft and native Swin state dicts onto this model's keys.
+
+        Microsoft's ``layers.{i}.downsample`` ends stage ``i`` and becomes ``stages.{i+1}.downsample``
+        here (timm's already starts stage ``i``); the final ``norm`` becomes the last stage's
+        ``out_norm``; the ``relative_position_index`` and ``attn_mask`` buffers are dropped. Bias tables
+        of another window size are resized bicubically on their ``(2M-1) x (2M-1)`` grid.
+        """
+        microsoft = any(re.match(r"layers\.0\.downsample\.", key) for key in state_dict)
+        expected = self.state_dict()
+        converted: dict[str, torch.Tensor] = {}
+        for key, value in state_dict.items():
+            if key.endswith(("relative_position_index", "attn_mask")):
+                continue
+            key = _native_key(key, microsoft, final_stage=self.num_stages - 1)
+            if key.endswith("relative_position_bias_table") and key in expected:
+                value = resize_bias_table(value, expected[key].shape)
+            converted[key] = value
+        return converted
+
+
+def _native_key(key: str, microsoft: bool, final_stage: int) -> str:
+    key = re.sub(r"^patch_embed\.", "stem.", key)
+    key = re.sub(r"^head\.fc\.", "head.", key)
+    key = re.sub(r"^norm\.", f"stages.{final_stage}.out_norm.", key)
+    match = re.match(r"^layers\.(\d+)\.downsample\.", key)
+    if match:
+        stage = int(match.group(1)) + (1 if microsoft else 0)
+        return f"stages.{stage}.downsample." + key[match.end():]
+    return re.sub(r"^layers\.", "stages.", key)
+
+
+def resize_bias_table(table: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Bicubic resize of a ``[(2M-1)^2, heads]`` table to ``shape`` (another ``M``); other mismatches pass unchanged."""
+    if table.shape == shape or table.ndim != 2 or table.shape[1] != shape[1]:
+        return table
+    source, target = round(table.shape[0] ** 0.5), round(shape[0] ** 0.5)
+    if source**2 != table.shape[0] or target**2 != shape[0]:
+        return table
+    grid = table.float().T.reshape(1, -1, source, source)
+    grid = F.interpolate(grid, size=(target, target), mode="bicubic", align_corners=False)
+    return grid.reshape(-1, target * target).T.contiguous().to(table.dtype)
+
+
+class SwinClassifier(ClassifierMixin, SwinTransformer):
+    """The ImageNet form: ``images [N,3,H,W] -> logits [N,num_classes]`` (last stage, its norm, average pool, ``head``)."""
+
+
+register_variants(VARIANTS, SwinTransformer, SwinClassifier)

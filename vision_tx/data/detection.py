@@ -1,0 +1,103 @@
+"""The COCO detection LightningDataModule (the built-in toy dataset when no root is given)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningDataModule
+from pycocotools.coco import COCO
+from torch.utils.data import DataLoader
+
+from vision_tx.data.coco import CocoDetection, coco_split_paths, load_coco
+from vision_tx.data.collate import collate_detection
+from vision_tx.data.toy import toy_coco_root
+from vision_tx.data.transforms import DetectionTransform, DetrTrainTransform, DetrValTransform
+
+logger = logging.getLogger(__name__)
+
+
+class CocoDetectionDataModule(LightningDataModule):
+    """COCO detection from ``root`` (``root/{train_split,val_split}`` and ``root/annotations/instances_*.json``).
+
+    ``root=None`` uses the built-in toy dataset (cached under ``toy_cache_dir``). Transforms default
+    to DETR's recipe (``DetrTrainTransform()``, ``DetrValTransform()``); pass smaller ones to train
+    at low resolution. Batches come from ``collate_detection``.
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        train_split: str = "train2017",
+        val_split: str = "val2017",
+        train_transform: DetectionTransform | None = None,
+        val_transform: DetectionTransform | None = None,
+        batch_size: int = 2,
+        num_workers: int = 2,
+        size_divisibility: int = 0,
+        toy_cache_dir: str | None = None,
+    ):
+        super().__init__()
+        if root is None:
+            root = str(toy_coco_root(toy_cache_dir))
+            logger.info(
+                "Using the built-in toy dataset (%s); pass --data.root /path/to/coco (with %s/, %s/ and "
+                "annotations/instances_*.json) to train on COCO.", root, train_split, val_split,
+            )
+        self.root = Path(root)
+        self.train_split = train_split
+        self.val_split = val_split
+        self.train_transform = train_transform if train_transform is not None else DetrTrainTransform()
+        self.val_transform = val_transform if val_transform is not None else DetrValTransform()
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.collate_fn = functools.partial(collate_detection, size_divisibility=size_divisibility)
+        self.val_image_dir, self.val_ann_file = coco_split_paths(self.root, val_split)
+        self.train_dataset: CocoDetection | None = None
+        self.val_dataset: CocoDetection | None = None
+
+    @functools.cached_property
+    def val_coco(self) -> COCO:
+        """The validation ground truth as a pycocotools index (for the evaluator)."""
+        return load_coco(self.val_ann_file)
+
+    @property
+    def category_names(self) -> dict[int, str]:
+        """COCO category id -> name."""
+        return {int(c["id"]): c["name"] for c in self.val_coco.dataset["categories"]}
+
+    @property
+    def num_classes(self) -> int:
+        """Largest category id + 1: the class head's real classes (DETR convention)."""
+        return max(self.category_names) + 1
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit") and self.train_dataset is None:
+            self.train_dataset = CocoDetection(*coco_split_paths(self.root, self.train_split), self.train_transform)
+        if self.val_dataset is None:
+            self.val_dataset = CocoDetection(self.val_image_dir, self.val_ann_file, self.val_transform)
+
+    def _loader(self, dataset: CocoDetection | None, train: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError("CocoDetectionDataModule: call setup() before asking for a dataloader")
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            drop_last=train,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            collate_fn=self.collate_fn,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_dataset, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_dataset, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.val_dataset, train=False)

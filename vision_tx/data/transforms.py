@@ -1,0 +1,136 @@
+"""DETR's detection augmentation on ``(image, target)`` pairs, with ``torchvision.transforms.v2``.
+
+Boxes (``tv_tensors.BoundingBoxes``) and instance masks (``tv_tensors.Mask`` ``[K, H, W]``) in the
+target follow every geometric step together with the image; ``target["size"]`` is set to the
+transformed image's ``(h, w)`` at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _image_size(flat_inputs: list[Any]) -> tuple[int, int]:
+    images = [x for x in flat_inputs if isinstance(x, tv_tensors.Image)]
+    if not images:
+        raise TypeError("detection transforms need a tv_tensors.Image among their inputs")
+    height, width = F.get_size(images[0])
+    return height, width
+
+
+class RandomShortestSide(v2.Transform):
+    """Resizes so that the shorter side is a size drawn from ``sizes``, keeping the aspect ratio;
+    when that makes the longer side exceed ``max_size``, the longer side becomes (at most) ``max_size``.
+
+    Unlike ``v2.RandomShortestSize`` the shorter side is exactly the size drawn (no truncation).
+    """
+
+    def __init__(self, sizes: Sequence[int], max_size: int | None = None):
+        super().__init__()
+        self.sizes = list(sizes)
+        self.max_size = max_size
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        height, width = _image_size(flat_inputs)
+        short, long = min(height, width), max(height, width)
+        size = self.sizes[_randint(0, len(self.sizes) - 1)]
+        if self.max_size is not None and size * long / short > self.max_size:
+            size = self.max_size * short // long
+        new_long = int(size * long / short)
+        return {"size": [size, new_long] if height <= width else [new_long, size]}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        return self._call_kernel(F.resize, inpt, size=params["size"])
+
+
+class RandomSizeCrop(v2.Transform):
+    """Crops a random ``h x w`` window, ``h`` and ``w`` drawn uniformly from ``[min_size, max_size]``
+    (bounded by the image), at a random position. Boxes are clipped to the window."""
+
+    def __init__(self, min_size: int, max_size: int):
+        super().__init__()
+        if not 0 < min_size <= max_size:
+            raise ValueError(f"RandomSizeCrop needs 0 < min_size <= max_size, got {min_size}, {max_size}")
+        self.min_size = min_size
+        self.max_size = max_size
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        height, width = _image_size(flat_inputs)
+        crop_h = _randint(min(self.min_size, height), min(self.max_size, height))
+        crop_w = _randint(min(self.min_size, width), min(self.max_size, width))
+        top = _randint(0, height - crop_h)
+        left = _randint(0, width - crop_w)
+        return {"top": top, "left": left, "height": crop_h, "width": crop_w}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        return self._call_kernel(F.crop, inpt, **params)
+
+
+def _randint(low: int, high: int) -> int:
+    """A uniform integer in ``[low, high]`` from torch's generator (seeded per DataLoader worker)."""
+    return int(torch.randint(low, high + 1, ()))
+
+
+class DetectionTransform:
+    """Runs a v2 pipeline on ``(image, target)`` and records the new image size in ``target["size"]``."""
+
+    def __init__(self, pipeline: v2.Transform):
+        self.pipeline = pipeline
+
+    def __call__(self, image: tv_tensors.Image, target: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+        image, target = self.pipeline(image, target)
+        target["size"] = torch.tensor(tuple(image.shape[-2:]))
+        return image, target
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.pipeline})"
+
+
+def _to_normalized_float() -> list[v2.Transform]:
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+
+
+class DetrTrainTransform(DetectionTransform):
+    """Horizontal flip, then either a multi-scale resize (shorter side from ``scales``, longer side
+    at most ``max_size``) or [shorter side from ``crop_scales``, random crop of ``crop_size`` =
+    (min, max) side, multi-scale resize]; then float, ImageNet normalisation, and removal of the
+    boxes (with their labels and masks) that the crop left smaller than a pixel."""
+
+    def __init__(
+        self,
+        scales: Sequence[int] = tuple(range(480, 801, 32)),
+        max_size: int = 1333,
+        crop_scales: Sequence[int] = (400, 500, 600),
+        crop_size: tuple[int, int] = (384, 600),
+    ):
+        multi_scale = RandomShortestSide(scales, max_size=max_size)
+        super().__init__(
+            v2.Compose([
+                v2.RandomHorizontalFlip(),
+                v2.RandomChoice([
+                    multi_scale,
+                    v2.Compose([
+                        RandomShortestSide(crop_scales),
+                        RandomSizeCrop(*crop_size),
+                        multi_scale,
+                    ]),
+                ]),
+                *_to_normalized_float(),
+                v2.SanitizeBoundingBoxes(),
+            ])
+        )
+
+
+class DetrValTransform(DetectionTransform):
+    """Resize to shorter side ``size`` (longer side at most ``max_size``), float, ImageNet normalisation."""
+
+    def __init__(self, size: int = 800, max_size: int = 1333):
+        super().__init__(v2.Compose([RandomShortestSide([size], max_size=max_size), *_to_normalized_float()]))

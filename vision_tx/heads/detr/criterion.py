@@ -1,0 +1,116 @@
+"""DETR's set loss: Hungarian matching, then class and box losses on matched pairs, per decoder layer."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torchvision.ops import box_convert, generalized_box_iou_loss
+
+from vision_tx.heads.detr.matcher import HungarianMatcher
+
+
+def normalize_targets(targets: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """Turns data-pipeline targets (absolute xyxy ``boxes [K,4]``, ``size`` = (h, w) of the unpadded
+    image) into the model's: ``labels`` int64 ``[K]`` and ``boxes [K,4]`` cxcywh normalised to [0, 1]."""
+    model_targets = []
+    for target in targets:
+        height, width = target["size"].tolist()
+        scale = target["boxes"].new_tensor([width, height, width, height])
+        boxes = box_convert(target["boxes"], "xyxy", "cxcywh") / scale
+        model_targets.append({"labels": target["labels"], "boxes": boxes})
+    return model_targets
+
+
+class SetCriterion(nn.Module):
+    """Loss of DETR outputs against targets, on the last decoder layer and on every auxiliary one.
+
+    ``forward(outputs, targets)`` takes the model's ``{"pred_logits" [B,Q,C+1], "pred_boxes" [B,Q,4],
+    "aux_outputs": [...]}`` and per image ``{"labels" [K], "boxes" [K,4] normalised cxcywh}``; it
+    returns ``loss_ce``, ``loss_bbox``, ``loss_giou`` (and ``loss_ce_i`` ... for auxiliary layer ``i``),
+    the weighted total ``loss``, and, without gradient, ``class_error`` (%) and
+    ``cardinality_error`` of the last layer. Box losses are averaged over the number of target
+    boxes of the whole (distributed) batch.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        matcher: HungarianMatcher | None = None,
+        weight_ce: float = 1.0,
+        weight_bbox: float = 5.0,
+        weight_giou: float = 2.0,
+        eos_coef: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.matcher = HungarianMatcher() if matcher is None else matcher
+        self.weights = {"loss_ce": weight_ce, "loss_bbox": weight_bbox, "loss_giou": weight_giou}
+        class_weight = torch.ones(num_classes + 1)
+        class_weight[-1] = eos_coef
+        self.register_buffer("class_weight", class_weight, persistent=False)
+
+    def forward(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        # All decoder layers are stacked into one batch of L*B images, matched and scored at once.
+        layers = [*outputs.get("aux_outputs", []), outputs]
+        num_layers, (batch, num_queries, num_channels) = len(layers), outputs["pred_logits"].shape
+        if num_channels != self.num_classes + 1:
+            raise ValueError(
+                f"vision_tx/heads/detr/criterion.py: logits have {num_channels} classes, expected num_classes + 1 = {self.num_classes + 1}"
+            )
+        logits = torch.cat([layer["pred_logits"] for layer in layers])
+        boxes = torch.cat([layer["pred_boxes"] for layer in layers])
+        indices = self.matcher(logits, boxes, targets * num_layers)
+
+        image_index = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)]).to(logits.device)
+        query_index = torch.cat([q for q, _ in indices]).to(logits.device)
+        matched_labels = torch.cat([t["labels"][k] for t, (_, k) in zip(targets * num_layers, indices)])
+        matched_target_boxes = torch.cat([t["boxes"][k] for t, (_, k) in zip(targets * num_layers, indices)])
+
+        target_classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
+        target_classes[image_index, query_index] = matched_labels
+        nll = F.cross_entropy(logits.transpose(1, 2), target_classes, reduction="none")  # [L*B, Q]
+        weight = self.class_weight[target_classes]
+        loss_ce = (nll * weight).view(num_layers, -1).sum(1) / weight.view(num_layers, -1).sum(1)
+
+        # Every layer matches the same number of pairs, so matched pairs reshape to [L, M].
+        matched_boxes = boxes[image_index, query_index].view(num_layers, -1, 4)
+        matched_target_boxes = matched_target_boxes.to(matched_boxes.dtype).view(num_layers, -1, 4)
+        num_boxes = self._num_boxes(targets, logits.device)
+        loss_bbox = F.l1_loss(matched_boxes, matched_target_boxes, reduction="none").sum((1, 2)) / num_boxes
+        loss_giou = generalized_box_iou_loss(
+            box_convert(matched_boxes, "cxcywh", "xyxy"), box_convert(matched_target_boxes, "cxcywh", "xyxy")
+        ).sum(1) / num_boxes
+
+        losses = {}
+        for layer in range(num_layers):
+            suffix = "" if layer == num_layers - 1 else f"_{layer}"
+            losses[f"loss_ce{suffix}"] = loss_ce[layer]
+            losses[f"loss_bbox{suffix}"] = loss_bbox[layer]
+            losses[f"loss_giou{suffix}"] = loss_giou[layer]
+        weighted = self.weights["loss_ce"] * loss_ce + self.weights["loss_bbox"] * loss_bbox + self.weights["loss_giou"] * loss_giou
+        losses["loss"] = weighted.sum()
+        losses.update(self._errors(outputs["pred_logits"], target_classes[-batch:], targets))
+        return losses
+
+    @staticmethod
+    def _num_boxes(targets: list[dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+        num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(num_boxes)
+            num_boxes = num_boxes / dist.get_world_size()
+        return num_boxes.clamp(min=1)
+
+    @torch.no_grad()
+    def _errors(
+        self, logits: torch.Tensor, target_classes: torch.Tensor, targets: list[dict[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
+        matched = target_classes != self.num_classes
+        if matched.any():
+            accuracy = (logits.argmax(-1)[matched] == target_classes[matched]).float().mean() * 100
+        else:
+            accuracy = logits.new_tensor(100.0)
+        predicted = (logits.argmax(-1) != self.num_classes).sum(1).float()
+        expected = torch.tensor([float(len(t["labels"])) for t in targets], device=logits.device)
+        return {"class_error": 100 - accuracy, "cardinality_error": F.l1_loss(predicted, expected)}

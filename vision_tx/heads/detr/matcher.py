@@ -1,0 +1,65 @@
+"""Hungarian matching of DETR's predictions to the ground-truth boxes, one image at a time."""
+
+from __future__ import annotations
+
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import nn
+from torchvision.ops import box_convert, generalized_box_iou
+
+
+class HungarianMatcher(nn.Module):
+    """Finds the one-to-one assignment of queries to targets with the lowest total cost.
+
+    cost = ``cost_class`` * (-p(target class)) + ``cost_bbox`` * L1(cxcywh) + ``cost_giou`` * (-GIoU).
+    The costs of the whole batch are computed in one pass (every query against every target of
+    the batch), moved to the CPU once and cut into one block per image for ``linear_sum_assignment``.
+    """
+
+    def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0) -> None:
+        super().__init__()
+        if cost_class == cost_bbox == cost_giou == 0:
+            raise ValueError("vision_tx/heads/detr/matcher.py: all matching costs are 0")
+        self.cost_class = cost_class
+        self.cost_bbox = cost_bbox
+        self.cost_giou = cost_giou
+
+    @torch.no_grad()
+    def forward(
+        self, pred_logits: torch.Tensor, pred_boxes: torch.Tensor, targets: list[dict[str, torch.Tensor]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Matches ``pred_logits [B,Q,C+1]`` and ``pred_boxes [B,Q,4]`` (normalised cxcywh) to ``targets``.
+
+        ``targets[b]`` holds ``labels`` int64 ``[K_b]`` and ``boxes [K_b,4]`` (normalised cxcywh).
+        Returns per image ``(query_indices, target_indices)``, int64 CPU tensors of length
+        ``min(Q, K_b)``, empty for an image without targets.
+        """
+        batch, num_queries = pred_logits.shape[:2]
+        sizes = [len(t["labels"]) for t in targets]
+        if len(sizes) != batch:
+            raise ValueError(f"vision_tx/heads/detr/matcher.py: {len(sizes)} targets for a batch of {batch} images")
+        empty = torch.empty(0, dtype=torch.int64)
+        if sum(sizes) == 0:
+            return [(empty, empty) for _ in sizes]
+        labels = torch.cat([t["labels"] for t in targets])
+        boxes = torch.cat([t["boxes"] for t in targets]).to(pred_boxes.dtype)
+
+        prob = pred_logits.flatten(0, 1).softmax(-1)
+        out_boxes = pred_boxes.flatten(0, 1)
+        cost = (
+            -self.cost_class * prob[:, labels]
+            + self.cost_bbox * torch.cdist(out_boxes, boxes, p=1)
+            - self.cost_giou
+            * generalized_box_iou(box_convert(out_boxes, "cxcywh", "xyxy"), box_convert(boxes, "cxcywh", "xyxy"))
+        )
+        cost = cost.view(batch, num_queries, -1).float().cpu()
+        if not torch.isfinite(cost).all():
+            raise ValueError("vision_tx/heads/detr/matcher.py: the matching cost holds NaN/inf (diverged predictions or invalid boxes)")
+        indices = []
+        for image, block in enumerate(cost.split(sizes, dim=-1)):
+            if sizes[image] == 0:
+                indices.append((empty, empty))
+                continue
+            rows, cols = linear_sum_assignment(block[image].numpy())
+            indices.append((torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)))
+        return indices

@@ -1,0 +1,152 @@
+"""LightningModule for object detection: DETR on a named backbone, set loss, COCO evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torchvision import tv_tensors
+
+from vision_tx.backbones import build_backbone, load_weights
+from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from vision_tx.heads.detr import HungarianMatcher, SetCriterion, normalize_targets, postprocess_detections
+from vision_tx.lightning.common import param_groups
+from vision_tx.metrics.coco import CocoEvaluator
+from vision_tx.models import DETR
+from vision_tx.visualize import draw_detections, save_grid
+
+
+class DetectionModule(pl.LightningModule):
+    """DETR detection of the datamodule's categories on ``build_backbone(backbone, **backbone_kwargs)``.
+
+    ``num_classes=None`` takes the datamodule's number (largest category id + 1) when the model is
+    built (``configure_model``) and records it, so a checkpoint rebuilds the same model.
+    ``pretrained`` is a backbone checkpoint, ``weights`` a whole-model one (e.g. the official
+    ``detr-r50-e632da11.pth``); both are read with ``load_weights`` when training starts.
+    ``detr_kwargs``, ``matcher_kwargs`` and ``criterion_kwargs`` go to ``DETR``, ``HungarianMatcher``
+    and ``SetCriterion`` (their signatures hold the paper's defaults). The optimiser is DETR's:
+    AdamW, the backbone at ``backbone_lr``, the learning rate divided by 10 after ``lr_drop_epochs``.
+    """
+
+    def __init__(
+        self,
+        backbone: str = "swin_t",
+        num_classes: int | None = None,
+        pretrained: str | None = None,
+        weights: str | None = None,
+        backbone_kwargs: dict[str, Any] | None = None,
+        detr_kwargs: dict[str, Any] | None = None,
+        matcher_kwargs: dict[str, Any] | None = None,
+        criterion_kwargs: dict[str, Any] | None = None,
+        lr: float = 1e-4,
+        backbone_lr: float = 1e-5,
+        weight_decay: float = 1e-4,
+        lr_drop_epochs: int = 200,
+        num_visualized: int = 8,
+        visualize_score_threshold: float = 0.5,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model: DETR | None = None
+        self._preview: list[torch.Tensor] = []
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        hp = self.hparams
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if hp.num_classes is None:
+            if datamodule is None:
+                raise ValueError("DetectionModule: num_classes is None and there is no datamodule to take it from")
+            hp.num_classes = datamodule.num_classes
+        backbone = build_backbone(hp.backbone, **(hp.backbone_kwargs or {}))
+        self.model = DETR(backbone, hp.num_classes, **(hp.detr_kwargs or {}))
+        self.criterion = SetCriterion(hp.num_classes, HungarianMatcher(**(hp.matcher_kwargs or {})), **(hp.criterion_kwargs or {}))
+        if self._trainer is not None and self.trainer.training:
+            if hp.pretrained:
+                rank_zero_info(f"backbone weights: {load_weights(backbone, hp.pretrained)}")
+            if hp.weights:
+                rank_zero_info(f"model weights: {load_weights(self.model, hp.weights)}")
+
+    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
+        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding) -> DETR's raw outputs."""
+        return self.model(images, pixel_mask)
+
+    def training_step(self, batch: dict[str, Any], batch_index: int) -> torch.Tensor:
+        outputs = self(batch["images"], batch["pixel_mask"])
+        losses = self.criterion(outputs, normalize_targets(batch["targets"]))
+        batch_size = batch["images"].shape[0]
+        self.log_dict({f"train/{k}": v for k, v in losses.items()}, batch_size=batch_size)
+        self.log("loss", losses["loss"], prog_bar=True, logger=False, batch_size=batch_size)
+        return losses["loss"]
+
+    def on_validation_epoch_start(self) -> None:
+        self.evaluator = CocoEvaluator(self.trainer.datamodule.val_coco, "bbox")
+        self._preview = []
+
+    def validation_step(self, batch: dict[str, Any], batch_index: int) -> None:
+        targets = batch["targets"]
+        outputs = self(batch["images"], batch["pixel_mask"])
+        losses = self.criterion(outputs, normalize_targets(targets))
+        self.log("val/loss", losses["loss"], batch_size=len(targets), sync_dist=True)
+        orig_sizes = torch.stack([t["orig_size"] for t in targets])
+        detections = postprocess_detections(outputs, orig_sizes)
+        self.evaluator.update([{"image_id": int(t["image_id"]), **d} for t, d in zip(targets, detections)])
+        if len(self._preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
+            self._add_preview(batch, outputs)
+
+    def _add_preview(self, batch: dict[str, Any], outputs: dict[str, Any]) -> None:
+        sizes = torch.stack([t["size"] for t in batch["targets"]])
+        names = self.trainer.datamodule.category_names
+        for image, size, detection in zip(batch["images"], sizes, postprocess_detections(outputs, sizes)):
+            if len(self._preview) >= self.hparams.num_visualized:
+                break
+            picture = denormalize(image[:, : size[0], : size[1]])
+            self._preview.append(
+                draw_detections(picture, **detection, category_names=names, score_threshold=self.hparams.visualize_score_threshold)
+            )
+
+    def on_validation_epoch_end(self) -> None:
+        stats = self.evaluator.compute()  # the same on every rank
+        self.log_dict({f"val/{k}": v for k, v in stats.items() if k != "AP"})
+        self.log("val/AP", stats["AP"], prog_bar=True)
+        log_dir = self.trainer.log_dir  # a collective call under DDP: every rank makes it
+        if self.trainer.sanity_checking or not self.trainer.is_global_zero or log_dir is None:
+            return
+        log_dir = Path(log_dir)
+        self.evaluator.write_results(log_dir / "bbox_results.json")
+        self.evaluator.write_metrics(stats, log_dir / "metrics.json")
+        picture = save_grid(self._preview, log_dir / f"predictions_step{self.global_step}.png") if self._preview else None
+        rank_zero_info(
+            f"step {self.global_step}: COCO box AP {stats['AP']:.3f}, AP50 {stats['AP50']:.3f}, AP75 {stats['AP75']:.3f}\n"
+            f"metrics: {log_dir / 'metrics.json'}" + (f"\npredictions drawn in {picture}" if picture else "")
+        )
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(param_groups(self.model, hp.lr, hp.weight_decay, backbone_lr=hp.backbone_lr))
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, hp.lr_drop_epochs, gamma=0.1)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
+
+    @torch.no_grad()
+    def draw_prediction(self, image: torch.Tensor, datamodule: pl.LightningDataModule) -> torch.Tensor:
+        """Detects objects in ``image`` ``[3,H,W]`` uint8 (the datamodule's validation resize) and draws them."""
+        height, width = image.shape[-2:]
+        target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(height, width))}
+        inputs, _ = datamodule.val_transform(tv_tensors.Image(image), target)
+        outputs = self(inputs[None].to(self.device))
+        detection = postprocess_detections(outputs, torch.tensor([[height, width]], device=self.device))[0]
+        return draw_detections(
+            image, **{k: v.cpu() for k, v in detection.items()},
+            category_names=datamodule.category_names, score_threshold=self.hparams.visualize_score_threshold,
+        )
+
+
+def denormalize(image: torch.Tensor) -> torch.Tensor:
+    """Undoes the ImageNet normalisation: ``[3,H,W]`` float -> uint8."""
+    mean = image.new_tensor(IMAGENET_MEAN)[:, None, None]
+    std = image.new_tensor(IMAGENET_STD)[:, None, None]
+    return (image.float() * std + mean).clamp(0, 1).mul(255).round().to(torch.uint8).cpu()

@@ -1,0 +1,45 @@
+"""Run a trained checkpoint on one image and draw what it predicts (``tools/infer.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from PIL import Image, ImageOps
+from torchvision.io import write_png
+from torchvision.transforms.v2.functional import pil_to_tensor
+
+from vision_tx.lightning.cli import VisionTxCLI, resolve_config_args
+
+
+def read_rgb_image(path: str | Path) -> torch.Tensor:
+    """The image at ``path`` as ``[3,H,W]`` uint8 RGB, EXIF orientation applied."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"error: {path}: no such image file")
+    try:
+        with Image.open(path) as image:
+            return pil_to_tensor(ImageOps.exif_transpose(image).convert("RGB"))
+    except OSError as err:
+        raise SystemExit(f"error: {path}: cannot be read as an image ({err})") from err
+
+
+def infer_image(config_args: Sequence[str], ckpt: str | Path, image: str | Path, out: str | Path) -> Path:
+    """Loads the model of ``ckpt`` (its class from the config), predicts on ``image``, writes a PNG to ``out``.
+
+    ``config_args`` are the usual ``--config NAME [--section.key value ...]``; the config's
+    datamodule supplies the validation resize and the class names.
+    """
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    cli = VisionTxCLI(
+        LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+        run=False, save_config_callback=None, args=resolve_config_args(config_args),
+    )
+    module = type(cli.model).load_from_checkpoint(ckpt, map_location="cpu").eval()
+    picture = module.draw_prediction(read_rgb_image(image), cli.datamodule)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_png(picture, str(out))
+    return out

@@ -1,0 +1,133 @@
+"""LightningModule for semantic segmentation: a UperNet on a named backbone, trained with the Swin/NAT
+ADE20K recipe (AdamW, linear warmup then poly decay per iteration) and scored by mIoU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+
+from vision_tx.backbones import build_backbone, load_weights
+from vision_tx.lightning.common import merge_metrics_json, param_groups
+from vision_tx.metrics.miou import MeanIoU
+from vision_tx.models.segmentor import UperNetSegmentor
+
+
+def warmup_poly_factor(step: int, total_steps: int, warmup_steps: int, warmup_ratio: float, power: float) -> float:
+    """The learning-rate multiplier at ``step``: ``(1 - step / total) ** power``, times a linear ramp from
+    ``warmup_ratio`` to 1 over the first ``warmup_steps`` (mmcv's ``poly`` policy with ``linear`` warmup)."""
+    factor = max(1.0 - step / max(total_steps, 1), 0.0) ** power
+    if step < warmup_steps:
+        factor *= 1.0 - (1.0 - step / warmup_steps) * (1.0 - warmup_ratio)
+    return factor
+
+
+class SegmentationModule(pl.LightningModule):
+    """UperNet segmentation of the datamodule's classes on ``build_backbone(backbone, **backbone_kwargs)``.
+
+    ``num_classes=None`` takes the datamodule's number when the model is built (``configure_model``)
+    and records it in the hyperparameters, so a checkpoint rebuilds the same model. ``pretrained``
+    is a backbone checkpoint read with ``load_weights`` (official Swin/NAT layouts included).
+    Validation runs ``inference_mode`` (``"whole"`` or ``"slide"`` with ``slide_crop_size``/``slide_stride``),
+    optionally over ``test_scales`` and flips, and scores at each label's original size.
+    """
+
+    def __init__(
+        self,
+        backbone: str = "swin_t",
+        num_classes: int | None = None,
+        pretrained: str | None = None,
+        backbone_kwargs: dict[str, Any] | None = None,
+        channels: int = 512,
+        aux_channels: int = 256,
+        aux_in_index: int = 2,
+        aux_loss_weight: float = 0.4,
+        dropout: float = 0.1,
+        lr: float = 6e-5,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_iters: int = 1500,
+        warmup_ratio: float = 1e-6,
+        poly_power: float = 1.0,
+        inference_mode: str = "whole",
+        slide_crop_size: tuple[int, int] = (512, 512),
+        slide_stride: tuple[int, int] = (341, 341),
+        test_scales: tuple[float, ...] = (1.0,),
+        test_flip: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model: UperNetSegmentor | None = None
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        hp = self.hparams
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if hp.num_classes is None:
+            if datamodule is None:
+                raise ValueError("num_classes is None and there is no datamodule to take it from")
+            hp.num_classes = datamodule.num_classes
+        backbone = build_backbone(hp.backbone, **(hp.backbone_kwargs or {}))
+        if hp.pretrained:
+            rank_zero_info(f"backbone weights: {load_weights(backbone, hp.pretrained)}")
+        self.model = UperNetSegmentor(
+            backbone,
+            hp.num_classes,
+            channels=hp.channels,
+            aux_channels=hp.aux_channels,
+            aux_in_index=hp.aux_in_index,
+            aux_loss_weight=hp.aux_loss_weight,
+            dropout=hp.dropout,
+            ignore_index=getattr(datamodule, "ignore_index", 255),
+        )
+        class_names = getattr(datamodule, "class_names", None)
+        if class_names is not None and len(class_names) != hp.num_classes:
+            class_names = None
+        self.val_miou = MeanIoU(hp.num_classes, self.model.ignore_index, class_names)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Class probabilities ``[B, C, H, W]`` at the input size, with the validation inference settings."""
+        hp = self.hparams
+        return self.model.predict(images, hp.inference_mode, hp.slide_crop_size, hp.slide_stride, hp.test_scales, hp.test_flip)
+
+    def training_step(self, batch: dict[str, Any], batch_index: int) -> torch.Tensor:
+        losses = self.model.loss(self.model(batch["images"]), batch["labels"])
+        batch_size = batch["images"].shape[0]
+        self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=False, batch_size=batch_size)
+        self.log("loss", losses["loss"], prog_bar=True, logger=False, batch_size=batch_size)
+        return losses["loss"]
+
+    def validation_step(self, batch: dict[str, Any], batch_index: int) -> None:
+        scores = self(batch["images"])
+        for score, (height, width), label, (label_h, label_w) in zip(
+            scores, batch["image_sizes"].tolist(), batch["labels"], batch["label_sizes"].tolist()
+        ):
+            score = F.interpolate(score[None, :, :height, :width], (label_h, label_w), mode="bilinear", align_corners=False)
+            self.val_miou.update(score[0].argmax(0), label[:label_h, :label_w])
+
+    def on_validation_epoch_end(self) -> None:
+        summary = self.val_miou.summary()  # synchronised over processes by torchmetrics
+        table = self.val_miou.table()
+        self.val_miou.reset()
+        self.log_dict({f"val/{k}": summary[k] for k in ("mIoU", "mAcc", "aAcc")}, prog_bar=True)
+        log_dir = self.trainer.log_dir  # a collective call under DDP: every rank makes it
+        if self.trainer.sanity_checking or not self.trainer.is_global_zero:
+            return
+        rank_zero_info(f"step {self.global_step}: semantic segmentation\n{table}")
+        if log_dir is not None:
+            merge_metrics_json("segm_sem", summary, Path(log_dir) / "metrics.json")
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        groups = param_groups(self.model, hp.lr, hp.weight_decay, decay_norms_and_biases=False)
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=hp.betas)
+        total = int(self.trainer.estimated_stepping_batches)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_poly_factor(step, total, hp.warmup_iters, hp.warmup_ratio, hp.poly_power)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

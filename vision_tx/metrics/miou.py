@@ -1,0 +1,81 @@
+"""Semantic-segmentation scores: mIoU, mean class accuracy and overall pixel accuracy (as mmsegmentation).
+
+Per-class pixel areas (intersection, union, prediction, ground truth) are summed over the whole
+dataset and only then divided, so the result does not depend on how images are batched or split
+across processes. A class absent from both predictions and ground truth has no IoU (NaN) and is
+left out of the mean; pixels labelled ``ignore_index`` are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torchmetrics import Metric
+
+
+class MeanIoU(Metric):
+    """Accumulates ``update(preds, target)`` with class-index maps of one shape (``[B, H, W]`` or ``[H, W]``).
+
+    :meth:`compute` returns ``{"mIoU", "mAcc", "aAcc"}`` as floats in ``[0, 1]`` and ``"IoU"``,
+    ``"Acc"`` as ``[num_classes]`` tensors (NaN where undefined).
+    """
+
+    full_state_update = False
+
+    def __init__(self, num_classes: int, ignore_index: int = 255, class_names: Sequence[str] | None = None) -> None:
+        super().__init__()
+        if class_names is not None and len(class_names) != num_classes:
+            raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
+        self.num_classes = num_classes
+        self.ignore_index = ignore_index
+        self.class_names = tuple(class_names) if class_names is not None else tuple(str(i) for i in range(num_classes))
+        for name in ("area_intersect", "area_union", "area_pred", "area_label"):
+            self.add_state(name, torch.zeros(num_classes, dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        if preds.shape != target.shape:
+            raise ValueError(f"preds {tuple(preds.shape)} and target {tuple(target.shape)} differ in shape")
+        valid = target != self.ignore_index
+        preds, target = preds[valid].long(), target[valid].long()
+        if target.numel() and (target.min() < 0 or target.max() >= self.num_classes):
+            raise ValueError(f"target holds labels outside 0..{self.num_classes - 1} besides ignore_index {self.ignore_index}")
+        if preds.numel() and (preds.min() < 0 or preds.max() >= self.num_classes):
+            raise ValueError(f"preds hold classes outside 0..{self.num_classes - 1}")
+        area_intersect = torch.bincount(target[preds == target], minlength=self.num_classes)
+        area_pred = torch.bincount(preds, minlength=self.num_classes)
+        area_label = torch.bincount(target, minlength=self.num_classes)
+        self.area_intersect += area_intersect
+        self.area_pred += area_pred
+        self.area_label += area_label
+        self.area_union += area_pred + area_label - area_intersect
+
+    def compute(self) -> dict[str, torch.Tensor | float]:
+        intersect = self.area_intersect.double()
+        iou = intersect / self.area_union.double()  # 0/0 -> NaN: class in neither
+        acc = intersect / self.area_label.double()  # NaN where the class is not in the ground truth
+        total = self.area_label.sum().double()
+        return {
+            "mIoU": float(iou.nanmean()),
+            "mAcc": float(acc.nanmean()),
+            "aAcc": float(intersect.sum() / total),
+            "IoU": iou,
+            "Acc": acc,
+        }
+
+    def summary(self) -> dict[str, object]:
+        """The ``metrics.json`` section: ``{"mIoU", "mAcc", "aAcc", "per_class": {name: IoU or None}}``."""
+        result = self.compute()
+        per_class = {name: None if math.isnan(v) else v for name, v in zip(self.class_names, result["IoU"].tolist())}
+        return {"mIoU": result["mIoU"], "mAcc": result["mAcc"], "aAcc": result["aAcc"], "per_class": per_class}
+
+    def table(self) -> str:
+        """Per-class IoU and accuracy (in %), one line per class, then the means, as a printable table."""
+        result = self.compute()
+        width = max(len("class"), *(len(n) for n in self.class_names))
+        lines = [f"{'class':<{width}}  {'IoU':>6}  {'Acc':>6}"]
+        for name, iou, acc in zip(self.class_names, result["IoU"].tolist(), result["Acc"].tolist()):
+            lines.append(f"{name:<{width}}  {iou * 100:6.2f}  {acc * 100:6.2f}")
+        lines.append(f"{'mean':<{width}}  {result['mIoU'] * 100:6.2f}  {result['mAcc'] * 100:6.2f}   aAcc {result['aAcc'] * 100:.2f}")
+        return "\n".join(lines)

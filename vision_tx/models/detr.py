@@ -1,0 +1,112 @@
+"""DETR (Carion et al., 2020): a backbone, a transformer and set prediction of boxes and classes."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vision_tx.heads.detr.position_encoding import SinePositionEncoding
+from vision_tx.heads.detr.transformer import Transformer
+
+
+class MLP(nn.Module):
+    """Linear layers with ReLU between them: ``[..., in_dim] -> [..., out_dim]``."""
+
+    def __init__(self, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int) -> None:
+        super().__init__()
+        dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[:-1]:
+            x = F.relu(layer(x))
+        return self.layers[-1](x)
+
+
+class DETR(nn.Module):
+    """End-to-end detector: ``num_queries`` learned queries each predict one box and class.
+
+    ``num_classes`` follows DETR: labels are the dataset's category ids, so the class head has
+    ``num_classes`` real classes (``max_id + 1``, 91 for COCO) plus a last no-object class.
+    ``backbone`` is any module returning an ordered dict of feature maps with ``out_channels``;
+    DETR uses its last (lowest-resolution) map.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        num_classes: int,
+        num_queries: int = 100,
+        hidden_dim: int = 256,
+        num_heads: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        aux_loss: bool = True,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.num_classes = num_classes
+        self.aux_loss = aux_loss
+        self.input_proj = nn.Conv2d(backbone.out_channels[-1], hidden_dim, kernel_size=1)
+        self.position_encoding = SinePositionEncoding(hidden_dim // 2)
+        self.transformer = Transformer(
+            hidden_dim, num_heads, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout
+        )
+        self.query_embed = nn.Embedding(num_queries, hidden_dim)
+        self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
+        self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, num_layers=3)
+
+    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict:
+        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` bool (True on padding; None: no padding) ->
+        ``{"pred_logits": [B,Q,C+1], "pred_boxes": [B,Q,4] normalised cxcywh, "aux_outputs": [...]}``.
+
+        ``aux_outputs`` (with ``aux_loss``) holds the same two keys for each earlier decoder layer.
+        """
+        if images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"vision_tx/models/detr.py: images must be [B,3,H,W], got {list(images.shape)}")
+        if pixel_mask is None:
+            pixel_mask = images.new_zeros(images.shape[0], *images.shape[2:], dtype=torch.bool)
+        elif pixel_mask.dtype != torch.bool or pixel_mask.shape != (images.shape[0], *images.shape[2:]):
+            raise ValueError(
+                f"vision_tx/models/detr.py: pixel_mask must be bool [B,H,W] = {[images.shape[0], *images.shape[2:]]}, "
+                f"got {pixel_mask.dtype} {list(pixel_mask.shape)}"
+            )
+        features = list(self.backbone(images).values())[-1]
+        mask = F.interpolate(pixel_mask[None].float(), size=features.shape[-2:])[0].bool()
+        src = self.input_proj(features).flatten(2).transpose(1, 2)
+        pos = self.position_encoding(mask).flatten(1, 2).to(src.dtype)
+        hidden = self.transformer(src, mask.flatten(1), pos, self.query_embed.weight)  # [L,B,Q,D]
+        if not self.aux_loss:
+            hidden = hidden[-1:]
+        logits = self.class_embed(hidden)
+        boxes = self.bbox_embed(hidden).sigmoid()
+        outputs = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        if self.aux_loss:
+            outputs["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
+        return outputs
+
+    def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Reads facebookresearch/detr checkpoints (e.g. ``detr-r50-e632da11.pth``); native keys pass.
+
+        Official names differ in two places: the backbone sits under ``backbone.0.body.`` in
+        torchvision's layout (renamed by the backbone's own ``convert_state_dict``), and the decoder's
+        cross-attention is ``multihead_attn``. The rest (``input_proj``, ``query_embed``,
+        ``transformer.*`` with ``nn.MultiheadAttention``'s parameter names, ``class_embed``,
+        ``bbox_embed.layers.*``) is this layout already.
+        """
+        backbone_state, converted = {}, {}
+        for key, value in state_dict.items():
+            if key.startswith("backbone."):
+                backbone_state[key.removeprefix("backbone.").removeprefix("0.body.")] = value
+            else:
+                converted[key.replace(".multihead_attn.", ".cross_attn.")] = value
+        convert_backbone = getattr(self.backbone, "convert_state_dict", None)
+        if convert_backbone is not None:
+            backbone_state = convert_backbone(backbone_state)
+        converted.update({f"backbone.{k}": v for k, v in backbone_state.items()})
+        return converted
