@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -70,15 +71,16 @@ def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
     if "--config" not in " ".join(argv) and not any(a in ("-h", "--help") for a in argv):
         raise SystemExit(f"error: --config is required; available: {', '.join(available_configs())}")
     show_library_log()
-    # LightningCLI reads sys.argv; it is rewritten (config names resolved) rather than passed as
-    # ``args``, which LightningCLI takes for a mistake when the process also has arguments.
-    sys.argv = [sys.argv[0], subcommand, *resolve_config_args(argv)]
+    # sys.argv stays as it is (DDP relaunches this script with it); the resolved arguments go in
+    # ``args``, which LightningCLI would otherwise warn about when the process has arguments too.
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     return VisionTxCLI(
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
+        args=[subcommand, *resolve_config_args(argv)],
     )
 
 
