@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import EarlyStopping
 from PIL import Image
 
 from vision_tx.data.ade20k import ADE20KDataset
 from vision_tx.data.segmentation import SegmentationDataModule, keep_ratio_size
+from vision_tx.lightning.overfit import SMALL_SWIN, fit_until
 from vision_tx.lightning.segmentation import SegmentationModule
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ade20k_sample"
-# A quarter-width Swin (same block design as Swin-T), so that a CPU trains it in minutes.
-SMALL_SWIN = {"embed_dim": 32, "depths": (2, 2, 2, 2), "num_heads": (1, 2, 4, 8), "drop_path_rate": 0.0}
 
 
 def datamodule_for(args: argparse.Namespace) -> SegmentationDataModule:
@@ -61,23 +58,9 @@ def main() -> None:
     module = SegmentationModule(
         "swin_t", backbone_kwargs=SMALL_SWIN, channels=96, aux_channels=64, lr=args.lr, warmup_iters=20, dropout=0.0
     )
-    stop = EarlyStopping("val/mIoU", mode="max", stopping_threshold=args.target, patience=args.max_steps)
-    trainer = pl.Trainer(
-        max_steps=args.max_steps,
-        val_check_interval=args.val_every,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        accelerator="cpu",
-        callbacks=[stop],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tempfile.mkdtemp(prefix="overfit_ade20k_"),
+    trainer, minutes = fit_until(
+        module, datamodule, "val/mIoU", args.target, args.max_steps, args.val_every, tempfile.mkdtemp(prefix="overfit_ade20k_")
     )
-    start = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule)
-    minutes = (time.perf_counter() - start) / 60
     miou = float(trainer.callback_metrics["val/mIoU"])
     data = "toy set" if args.toy else f"{len(datamodule.val_set)} ADE20K sample images"
     print(f"{data}: {trainer.global_step} steps, {minutes:.1f} min, mIoU {miou:.4f} (target {args.target})")

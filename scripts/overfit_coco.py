@@ -15,20 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import EarlyStopping
 
 from vision_tx.data.detection import CocoDetectionDataModule
 from vision_tx.data.transforms import DetrValTransform
 from vision_tx.lightning.detection import DetectionModule
+from vision_tx.lightning.overfit import SMALL_SWIN, fit_until
 
 COCO128 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "coco128"
 SPLIT = "train2017"
-# A quarter-width Swin (same block design as Swin-T), so that a CPU trains it in minutes.
-SMALL_SWIN = {"embed_dim": 32, "depths": (2, 2, 2, 2), "num_heads": (1, 2, 4, 8), "drop_path_rate": 0.0}
 # A narrow, shallow DETR: few objects per image, no pretrained weights, no dropout (memorisation).
 SMALL_DETR = {
     "num_queries": 50, "hidden_dim": 128, "num_heads": 4, "num_encoder_layers": 2,
@@ -78,24 +75,9 @@ def main() -> None:
         "swin_t", backbone_kwargs=SMALL_SWIN, detr_kwargs=SMALL_DETR, lr=args.lr, backbone_lr=args.lr,
         lr_drop_epochs=args.max_steps, num_visualized=0,
     )
-    stop = EarlyStopping("val/AP50", mode="max", stopping_threshold=args.target, patience=args.max_steps)
-    trainer = pl.Trainer(
-        max_steps=args.max_steps,
-        val_check_interval=args.val_every,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        gradient_clip_val=0.1,
-        accelerator="cpu",
-        callbacks=[stop],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=work_dir,
+    trainer, minutes = fit_until(
+        module, datamodule, "val/AP50", args.target, args.max_steps, args.val_every, str(work_dir), gradient_clip_val=0.1
     )
-    start = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule)
-    minutes = (time.perf_counter() - start) / 60
     ap, ap50 = (float(trainer.callback_metrics[f"val/{k}"]) for k in ("AP", "AP50"))
     print(
         f"{args.images} COCO images at shorter side {args.short_side}: {trainer.global_step} steps, {minutes:.1f} min, "

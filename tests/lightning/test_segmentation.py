@@ -12,14 +12,14 @@ import torch
 from tests.models.test_segmentor import TinyBackbone
 from vision_tx.data.segmentation import SegmentationDataModule
 from vision_tx.data.toy_segmentation import TOY_CLASSES
-from vision_tx.lightning import segmentation
+from vision_tx.lightning import common
 from vision_tx.lightning.segmentation import SegmentationModule, warmup_poly_factor
 
 
 @pytest.fixture
 def tiny_backbone(monkeypatch):
     """``build_backbone`` returns the tiny test backbone, whatever the name, so the fit takes seconds."""
-    monkeypatch.setattr(segmentation, "build_backbone", lambda name, **kwargs: TinyBackbone(**kwargs))
+    monkeypatch.setattr(common, "build_backbone", lambda name, **kwargs: TinyBackbone(**kwargs))
 
 
 def test_warmup_then_poly_as_mmcv() -> None:

@@ -8,7 +8,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
+
+from vision_tx.backbones import build_backbone, load_weights
 
 # Parameters that should not be decayed: normalisation layers, biases, position and bias tables.
 NO_DECAY_NAME_PARTS = ("relative_position_bias_table", "rpb", "pos_embed", "absolute_pos_embed")
@@ -46,6 +51,30 @@ def param_groups(
             decay = 0.0
         groups.setdefault((group_lr, decay), []).append(param)
     return [{"params": params, "lr": group_lr, "weight_decay": decay} for (group_lr, decay), params in groups.items()]
+
+
+def is_fitting(module: pl.LightningModule) -> bool:
+    """Whether ``module`` is being built for ``trainer.fit`` (the only time pretrained weights are read:
+    a resumed run then restores its own weights over them, and a reloaded checkpoint needs no file)."""
+    return module._trainer is not None and module.trainer.state.fn == TrainerFn.FITTING
+
+
+def build_task_backbone(module: pl.LightningModule) -> nn.Module:
+    """The backbone named by ``module.hparams`` (``backbone``, ``backbone_kwargs``, ``pretrained``).
+
+    Also resolves ``hparams.num_classes`` when it is None, from the trainer's datamodule, so that a
+    checkpoint records it and rebuilds the same model.
+    """
+    hp = module.hparams
+    if hp.num_classes is None:
+        datamodule = module.trainer.datamodule if module._trainer is not None else None
+        if datamodule is None:
+            raise ValueError(f"{type(module).__name__}: num_classes is None and there is no datamodule to take it from")
+        hp.num_classes = datamodule.num_classes
+    backbone = build_backbone(hp.backbone, **(hp.backbone_kwargs or {}))
+    if hp.pretrained and is_fitting(module):
+        rank_zero_info(f"backbone weights: {load_weights(backbone, hp.pretrained)}")
+    return backbone
 
 
 def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:

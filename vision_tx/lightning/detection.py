@@ -10,10 +10,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchvision import tv_tensors
 
-from vision_tx.backbones import build_backbone, load_weights
+from vision_tx.backbones import load_weights
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vision_tx.heads.detr import HungarianMatcher, SetCriterion, normalize_targets, postprocess_detections
-from vision_tx.lightning.common import param_groups
+from vision_tx.lightning.common import build_task_backbone, is_fitting, param_groups
 from vision_tx.metrics.coco import CocoEvaluator
 from vision_tx.models import DETR
 from vision_tx.visualize import draw_detections, save_grid
@@ -57,19 +57,11 @@ class DetectionModule(pl.LightningModule):
         if self.model is not None:
             return
         hp = self.hparams
-        datamodule = self.trainer.datamodule if self._trainer is not None else None
-        if hp.num_classes is None:
-            if datamodule is None:
-                raise ValueError("DetectionModule: num_classes is None and there is no datamodule to take it from")
-            hp.num_classes = datamodule.num_classes
-        backbone = build_backbone(hp.backbone, **(hp.backbone_kwargs or {}))
+        backbone = build_task_backbone(self)
         self.model = DETR(backbone, hp.num_classes, **(hp.detr_kwargs or {}))
         self.criterion = SetCriterion(hp.num_classes, HungarianMatcher(**(hp.matcher_kwargs or {})), **(hp.criterion_kwargs or {}))
-        if self._trainer is not None and self.trainer.training:
-            if hp.pretrained:
-                rank_zero_info(f"backbone weights: {load_weights(backbone, hp.pretrained)}")
-            if hp.weights:
-                rank_zero_info(f"model weights: {load_weights(self.model, hp.weights)}")
+        if hp.weights and is_fitting(self):
+            rank_zero_info(f"model weights: {load_weights(self.model, hp.weights)}")
 
     def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding) -> DETR's raw outputs."""

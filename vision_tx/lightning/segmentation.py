@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 
-from vision_tx.backbones import build_backbone, load_weights
-from vision_tx.lightning.common import merge_metrics_json, param_groups
+from vision_tx.lightning.common import build_task_backbone, merge_metrics_json, param_groups
 from vision_tx.metrics.miou import MeanIoU
 from vision_tx.models.segmentor import UperNetSegmentor
 
@@ -67,14 +66,8 @@ class SegmentationModule(pl.LightningModule):
         if self.model is not None:
             return
         hp = self.hparams
+        backbone = build_task_backbone(self)
         datamodule = self.trainer.datamodule if self._trainer is not None else None
-        if hp.num_classes is None:
-            if datamodule is None:
-                raise ValueError("num_classes is None and there is no datamodule to take it from")
-            hp.num_classes = datamodule.num_classes
-        backbone = build_backbone(hp.backbone, **(hp.backbone_kwargs or {}))
-        if hp.pretrained:
-            rank_zero_info(f"backbone weights: {load_weights(backbone, hp.pretrained)}")
         self.model = UperNetSegmentor(
             backbone,
             hp.num_classes,

@@ -1,0 +1,26 @@
+"""``tools/convert_weights.py``: an official checkpoint becomes a native one that loads exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vision_tx.backbones import build_classifier, load_weights
+from vision_tx.backbones.convert import convert_checkpoint
+
+timm = pytest.importorskip("timm")
+
+
+def test_timm_checkpoint_converts_to_a_native_file(tmp_path) -> None:
+    reference = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, num_classes=10).eval()
+    torch.save({"model": reference.state_dict()}, tmp_path / "timm.pth")
+    report = convert_checkpoint("swin_t", tmp_path / "timm.pth", tmp_path / "native.pth", num_classes=10, strict=True)
+    assert not report.missing_keys and not report.unexpected_keys
+
+    native = torch.load(tmp_path / "native.pth", weights_only=True)
+    assert native["vision_tx"]["arch"] == "swin_t" and "layers.0.blocks.0.attn.qkv.weight" not in native["model"]
+    model = build_classifier("swin_t", num_classes=10).eval()
+    load_weights(model, tmp_path / "native.pth", strict=True)
+    images = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(model(images), reference(images), rtol=0, atol=1e-4)

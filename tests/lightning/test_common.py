@@ -1,0 +1,58 @@
+"""Shared LightningModule pieces: backbone building, pretrained weights, parameter groups."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.trainer.states import TrainerFn
+
+from vision_tx.backbones import build_backbone, save_weights
+from vision_tx.lightning.common import build_task_backbone, param_groups
+
+SMALL = {"embed_dim": 16, "depths": (1, 1, 1, 1), "num_heads": (1, 1, 1, 1)}
+
+
+class _Task(LightningModule):
+    def __init__(self, backbone: str = "swin_t", num_classes: int | None = None, pretrained: str | None = None,
+                 backbone_kwargs: dict | None = None) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+def _attach(module: LightningModule, fn: TrainerFn, num_classes: int = 7) -> None:
+    module._trainer = SimpleNamespace(state=SimpleNamespace(fn=fn), datamodule=SimpleNamespace(num_classes=num_classes))
+
+
+def test_pretrained_weights_load_only_when_fitting(tmp_path) -> None:
+    source = build_backbone("swin_t", **SMALL)
+    save_weights(source, tmp_path / "backbone.pth")
+    fitting = _Task(pretrained=str(tmp_path / "backbone.pth"), backbone_kwargs=SMALL)
+    _attach(fitting, TrainerFn.FITTING)
+    for name, tensor in build_task_backbone(fitting).state_dict().items():
+        torch.testing.assert_close(tensor, source.state_dict()[name], rtol=0, atol=0)
+    assert fitting.hparams.num_classes == 7  # taken from the datamodule and recorded
+
+    # A reloaded checkpoint (no trainer) or a validation run never reads the file: it may be gone.
+    (tmp_path / "backbone.pth").unlink()
+    reloaded = _Task(num_classes=3, pretrained=str(tmp_path / "backbone.pth"), backbone_kwargs=SMALL)
+    build_task_backbone(reloaded)
+    _attach(reloaded, TrainerFn.VALIDATING)
+    build_task_backbone(reloaded)
+    assert reloaded.hparams.num_classes == 3
+
+
+def test_num_classes_needs_a_datamodule() -> None:
+    with pytest.raises(ValueError, match="num_classes is None and there is no datamodule"):
+        build_task_backbone(_Task(backbone_kwargs=SMALL))
+
+
+def test_param_groups_split_backbone_and_decay() -> None:
+    model = torch.nn.ModuleDict({"backbone": build_backbone("swin_t", **SMALL), "head": torch.nn.Linear(4, 2)})
+    groups = param_groups(model, lr=1e-4, weight_decay=0.05, backbone_lr=1e-5, decay_norms_and_biases=False)
+    by_setting = {(g["lr"], g["weight_decay"]): g["params"] for g in groups}
+    assert set(by_setting) == {(1e-5, 0.05), (1e-5, 0.0), (1e-4, 0.05), (1e-4, 0.0)}
+    assert sum(len(p) for p in by_setting.values()) == len(list(model.parameters()))
+    assert model["head"].bias in [p for p in by_setting[(1e-4, 0.0)]]
