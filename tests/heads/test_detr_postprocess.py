@@ -1,11 +1,12 @@
-"""DETR post-processing: original-pixel xyxy boxes, category ids, no-object never chosen."""
+"""DETR post-processing: original-pixel xyxy boxes, category ids, no-object never chosen; panoptic
+segment maps from hand-built outputs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from vision_tx.heads.detr import normalize_targets, postprocess_detections
+from vision_tx.heads.detr import normalize_targets, postprocess_detections, postprocess_panoptic
 
 
 def test_boxes_in_original_pixels_and_best_real_class() -> None:
@@ -38,3 +39,62 @@ def test_bad_sizes_are_named() -> None:
     outputs = {"pred_logits": torch.zeros(2, 3, 5), "pred_boxes": torch.rand(2, 3, 4)}
     with pytest.raises(ValueError, match="postprocess.py: orig_sizes must be"):
         postprocess_detections(outputs, torch.tensor([480, 640]))
+
+
+IS_THING = {1: True, 2: True, 3: True, 5: False}
+
+
+def panoptic_outputs() -> dict:
+    """One padded 16x24 input (masks 4x6 at stride 4) whose image is 12x16: the last row and two
+    columns of cells are padding. Each query's mask is +10 on its cells and -10 elsewhere."""
+    cells = {
+        0: (slice(0, 2), slice(0, 2)),  # thing 1
+        1: (slice(0, 2), slice(2, 4)),  # stuff 5
+        2: (slice(2, 3), slice(0, 4)),  # stuff 5 again: merged with query 1
+        3: (slice(3, 4), slice(None)),  # thing 2 on the padding only (plus the next line)
+    }
+    masks = torch.full((1, 7, 4, 6), -10.0)
+    for query, (rows, cols) in cells.items():
+        masks[0, query, rows, cols] = 10.0
+    masks[0, 3, :, 4:] = 10.0
+    masks[0, 4:] = 20.0  # queries 4-6 would cover everything, were they kept
+    logits = torch.zeros(1, 7, 9)  # categories 0..7, no-object 8
+    for query, category in enumerate([1, 5, 5, 2]):
+        logits[0, query, category] = 10.0
+    logits[0, 4, 3] = 1.0  # below the threshold
+    logits[0, 5, 8] = 10.0  # no-object
+    logits[0, 6, 7] = 10.0  # not a category of the dataset
+    return {"pred_logits": logits, "pred_masks": masks}
+
+
+def test_panoptic_merges_stuff_crops_padding_and_resizes() -> None:
+    (result,) = postprocess_panoptic(panoptic_outputs(), torch.tensor([[12, 16]]), torch.tensor([[24, 32]]), IS_THING)
+    expected = torch.full((12, 16), 2)
+    expected[:8, :8] = 1
+    expected = expected.repeat_interleave(2, 0).repeat_interleave(2, 1)
+    assert torch.equal(result["segment_ids"], expected)
+    assert result["segments_info"] == [
+        {"id": 1, "category_id": 1, "isthing": True, "area": 256},
+        {"id": 2, "category_id": 5, "isthing": False, "area": 512},
+    ]
+
+
+def test_panoptic_drops_small_segments_and_reassigns_their_pixels() -> None:
+    sizes = torch.tensor([[12, 16]])
+    (result,) = postprocess_panoptic(panoptic_outputs(), sizes, sizes, IS_THING, min_area=64)
+    assert torch.equal(result["segment_ids"], torch.ones(12, 16, dtype=torch.int64))
+    assert result["segments_info"] == [{"id": 1, "category_id": 5, "isthing": False, "area": 192}]
+
+
+def test_panoptic_without_confident_queries_is_void() -> None:
+    outputs = panoptic_outputs()
+    results = postprocess_panoptic(outputs, torch.tensor([[12, 16]]), torch.tensor([[30, 40]]), IS_THING, threshold=0.99995)
+    assert torch.equal(results[0]["segment_ids"], torch.zeros(30, 40, dtype=torch.int64))
+    assert results[0]["segments_info"] == []
+
+
+def test_panoptic_bad_sizes_are_named() -> None:
+    with pytest.raises(ValueError, match=r"postprocess.py: sizes must be \[B,2\]"):
+        postprocess_panoptic(panoptic_outputs(), torch.tensor([12, 16]), torch.tensor([[24, 32]]), IS_THING)
+    with pytest.raises(ValueError, match=r"postprocess.py: sizes \[20, 16\] exceed the padded input \[16, 24\]"):
+        postprocess_panoptic(panoptic_outputs(), torch.tensor([[20, 16]]), torch.tensor([[24, 32]]), IS_THING)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 import torchvision
@@ -13,97 +11,26 @@ from vision_tx.backbones.resnet import ResNet, ResNetClassifier
 from vision_tx.heads.detr import SetCriterion
 from vision_tx.models import DETR
 
+from tests.models.detr_helpers import padded_batch, randomize_, to_official, to_transformers, transformers_config
+
 transformers = pytest.importorskip("transformers")
 from transformers.loss.loss_for_object_detection import ForObjectDetectionLoss  # noqa: E402
 
 NUM_CLASSES = 91
-
-# vision_tx name -> transformers name, applied in order (transformer q/k/v rows are split separately).
-_TO_TRANSFORMERS = [
-    (r"^backbone\.stem\.0\.", "model.backbone.model.embedder.embedder.convolution."),
-    (r"^backbone\.stem\.1\.", "model.backbone.model.embedder.embedder.normalization."),
-    (r"^backbone\.stages\.(\d+)\.(\d+)\.conv(\d)\.", lambda m: f"model.backbone.model.encoder.stages.{m[1]}.layers.{m[2]}.layer.{int(m[3]) - 1}.convolution."),
-    (r"^backbone\.stages\.(\d+)\.(\d+)\.bn(\d)\.", lambda m: f"model.backbone.model.encoder.stages.{m[1]}.layers.{m[2]}.layer.{int(m[3]) - 1}.normalization."),
-    (r"^backbone\.stages\.(\d+)\.(\d+)\.downsample\.0\.", r"model.backbone.model.encoder.stages.\1.layers.\2.shortcut.convolution."),
-    (r"^backbone\.stages\.(\d+)\.(\d+)\.downsample\.1\.", r"model.backbone.model.encoder.stages.\1.layers.\2.shortcut.normalization."),
-    (r"^input_proj\.", "model.input_projection."),
-    (r"^query_embed\.", "model.query_position_embeddings."),
-    (r"^transformer\.(encoder|decoder)\.", r"model.\1."),
-    (r"\.out_proj\.", ".o_proj."),
-    (r"\.cross_attn\.", ".encoder_attn."),
-    (r"\.linear(\d)\.", r".mlp.fc\1."),
-    (r"(decoder\.layers\.\d+)\.norm2\.", r"\1.encoder_attn_layer_norm."),
-    (r"(decoder\.layers\.\d+)\.norm3\.", r"\1.final_layer_norm."),
-    (r"(encoder\.layers\.\d+)\.norm2\.", r"\1.final_layer_norm."),
-    (r"\.norm1\.", ".self_attn_layer_norm."),
-    (r"decoder\.norm\.", "decoder.layernorm."),
-    (r"^class_embed\.", "class_labels_classifier."),
-    (r"^bbox_embed\.", "bbox_predictor."),
-]
-
-
-def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    converted = {}
-    for key, value in state.items():
-        for pattern, replacement in _TO_TRANSFORMERS:
-            key = re.sub(pattern, replacement, key)
-        if key.endswith(("in_proj_weight", "in_proj_bias")):
-            prefix, kind = key.rsplit(".in_proj_", 1)
-            for name, part in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3)):
-                converted[f"{prefix}.{name}.{kind}"] = part
-        else:
-            converted[key] = value
-    return converted
-
-
-def randomize_(model: torch.nn.Module) -> None:
-    """Moves every weight off its initial value (LayerNorm and FrozenBN included) so no mapping error hides."""
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if not tensor.is_floating_point():
-                continue
-            noise = torch.rand(tensor.shape, generator=generator)
-            if name.endswith("running_var"):
-                tensor.copy_(0.5 + noise)
-            elif tensor.dim() == 1:
-                tensor.add_(0.2 * (noise - 0.5))
-            else:
-                tensor.add_(0.02 * (noise - 0.5))
-
 
 @pytest.fixture(scope="module")
 def models() -> tuple[DETR, torch.nn.Module]:
     torch.manual_seed(0)
     ours = DETR(ResNet(), NUM_CLASSES).eval()
     randomize_(ours)
-    config = transformers.DetrConfig(
-        use_timm_backbone=False,
-        use_pretrained_backbone=False,
-        backbone_config=transformers.ResNetConfig(out_features=["stage4"]),
-        num_labels=NUM_CLASSES,
-        auxiliary_loss=False,
-    )
-    reference = transformers.DetrForObjectDetection(config).eval()
+    reference = transformers.DetrForObjectDetection(transformers_config(NUM_CLASSES, ["stage4"])).eval()
     reference.load_state_dict(to_transformers(ours.state_dict()), strict=True)
     return ours, reference
 
 
 @pytest.fixture(scope="module")
 def batch() -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
-    generator = torch.Generator().manual_seed(2)
-    images = torch.randn(2, 3, 160, 224, generator=generator)
-    pixel_mask = torch.zeros(2, 160, 224, dtype=torch.bool)
-    pixel_mask[1, 120:, :] = True
-    pixel_mask[1, :, 150:] = True
-    images[pixel_mask[:, None].expand_as(images)] = 0
-    targets = []
-    for num in (3, 1):
-        centers = 0.3 + 0.4 * torch.rand(num, 2, generator=generator)
-        sizes = 0.05 + 0.3 * torch.rand(num, 2, generator=generator)
-        labels = torch.randint(1, NUM_CLASSES, (num,), generator=generator)
-        targets.append({"labels": labels, "boxes": torch.cat([centers, sizes], 1)})
-    return images, pixel_mask, targets
+    return padded_batch((160, 224), (120, 150), (3, 1), NUM_CLASSES)
 
 
 def test_outputs_and_loss_match_transformers(models, batch) -> None:
@@ -143,22 +70,6 @@ def test_auxiliary_losses_match_transformers(models, batch) -> None:
     for key in compared:
         torch.testing.assert_close(losses[key], ref_dict[key], rtol=0, atol=1e-4, msg=key)
     torch.testing.assert_close(losses["loss"], ref_loss, rtol=0, atol=1e-4)
-
-
-def to_official(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """facebookresearch/detr's names: torchvision ResNet under backbone.0.body, cross-attention as multihead_attn."""
-    renames = [
-        (r"^backbone\.stem\.0\.", "backbone.0.body.conv1."),
-        (r"^backbone\.stem\.1\.", "backbone.0.body.bn1."),
-        (r"^backbone\.stages\.(\d)\.", lambda m: f"backbone.0.body.layer{int(m[1]) + 1}."),
-        (r"\.cross_attn\.", ".multihead_attn."),
-    ]
-    converted = {}
-    for key, value in state.items():
-        for pattern, replacement in renames:
-            key = re.sub(pattern, replacement, key)
-        converted[key] = value
-    return converted
 
 
 def test_official_checkpoint_layout_loads_completely(models, batch, tmp_path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -24,6 +25,17 @@ class MLP(nn.Module):
         for layer in self.layers[:-1]:
             x = F.relu(layer(x))
         return self.layers[-1](x)
+
+
+@dataclass
+class DETRFeatures:
+    """DETR's intermediate tensors (``h, w``: the last backbone map's size), e.g. for a mask head."""
+
+    backbone_maps: list[torch.Tensor]  # the backbone's maps, highest resolution first
+    projected: torch.Tensor  # [B,D,h,w] the last map after input_proj: the encoder's input
+    memory: torch.Tensor  # [B,D,h,w] the encoder's output
+    hidden: torch.Tensor  # [L,B,Q,D] every decoder layer's normalised output
+    mask: torch.Tensor  # [B,h,w] bool, True on padding
 
 
 class DETR(nn.Module):
@@ -67,6 +79,10 @@ class DETR(nn.Module):
 
         ``aux_outputs`` (with ``aux_loss``) holds the same two keys for each earlier decoder layer.
         """
+        return self.predict(self.forward_features(images, pixel_mask).hidden)
+
+    def forward_features(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> DETRFeatures:
+        """Backbone, input projection and transformer: everything before the prediction heads."""
         if images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"vision_tx/models/detr.py: images must be [B,3,H,W], got {list(images.shape)}")
         if pixel_mask is None:
@@ -76,11 +92,16 @@ class DETR(nn.Module):
                 f"vision_tx/models/detr.py: pixel_mask must be bool [B,H,W] = {[images.shape[0], *images.shape[2:]]}, "
                 f"got {pixel_mask.dtype} {list(pixel_mask.shape)}"
             )
-        features = list(self.backbone(images).values())[-1]
-        mask = F.interpolate(pixel_mask[None].float(), size=features.shape[-2:])[0].bool()
-        src = self.input_proj(features).flatten(2).transpose(1, 2)
+        backbone_maps = list(self.backbone(images).values())
+        mask = F.interpolate(pixel_mask[None].float(), size=backbone_maps[-1].shape[-2:])[0].bool()
+        projected = self.input_proj(backbone_maps[-1])
+        src = projected.flatten(2).transpose(1, 2)
         pos = self.position_encoding(mask).flatten(1, 2).to(src.dtype)
-        hidden = self.transformer(src, mask.flatten(1), pos, self.query_embed.weight)  # [L,B,Q,D]
+        hidden, memory = self.transformer(src, mask.flatten(1), pos, self.query_embed.weight)
+        return DETRFeatures(backbone_maps, projected, memory.transpose(1, 2).unflatten(2, mask.shape[1:]), hidden, mask)
+
+    def predict(self, hidden: torch.Tensor) -> dict:
+        """Class and box heads on the decoder outputs ``hidden [L,B,Q,D]``: the dict :meth:`forward` returns."""
         if not self.aux_loss:
             hidden = hidden[-1:]
         logits = self.class_embed(hidden)

@@ -1,16 +1,21 @@
-"""DETR's head: sine position encoding, transformer, Hungarian matcher, set criterion, post-processing."""
+"""DETR's head: sine position encoding, transformer, Hungarian matcher, set criterion, post-processing,
+and the panoptic mask head."""
 
 from vision_tx.heads.detr.criterion import SetCriterion, normalize_targets
+from vision_tx.heads.detr.mask_head import AttentionMaps, MaskHead
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.position_encoding import SinePositionEncoding
-from vision_tx.heads.detr.postprocess import postprocess_detections
+from vision_tx.heads.detr.postprocess import postprocess_detections, postprocess_panoptic
 from vision_tx.heads.detr.transformer import Transformer
 
 __all__ = [
+    "AttentionMaps",
     "HungarianMatcher",
+    "MaskHead",
     "SetCriterion",
     "SinePositionEncoding",
     "Transformer",
     "normalize_targets",
     "postprocess_detections",
+    "postprocess_panoptic",
 ]

@@ -1,4 +1,5 @@
-"""DETR's set loss: Hungarian matching, then class and box losses on matched pairs, per decoder layer."""
+"""DETR's set loss: Hungarian matching, then class and box losses on matched pairs, per decoder layer,
+and mask losses on the last layer's matched pairs when the model predicts masks."""
 
 from __future__ import annotations
 
@@ -6,20 +7,24 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import box_convert, generalized_box_iou_loss
+from torchvision.ops import box_convert, generalized_box_iou_loss, sigmoid_focal_loss
 
 from vision_tx.heads.detr.matcher import HungarianMatcher
 
 
 def normalize_targets(targets: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
     """Turns data-pipeline targets (absolute xyxy ``boxes [K,4]``, ``size`` = (h, w) of the unpadded
-    image) into the model's: ``labels`` int64 ``[K]`` and ``boxes [K,4]`` cxcywh normalised to [0, 1]."""
+    image) into the model's: ``labels`` int64 ``[K]`` and ``boxes [K,4]`` cxcywh normalised to [0, 1].
+    Panoptic ``masks`` (bool ``[K,h,w]``, unpadded) pass unchanged; :class:`SetCriterion` pads them."""
     model_targets = []
     for target in targets:
         height, width = target["size"].tolist()
         scale = target["boxes"].new_tensor([width, height, width, height])
         boxes = box_convert(target["boxes"], "xyxy", "cxcywh") / scale
-        model_targets.append({"labels": target["labels"], "boxes": boxes})
+        model_target = {"labels": target["labels"], "boxes": boxes}
+        if "masks" in target:
+            model_target["masks"] = target["masks"]
+        model_targets.append(model_target)
     return model_targets
 
 
@@ -32,6 +37,13 @@ class SetCriterion(nn.Module):
     the weighted total ``loss``, and, without gradient, ``class_error`` (%) and
     ``cardinality_error`` of the last layer. Box losses are averaged over the number of target
     boxes of the whole (distributed) batch.
+
+    With ``"pred_masks" [B,Q,h,w]`` (logits, last layer) in ``outputs`` and ``"masks"`` (bool
+    ``[K,H_b,W_b]``, top-left aligned in the padded image) in every target, ``loss_mask`` (sigmoid
+    focal loss, alpha 0.25, gamma 2, averaged over pixels) and ``loss_dice`` of the matched pairs
+    are added, normalised like the box losses. As in DETR, the target masks are zero-padded to the
+    batch's largest mask size and the predictions bilinearly resized to it, so masks should be given
+    at the padded image size when the batch is padded beyond its largest image.
     """
 
     def __init__(
@@ -42,11 +54,16 @@ class SetCriterion(nn.Module):
         weight_bbox: float = 5.0,
         weight_giou: float = 2.0,
         eos_coef: float = 0.1,
+        weight_mask: float = 1.0,
+        weight_dice: float = 1.0,
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
         self.matcher = HungarianMatcher() if matcher is None else matcher
-        self.weights = {"loss_ce": weight_ce, "loss_bbox": weight_bbox, "loss_giou": weight_giou}
+        self.weights = {
+            "loss_ce": weight_ce, "loss_bbox": weight_bbox, "loss_giou": weight_giou,
+            "loss_mask": weight_mask, "loss_dice": weight_dice,
+        }
         class_weight = torch.ones(num_classes + 1)
         class_weight[-1] = eos_coef
         self.register_buffer("class_weight", class_weight, persistent=False)
@@ -91,8 +108,36 @@ class SetCriterion(nn.Module):
             losses[f"loss_giou{suffix}"] = loss_giou[layer]
         weighted = self.weights["loss_ce"] * loss_ce + self.weights["loss_bbox"] * loss_bbox + self.weights["loss_giou"] * loss_giou
         losses["loss"] = weighted.sum()
+        if "pred_masks" in outputs and all("masks" in t for t in targets):
+            mask_losses = self._mask_losses(outputs["pred_masks"], targets, indices[-batch:], num_boxes)
+            losses.update(mask_losses)
+            losses["loss"] = losses["loss"] + sum(self.weights[k] * v for k, v in mask_losses.items())
         losses.update(self._errors(outputs["pred_logits"], target_classes[-batch:], targets))
         return losses
+
+    @staticmethod
+    def _mask_losses(
+        pred_masks: torch.Tensor,
+        targets: list[dict[str, torch.Tensor]],
+        indices: list[tuple[torch.Tensor, torch.Tensor]],
+        num_boxes: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """Focal and dice losses of the matched ``pred_masks [B,Q,h,w]`` against the targets' ``masks``."""
+        height = max(t["masks"].shape[-2] for t in targets)
+        width = max(t["masks"].shape[-1] for t in targets)
+        predicted = torch.cat([masks[q.to(masks.device)] for masks, (q, _) in zip(pred_masks, indices)])
+        if len(predicted) == 0:
+            zero = pred_masks.sum() * 0
+            return {"loss_mask": zero, "loss_dice": zero}
+        expected = torch.cat([
+            F.pad(t["masks"][k].to(predicted.dtype), (0, width - t["masks"].shape[-1], 0, height - t["masks"].shape[-2]))
+            for t, (_, k) in zip(targets, indices)
+        ]).flatten(1)
+        predicted = F.interpolate(predicted[:, None], size=(height, width), mode="bilinear", align_corners=False).flatten(1)
+        focal = sigmoid_focal_loss(predicted, expected, alpha=0.25, gamma=2.0, reduction="none").mean(1)
+        prob = predicted.sigmoid()
+        dice = 1 - (2 * (prob * expected).sum(1) + 1) / (prob.sum(1) + expected.sum(1) + 1)
+        return {"loss_mask": focal.sum() / num_boxes, "loss_dice": dice.sum() / num_boxes}
 
     @staticmethod
     def _num_boxes(targets: list[dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:

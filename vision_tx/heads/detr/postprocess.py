@@ -1,8 +1,11 @@
-"""DETR outputs -> detections in original-image pixels."""
+"""DETR outputs -> detections, or panoptic segment maps, in original-image pixels."""
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
+import torch.nn.functional as F
 from torchvision.ops import box_convert
 
 
@@ -26,3 +29,81 @@ def postprocess_detections(outputs: dict, orig_sizes: torch.Tensor) -> list[dict
     scale = torch.stack([width, height, width, height], dim=1)[:, None, :]
     boxes = box_convert(boxes, "cxcywh", "xyxy") * scale
     return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]
+
+
+@torch.no_grad()
+def postprocess_panoptic(
+    outputs: dict,
+    sizes: torch.Tensor,
+    orig_sizes: torch.Tensor,
+    is_thing: Mapping[int, bool],
+    threshold: float = 0.85,
+    min_area: int = 4,
+) -> list[dict]:
+    """DETR's PostProcessPanoptic: one segment map per image at its original size.
+
+    ``outputs``: ``pred_logits [B,Q,C+1]`` and ``pred_masks [B,Q,h,w]`` (logits at stride 4 of the
+    padded batch); ``sizes`` and ``orig_sizes`` ``[B,2]``: (h, w) of the unpadded model input and of
+    the original image; ``is_thing``: category id -> thing (True) or stuff (False).
+
+    A query is kept when its most probable class (no-object included) is a real category of
+    ``is_thing`` with probability above ``threshold``. Its mask is upsampled bilinearly 4x, cropped
+    to ``sizes``, and every pixel goes to the kept query with the highest mask logit; the segment
+    map is then resized (nearest) to ``orig_sizes``. Queries of one stuff category form one
+    segment. Segments covering at most ``min_area`` pixels of the original image are dropped and
+    the pixels re-assigned among the remaining queries, until none is that small. (DETR's code drops
+    merged stuff duplicates in that second round instead of keeping their pixels with the class.)
+
+    Returns per image ``{"segment_ids": int64 [H0,W0] (0: void, segments 1..N), "segments_info":
+    [{"id", "category_id", "isthing", "area"}]}``; with no query kept, the map is all void.
+    """
+    logits, masks = outputs["pred_logits"], outputs["pred_masks"]
+    for name, value in (("sizes", sizes), ("orig_sizes", orig_sizes)):
+        if value.shape != (len(logits), 2):
+            raise ValueError(
+                f"vision_tx/heads/detr/postprocess.py: {name} must be [B,2] = [{len(logits)},2] (h, w), got {list(value.shape)}"
+            )
+    scores, classes = logits.softmax(-1).max(-1)
+    known = torch.tensor([c in is_thing for c in classes.flatten().tolist()], dtype=torch.bool, device=classes.device)
+    keep = (classes != logits.shape[-1] - 1) & (scores > threshold) & known.view_as(classes)
+    return [
+        _panoptic_image(masks[b][keep[b]], classes[b][keep[b]].tolist(), sizes[b].tolist(), orig_sizes[b].tolist(), is_thing, min_area)
+        for b in range(len(logits))
+    ]
+
+
+def _panoptic_image(
+    mask_logits: torch.Tensor, classes: list[int], size: list[int], orig_size: list[int], is_thing: Mapping[int, bool], min_area: int
+) -> dict:
+    """Segment map of one image from the kept queries' ``mask_logits [K,h,w]`` and ``classes``."""
+    height, width = size
+    padded_size = [4 * n for n in mask_logits.shape[-2:]]
+    if height > padded_size[0] or width > padded_size[1]:
+        raise ValueError(
+            f"vision_tx/heads/detr/postprocess.py: sizes {size} exceed the padded input {padded_size} that the stride-4 masks cover"
+        )
+    if classes:
+        mask_logits = F.interpolate(mask_logits[None], scale_factor=4, mode="bilinear", align_corners=False)[0, :, :height, :width]
+    while classes:
+        segment_of_query, categories, stuff_segment = [], [], {}
+        for category in classes:
+            if not is_thing[category] and category in stuff_segment:
+                segment_of_query.append(stuff_segment[category])
+                continue
+            if not is_thing[category]:
+                stuff_segment[category] = len(categories)
+            segment_of_query.append(len(categories))
+            categories.append(category)
+        owner = torch.tensor(segment_of_query, device=mask_logits.device)[mask_logits.argmax(0)]
+        owner = F.interpolate(owner[None, None].float(), size=orig_size, mode="nearest-exact")[0, 0].long()
+        area = torch.bincount(owner.flatten(), minlength=len(categories)).tolist()
+        kept_query = [area[s] > min_area for s in segment_of_query]
+        if all(kept_query):
+            segments_info = [
+                {"id": i + 1, "category_id": c, "isthing": bool(is_thing[c]), "area": a}
+                for i, (c, a) in enumerate(zip(categories, area))
+            ]
+            return {"segment_ids": owner + 1, "segments_info": segments_info}
+        mask_logits = mask_logits[torch.tensor(kept_query, device=mask_logits.device)]
+        classes = [c for c, kept in zip(classes, kept_query) if kept]
+    return {"segment_ids": torch.zeros(orig_size, dtype=torch.int64, device=mask_logits.device), "segments_info": []}

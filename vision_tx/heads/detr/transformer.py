@@ -131,7 +131,7 @@ class Transformer(nn.Module):
 
     ``forward(src [B,S,D], padding_mask [B,S] True on padding, pos [B,S,D], query_embed [Q,D])``
     returns every decoder layer's normalised output ``[num_decoder_layers,B,Q,D]`` (the last one is
-    the prediction, the others feed the auxiliary losses).
+    the prediction, the others feed the auxiliary losses) and the encoder's output ``[B,S,D]``.
     """
 
     def __init__(
@@ -152,7 +152,7 @@ class Transformer(nn.Module):
 
     def forward(
         self, src: torch.Tensor, padding_mask: torch.Tensor, pos: torch.Tensor, query_embed: torch.Tensor
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         memory = self.encoder(src, pos, padding_mask)
         query_pos = query_embed.unsqueeze(0).expand(src.shape[0], -1, -1)
-        return self.decoder(query_pos, memory, pos, padding_mask)
+        return self.decoder(query_pos, memory, pos, padding_mask), memory

@@ -1,0 +1,127 @@
+"""DETRPanoptic against transformers' DetrForSegmentation (same weights), official checkpoint layout,
+freezing of the detector."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vision_tx.backbones import load_weights
+from vision_tx.backbones.resnet import ResNet
+from vision_tx.heads.detr import SetCriterion
+from vision_tx.models import DETR, DETRPanoptic
+
+from tests.models.detr_helpers import (
+    padded_batch,
+    panoptic_to_official,
+    panoptic_to_transformers,
+    randomize_,
+    to_official,
+    transformers_config,
+)
+
+transformers = pytest.importorskip("transformers")
+
+NUM_CLASSES = 20
+# A small DETR (the mask head's narrowest layer, hidden_dim / 16, needs 8 channels for GroupNorm(8)).
+SIZES = {"hidden_dim": 128, "num_queries": 8, "num_encoder_layers": 2, "num_decoder_layers": 2, "dim_feedforward": 256}
+
+
+def build(freeze_detr: bool = False, **backbone_kwargs) -> DETRPanoptic:
+    return DETRPanoptic(DETR(ResNet(**backbone_kwargs), NUM_CLASSES, **SIZES), freeze_detr=freeze_detr)
+
+
+@pytest.fixture(scope="module")
+def models() -> tuple[DETRPanoptic, torch.nn.Module]:
+    torch.manual_seed(0)
+    ours = build().eval()
+    randomize_(ours)
+    config = transformers_config(
+        NUM_CLASSES,
+        ["stage1", "stage2", "stage3", "stage4"],
+        num_queries=SIZES["num_queries"],
+        d_model=SIZES["hidden_dim"],
+        encoder_layers=SIZES["num_encoder_layers"],
+        decoder_layers=SIZES["num_decoder_layers"],
+        encoder_ffn_dim=SIZES["dim_feedforward"],
+        decoder_ffn_dim=SIZES["dim_feedforward"],
+    )
+    reference = transformers.DetrForSegmentation(config).eval()
+    reference.load_state_dict(panoptic_to_transformers(ours.state_dict()), strict=True)
+    return ours, reference
+
+
+@pytest.fixture(scope="module")
+def batch() -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
+    return padded_batch((96, 128), (72, 100), (3, 2), NUM_CLASSES, with_masks=True)
+
+
+def test_outputs_and_mask_losses_match_transformers(models, batch) -> None:
+    ours, reference = models
+    images, pixel_mask, targets = batch
+    labels = [{"class_labels": t["labels"], "boxes": t["boxes"], "masks": t["masks"].float()} for t in targets]
+    with torch.no_grad():
+        out = ours(images, pixel_mask)
+        ref = reference(images, pixel_mask=(~pixel_mask).long(), labels=labels)
+    assert out["pred_masks"].shape == (2, SIZES["num_queries"], 24, 32)
+    torch.testing.assert_close(out["pred_logits"], ref.logits, rtol=0, atol=1e-4)
+    torch.testing.assert_close(out["pred_boxes"], ref.pred_boxes, rtol=0, atol=1e-4)
+    scale = ref.pred_masks.abs().max().item()
+    torch.testing.assert_close(out["pred_masks"], ref.pred_masks, rtol=0, atol=1e-4 * scale)
+    assert ref.pred_masks.std() > 0.05 * scale  # the masks are not near-constant
+
+    last_layer = {k: v for k, v in out.items() if k != "aux_outputs"}  # the reference has no auxiliary loss
+    losses = SetCriterion(NUM_CLASSES)(last_layer, targets)
+    for key in ("loss_ce", "loss_bbox", "loss_giou", "loss_mask", "loss_dice"):
+        torch.testing.assert_close(losses[key], ref.loss_dict[key], rtol=0, atol=1e-4, msg=key)
+    torch.testing.assert_close(losses["loss"], ref.loss, rtol=0, atol=1e-4)
+
+
+def test_official_checkpoint_layout_loads_completely(models, batch, tmp_path) -> None:
+    source, _ = models
+    official = panoptic_to_official(source.state_dict())
+    for key in (
+        "detr.backbone.0.body.layer4.2.bn3.running_var",
+        "detr.transformer.decoder.layers.1.multihead_attn.in_proj_weight",
+        "bbox_attention.q_linear.weight",
+        "mask_head.lay1.weight",
+        "mask_head.gn5.bias",
+        "mask_head.adapter3.weight",
+        "mask_head.out_lay.bias",
+    ):
+        assert key in official
+    path = tmp_path / "detr-r50-panoptic-00ce5173.pth"
+    torch.save({"model": official}, path)
+
+    target = build().eval()
+    report = load_weights(target, path, strict=True)
+    assert not report.missing_keys and not report.unexpected_keys
+    images, pixel_mask, _ = batch
+    with torch.no_grad():
+        torch.testing.assert_close(target(images, pixel_mask), source(images, pixel_mask), rtol=0, atol=0)
+
+
+def test_detection_checkpoint_initialises_the_detector(models) -> None:
+    source, _ = models
+    target = build()
+    report = load_weights(target, to_official(source.detr.state_dict()))
+    heads = {k for k in target.state_dict() if not k.startswith("detr.")}
+    assert set(report.missing_keys) == heads and not report.unexpected_keys
+    for key, value in source.detr.state_dict().items():
+        torch.testing.assert_close(target.detr.state_dict()[key], value, rtol=0, atol=0)
+
+
+def test_frozen_detector_trains_only_the_mask_head() -> None:
+    model = build(freeze_detr=True).train()
+    assert not any(p.requires_grad for p in model.detr.parameters())
+    images = torch.randn(1, 3, 64, 96)
+    out = model(images)
+    assert not out["pred_logits"].requires_grad  # the frozen detector builds no graph
+    out["pred_masks"].square().mean().backward()
+    heads = [model.bbox_attention, model.mask_head]
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for head in heads for p in head.parameters())
+
+
+def test_backbone_without_all_strides_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"detr_panoptic.py: the mask head needs the backbone's maps at strides \[4, 8, 16, 32\]"):
+        build(out_indices=(1, 2, 3))
