@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vision_tx.backbones import build_classifier, load_weights
-from vision_tx.backbones.convert import convert_checkpoint
+from vision_tx.backbones.convert import build_for_conversion, convert_checkpoint
 
 timm = pytest.importorskip("timm")
 
@@ -24,3 +24,19 @@ def test_timm_checkpoint_converts_to_a_native_file(tmp_path) -> None:
     images = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         torch.testing.assert_close(model(images), reference(images), rtol=0, atol=1e-4)
+
+
+def test_official_detr_panoptic_layout_converts_to_a_native_file(tmp_path) -> None:
+    from tests.models.detr_helpers import panoptic_to_official, randomize_
+
+    official_model = build_for_conversion("detr_panoptic_resnet50")
+    assert official_model.detr.class_embed.out_features == 251  # the official 250 classes + no-object
+    randomize_(official_model)
+    torch.save({"model": panoptic_to_official(official_model.state_dict())}, tmp_path / "detr-r50-panoptic.pth")
+    report = convert_checkpoint("detr_panoptic_resnet50", tmp_path / "detr-r50-panoptic.pth", tmp_path / "native.pth", strict=True)
+    assert not report.missing_keys and not report.unexpected_keys
+
+    native = build_for_conversion("detr_panoptic_resnet50")
+    load_weights(native, tmp_path / "native.pth", strict=True)
+    for key, value in official_model.state_dict().items():
+        assert torch.equal(native.state_dict()[key], value), key

@@ -11,7 +11,13 @@ from vision_tx.backbones.weights import LoadReport, load_weights, save_weights
 
 
 def build_for_conversion(arch: str, form: str = "classifier", num_classes: int | None = None) -> nn.Module:
-    """The model a checkpoint of ``arch`` loads into: a classifier or backbone, or ``detr_<backbone>``."""
+    """The model a checkpoint of ``arch`` loads into: a classifier or backbone, ``detr_<backbone>`` or
+    ``detr_panoptic_<backbone>`` (official class counts: 91 for detection, 250 for panoptic)."""
+    if arch.startswith("detr_panoptic_"):
+        from vision_tx.models import DETR, DETRPanoptic
+
+        backbone = build_backbone(arch.removeprefix("detr_panoptic_"), out_indices=(0, 1, 2, 3))
+        return DETRPanoptic(DETR(backbone, num_classes or 250))
     if arch.startswith("detr_"):
         from vision_tx.models import DETR
 
