@@ -12,7 +12,8 @@ class Backbone(nn.Module):
 
     Subclasses set ``self.stem`` and ``self.stages`` and call :meth:`_init_outputs` with the channels
     and strides of all stages; ``forward(images [N,3,H,W])`` returns an ordered dict with the
-    ``out_features`` names, mapping to ``[N, C, H/stride, W/stride]`` maps.
+    ``out_features`` names, mapping to ``[N, C, H/stride, W/stride]`` maps. Stages after the last
+    of ``out_indices`` are dropped (their weights in a checkpoint are reported as unused).
     """
 
     stem: nn.Module
@@ -26,6 +27,9 @@ class Backbone(nn.Module):
         if bad or not out_indices:
             raise ValueError(f"out_indices must be a non-empty subset of 0..{num - 1}, got {tuple(out_indices)}")
         self.out_indices = tuple(sorted(out_indices))
+        # Stages after the last requested output would only cost time and hold parameters without
+        # gradients (which DDP refuses), so they are not kept.
+        self.stages = self.stages[: self.out_indices[-1] + 1]
         self.out_features = [f"res{i + 2}" for i in self.out_indices]
         self.out_channels = [int(stage_channels[i]) for i in self.out_indices]
         self.strides = [int(stage_strides[i]) for i in self.out_indices]

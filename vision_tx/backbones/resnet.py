@@ -50,7 +50,7 @@ class ResNet(Backbone):
         conv, norm, _, pool = self.stem
         x = pool(F.relu(_conv_norm(conv, norm, images), inplace=True))
         outputs: dict[str, torch.Tensor] = OrderedDict()
-        for index, stage in enumerate(self.stages[: self.out_indices[-1] + 1]):
+        for index, stage in enumerate(self.stages):
             for block in stage:
                 x = _bottleneck(block, x)
             if index in self.out_indices:
