@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+from torch import nn
 
 
 class CheckpointError(RuntimeError):
@@ -31,12 +32,69 @@ def read_checkpoint(path: str | os.PathLike) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
+        # The weights_only unpickler names each object it refuses as a GLOBAL; other complaints
+        # (unknown opcodes) come from bytes that are no pickle at all.
+        refused = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line]
+        if not refused:
+            raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, corrupt or truncated (no pickle in it)") from err
         raise CheckpointError(
             f"{path}: refused: the file holds Python objects other than tensors and plain containers, "
-            f"and loading it would execute code ({err}). Re-save only its state dict."
+            f"and loading it would execute code ({refused[0]}). Re-save only its state dict."
         ) from err
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError, KeyError, AttributeError) as err:
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, corrupt or truncated ({err})") from err
+
+
+def read_training_checkpoint(path: str | os.PathLike, model: nn.Module | None = None) -> dict[str, Any]:
+    """A training checkpoint (Lightning's, as ``tools/train.py`` writes) read with :func:`read_checkpoint`.
+
+    Refuses files that hold no training state and, given ``model``, weights that do not fit it
+    exactly (a checkpoint of another model or variant); errors name the file.
+    """
+    checkpoint = read_checkpoint(path)
+    if not isinstance(checkpoint, Mapping) or not {"state_dict", "pytorch-lightning_version"} <= set(checkpoint):
+        held = sorted(checkpoint)[:6] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
+        raise CheckpointError(
+            f"{path}: not a training checkpoint written by tools/train.py (Lightning): it holds {held}. "
+            "To start from plain weights, give them to the model's pretrained or weights option instead"
+        )
+    if model is not None:
+        missing, unexpected = fit_state_dict(checkpoint["state_dict"], model, str(path))
+        if (missing or unexpected) and getattr(model, "strict_loading", True):
+            raise CheckpointError(
+                f"{path}: does not fit this {type(model).__name__}, so it is a checkpoint of another model or "
+                f"variant: {_key_list('missing', missing)}{_key_list('unexpected', unexpected)}"
+            )
+    return dict(checkpoint)
+
+
+def fit_state_dict(state: Mapping[str, torch.Tensor], model: nn.Module, source: str) -> tuple[list[str], list[str]]:
+    """Checks that ``state`` is a state dict of ``model``'s kind: raises ``CheckpointError`` naming
+    ``source`` when shapes differ or no key matches; returns the keys missing from ``state`` and
+    those ``model`` lacks (both sorted)."""
+    expected = model.state_dict()
+    mismatched = [
+        f"{k} (checkpoint {tuple(v.shape)}, model {tuple(expected[k].shape)})"
+        for k, v in state.items()
+        if k in expected and v.shape != expected[k].shape
+    ]
+    if mismatched:
+        raise CheckpointError(
+            f"{source}: shapes differ from this {type(model).__name__}, so it is a checkpoint of "
+            f"another model or variant: {'; '.join(mismatched[:5])}" + (" ..." if len(mismatched) > 5 else "")
+        )
+    if not any(k in expected for k in state):
+        raise CheckpointError(
+            f"{source}: none of its {len(state)} tensors match this {type(model).__name__} "
+            f"(first keys: {', '.join(list(state)[:3])}); it is a checkpoint of another model"
+        )
+    return sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+
+
+def _key_list(what: str, keys: list[str]) -> str:
+    if not keys:
+        return ""
+    return f"{len(keys)} {what} keys ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}) "
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:
@@ -49,10 +107,17 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's file is private; a plain open's is not
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def unwrap_state_dict(obj: Any, source: str) -> dict[str, torch.Tensor]:

@@ -53,3 +53,8 @@ def test_mismatched_widths_are_named() -> None:
     head = MaskHead(136, [24, 16, 8], 128)
     with pytest.raises(ValueError, match=r"mask_head.py: 120 feature channels \+ 8 attention heads != the head's input width 136"):
         head(torch.randn(1, 120, 2, 2), torch.rand(1, 3, 8, 2, 2), [])
+
+
+def test_widths_groupnorm_cannot_split_are_named() -> None:
+    with pytest.raises(ValueError, match=r"GroupNorm\(8\).*here 72\) divisible by 8 and a DETR width \(here 64\) divisible by 128"):
+        MaskHead(72, [24, 16, 8], 64)

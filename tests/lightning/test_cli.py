@@ -1,4 +1,5 @@
-"""The command-line entry points: config names, and evaluation of saved result files."""
+"""The command-line entry points: config names, evaluation of saved result files, and the messages
+for bad configs and bad checkpoints (which stop the run before training starts)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from vision_tx.lightning.cli import available_configs, resolve_config
+from vision_tx.data.toy import make_toy_coco
+from vision_tx.lightning.cli import available_configs, eval_main, resolve_config, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
+# The toy DETR, shrunk: runs that stop on a bad input never get to train it.
+TINY = [
+    "--config", "detr_swin_toy",
+    "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64}",
+    "--data.num_workers", "0", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
+    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+    "--trainer.max_steps", "1", "--trainer.num_sanity_val_steps", "0", "--trainer.limit_val_batches", "0",
+]
 
 
 def test_config_names_resolve_to_the_yaml_files() -> None:
@@ -37,3 +48,86 @@ def test_eval_tool_prints_pycocotools_numbers(shared_data: Path, iou_type: str, 
     ).stdout
     assert "Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ]" in out
     assert expected in out
+
+
+@pytest.fixture(scope="module")
+def tiny_coco(tmp_path_factory) -> Path:
+    return make_toy_coco(tmp_path_factory.mktemp("coco") / "root", num_train=2, num_val=2, min_side=32, max_side=48)
+
+
+def _tiny_args(root: Path, out: Path, *extra: str) -> list[str]:
+    return [*TINY, "--data.root", str(root), "--trainer.default_root_dir", str(out), *extra]
+
+
+def test_unknown_option_lists_the_valid_ones(tiny_coco: Path, tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        run_cli("fit", _tiny_args(tiny_coco, tmp_path, "--model.lrr", "1e-4"))
+    err = capsys.readouterr().err
+    assert "error: DetectionModule has no option 'lrr' (did you mean 'lr'?). Valid options: backbone, num_classes" in err
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text("data:\n  init_args:\n    batch_sise: 2\n")
+    with pytest.raises(SystemExit):
+        run_cli("fit", [*_tiny_args(tiny_coco, tmp_path), "--config", str(misspelt)])
+    err = capsys.readouterr().err
+    assert "CocoDetectionDataModule has no option 'batch_sise' (did you mean 'batch_size'?). Valid options: root" in err
+
+
+def test_wrong_type_names_the_key_and_the_value(tiny_coco: Path, tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        run_cli("fit", _tiny_args(tiny_coco, tmp_path, "--model.lr", "fast"))
+    err = capsys.readouterr().err
+    assert 'Parser key "lr":' in err and "Expected a <class 'float'>. Got value: fast" in err
+
+
+def test_unknown_backbone_lists_the_names(tiny_coco: Path, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"error: unknown backbone 'swin_x' \(did you mean 'swin_t'\?\); known names: nat_base, .*swin_t"):
+        run_cli("fit", _tiny_args(tiny_coco, tmp_path, "--model.backbone", "swin_x"))
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def _bad_checkpoint(path: Path, kind: str) -> Path:
+    lightning = {"pytorch-lightning_version": "2.6.0", "epoch": 0}
+    if kind == "truncated":
+        torch.save({"state_dict": {"w": torch.zeros(1000)}, **lightning}, path)
+        path.write_bytes(path.read_bytes()[:2000])
+    elif kind == "untrusted":
+        torch.save({"state_dict": {}, "payload": _Payload(), **lightning}, path)
+    elif kind == "plain weights":
+        torch.save({"model": {"w": torch.zeros(1)}}, path)
+    elif kind == "another model":  # DETR for COCO's 91 classes, not the toy's 3 (+ no-object)
+        torch.save({"state_dict": {"model.class_embed.weight": torch.zeros(92, 32)}, **lightning}, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "problem"),
+    [
+        ("missing", "no such checkpoint file"),
+        ("truncated", "not a readable PyTorch checkpoint, corrupt or truncated"),
+        ("untrusted", "refused: the file holds Python objects other than tensors"),
+        ("plain weights", "not a training checkpoint written by tools/train.py"),
+        ("another model", r"shapes differ from this DetectionModule, .*model\.class_embed\.weight \(checkpoint \(92, 32\), model \(5, 32\)\)"),
+    ],
+)
+def test_train_refuses_a_bad_checkpoint_before_training(tiny_coco: Path, tmp_path: Path, capsys, kind: str, problem: str) -> None:
+    ckpt = _bad_checkpoint(tmp_path / "bad.ckpt", kind)
+    with pytest.raises(SystemExit, match=rf"^error: {ckpt}: {problem}"):
+        run_cli("fit", _tiny_args(tiny_coco, tmp_path, "--ckpt_path", str(ckpt)))
+    assert "this must never run" not in capsys.readouterr().out
+    assert [p.name for p in tmp_path.rglob("*.ckpt")] == ([] if kind == "missing" else ["bad.ckpt"])  # nothing saved
+
+
+def test_eval_refuses_a_bad_checkpoint(tiny_coco: Path, tmp_path: Path) -> None:
+    ckpt = _bad_checkpoint(tmp_path / "bad.ckpt", "truncated")
+    with pytest.raises(SystemExit, match=rf"^error: {ckpt}: not a readable PyTorch checkpoint, corrupt or truncated"):
+        eval_main([*_tiny_args(tiny_coco, tmp_path), "--ckpt", str(ckpt)])
+
+
+def test_bad_data_root_stops_with_the_expected_layout(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=rf"(?s)^error: {tmp_path}: not a COCO detection root, .*Expected the layout\n"
+                                         rf"  {tmp_path}/val2017/\*\.jpg\n  {tmp_path}/annotations/instances_val2017\.json"):
+        run_cli("fit", _tiny_args(tmp_path, tmp_path))

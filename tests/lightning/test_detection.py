@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 import torch
@@ -57,11 +58,12 @@ def toy_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("toy")
 
 
-def _validate(ckpt: Path, toy_cache: Path, out: Path, devices: int) -> dict:
+def validate_checkpoint(ckpt: Path, toy_cache: Path, out: Path, devices: int, config_args: Sequence[str] = SMALL) -> dict:
+    """Runs ``tools/eval.py`` on ``devices`` processes in ``out``; returns the ``metrics.json`` it writes."""
     # One image per batch: as in DETR, a padded batch changes the backbone's features near the
     # padding, so batches must hold the same images for two runs to agree to the last digit.
     run_tool(
-        "eval.py", *SMALL, "--data.batch_size", "1", "--ckpt", str(ckpt), "--data.toy_cache_dir", str(toy_cache),
+        "eval.py", *config_args, "--data.batch_size", "1", "--ckpt", str(ckpt), "--data.toy_cache_dir", str(toy_cache),
         "--trainer.devices", str(devices), "--trainer.strategy", "ddp" if devices > 1 else "auto",
         "--trainer.logger", "true", "--trainer.default_root_dir", str(out), cwd=out,
     )
@@ -71,8 +73,8 @@ def _validate(ckpt: Path, toy_cache: Path, out: Path, devices: int) -> dict:
 def test_validation_gives_the_same_metrics_on_two_processes(trained: Path, toy_cache: Path, tmp_path: Path) -> None:
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
-    one = _validate(trained, toy_cache, tmp_path / "one", devices=1)
-    two = _validate(trained, toy_cache, tmp_path / "two", devices=2)
+    one = validate_checkpoint(trained, toy_cache, tmp_path / "one", devices=1)
+    two = validate_checkpoint(trained, toy_cache, tmp_path / "two", devices=2)
     assert one == two
 
 

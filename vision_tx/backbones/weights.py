@@ -14,7 +14,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from vision_tx.checkpoint import CheckpointError, read_checkpoint, save_atomic, unwrap_state_dict
+from vision_tx.checkpoint import CheckpointError, fit_state_dict, read_checkpoint, save_atomic, unwrap_state_dict
 
 
 @dataclass
@@ -55,25 +55,10 @@ def load_weights(
     if convert is not None:
         state = convert(state)
 
-    expected = model.state_dict()
-    mismatched = [
-        f"{k} (checkpoint {tuple(v.shape)}, model {tuple(expected[k].shape)})"
-        for k, v in state.items()
-        if k in expected and v.shape != expected[k].shape
-    ]
-    if mismatched:
-        raise CheckpointError(
-            f"{source}: shapes differ from this {type(model).__name__}, so it is a checkpoint of "
-            f"another model or variant: {'; '.join(mismatched[:5])}" + (" ..." if len(mismatched) > 5 else "")
-        )
-    loaded = [k for k in state if k in expected]
-    if not loaded:
-        raise CheckpointError(
-            f"{source}: none of its {len(state)} tensors match this {type(model).__name__} "
-            f"(first keys: {', '.join(list(state)[:3])}); it is a checkpoint of another model"
-        )
-    result = model.load_state_dict(state, strict=False)
-    report = LoadReport(source, loaded, sorted(result.missing_keys), sorted(result.unexpected_keys))
+    missing, unexpected = fit_state_dict(state, model, source)
+    model.load_state_dict(state, strict=False)
+    unused = set(unexpected)
+    report = LoadReport(source, [k for k in state if k not in unused], missing, unexpected)
     if strict and (report.missing_keys or report.unexpected_keys):
         raise CheckpointError(f"{source}: does not match the model exactly\n{report}")
     return report

@@ -19,6 +19,9 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
+from vision_tx.data.image_io import ImageReadError, orientation_note, read_rgb_image
+from vision_tx.data.invalid import InvalidDataError, load_skipping_invalid, warn_skipped
+
 IGNORE_INDEX = 255
 
 # The first name of each class in objectInfo150 (the release's class list), in label order 1..150.
@@ -43,7 +46,7 @@ ADE20K_CLASSES = (
 Transforms = Callable[[tv_tensors.Image, tv_tensors.Mask], tuple[Any, Any]]
 
 
-class ADE20KFormatError(ValueError):
+class ADE20KFormatError(InvalidDataError):
     """An ADE20K-layout dataset that cannot be used as it is: the message names the file and the problem."""
 
 
@@ -51,9 +54,12 @@ class ADE20KDataset(Dataset):
     """One split of an ADE20K-layout dataset.
 
     Item ``i`` is ``transforms(image, label)`` where ``image`` is a ``tv_tensors.Image`` ``[3, H, W]``
-    uint8 RGB and ``label`` a ``tv_tensors.Mask`` ``[H, W]`` int64 with values in
-    ``0..len(class_names)-1`` or ``IGNORE_INDEX``. The layout and the image/annotation pairing are
-    checked at construction; each annotation's values and size are checked when it is read.
+    uint8 RGB (see ``vision_tx.data.image_io``) and ``label`` a ``tv_tensors.Mask`` ``[H, W]`` int64
+    with values in ``0..len(class_names)-1`` or ``IGNORE_INDEX``. The layout and the
+    image/annotation pairing are checked at construction; each annotation's values and size are
+    checked when it is read. Invalid records are errors; with ``skip_invalid=True`` an image
+    without annotation is left out, and an item that fails to read is replaced by the next
+    (``vision_tx.data.invalid``).
     """
 
     def __init__(
@@ -63,12 +69,15 @@ class ADE20KDataset(Dataset):
         transforms: Transforms | None = None,
         class_names: Sequence[str] = ADE20K_CLASSES,
         reduce_zero_label: bool = True,
+        skip_invalid: bool = False,
     ) -> None:
         self.root = Path(root)
         self.split = split
         self.transforms = transforms
         self.class_names = tuple(class_names)
         self.reduce_zero_label = reduce_zero_label
+        self.skip_invalid = skip_invalid
+        self._skipped: set[int] = set()
         base = self.root / "ADEChallengeData2016"
         image_dir, ann_dir = base / "images" / split, base / "annotations" / split
         missing = [str(d) for d in (image_dir, ann_dir) if not d.is_dir()]
@@ -77,15 +86,19 @@ class ADE20KDataset(Dataset):
                 f"{self.root}: not an ADE20K root, missing {', '.join(missing)}. Expected the layout\n"
                 f"  {base}/images/{split}/*.jpg\n  {base}/annotations/{split}/*.png"
             )
-        self.images = sorted(image_dir.glob("*.jpg"))
-        if not self.images:
+        images = sorted(image_dir.glob("*.jpg"))
+        if not images:
             raise ADE20KFormatError(f"{image_dir}: no .jpg images")
-        self.annotations = [ann_dir / f"{p.stem}.png" for p in self.images]
-        unpaired = [str(a) for a in self.annotations if not a.is_file()]
-        if unpaired:
+        paired = [(ann_dir / f"{p.stem}.png").is_file() for p in images]
+        unpaired = [f"{ann_dir / p.stem}.png is missing (image {p.name})" for p, ok in zip(images, paired) if not ok]
+        if unpaired and not skip_invalid:
             raise ADE20KFormatError(
-                f"{ann_dir}: {len(unpaired)} image(s) of {image_dir} have no annotation, e.g. {unpaired[0]} is missing"
+                f"{ann_dir}: {len(unpaired)} image(s) of {image_dir} have no annotation, e.g. {unpaired[0]}"
             )
+        if unpaired:
+            warn_skipped(ann_dir, unpaired, len(images), "images")
+        self.images = [p for p, ok in zip(images, paired) if ok]
+        self.annotations = [ann_dir / f"{p.stem}.png" for p in self.images]
 
     @property
     def num_classes(self) -> int:
@@ -97,10 +110,13 @@ class ADE20KDataset(Dataset):
     def read_label(self, index: int) -> np.ndarray:
         """The annotation of item ``index`` as ``[H, W]`` uint8, checked, with ``reduce_zero_label`` applied."""
         path = self.annotations[index]
-        with Image.open(path) as png:
-            if png.mode not in ("L", "P"):
-                raise ADE20KFormatError(f"{path}: annotation must be a single-channel PNG, got mode {png.mode}")
-            label = np.asarray(png, dtype=np.uint8)
+        try:
+            with Image.open(path) as png:
+                if png.mode not in ("L", "P"):
+                    raise ADE20KFormatError(f"{path}: annotation must be an 8-bit single-channel PNG, got mode {png.mode}")
+                label = np.asarray(png, dtype=np.uint8)
+        except (OSError, SyntaxError) as err:
+            raise ADE20KFormatError(f"{path}: unreadable annotation PNG, corrupt or truncated ({err})") from err
         # Raw values are 0 (unlabelled) and 1..num_classes with reduce_zero_label, else 0..num_classes-1.
         largest = self.num_classes if self.reduce_zero_label else self.num_classes - 1
         if label.max() > largest:
@@ -112,15 +128,22 @@ class ADE20KDataset(Dataset):
         return label
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        with Image.open(self.images[index]) as jpg:
-            image = np.asarray(jpg.convert("RGB"))
+        if self.skip_invalid:
+            return load_skipping_invalid(self._load, index, len(self), ADE20KFormatError, self._skipped)
+        return self._load(index)
+
+    def _load(self, index: int) -> tuple[Any, Any]:
+        try:
+            image = read_rgb_image(self.images[index])
+        except ImageReadError as err:
+            raise ADE20KFormatError(str(err)) from err
         label = self.read_label(index)
         if label.shape != image.shape[:2]:
             raise ADE20KFormatError(
                 f"{self.annotations[index]}: annotation size {label.shape[1]}x{label.shape[0]} differs from its image "
-                f"{self.images[index].name} ({image.shape[1]}x{image.shape[0]})"
+                f"{self.images[index].name} ({image.shape[1]}x{image.shape[0]}){orientation_note(self.images[index])}"
             )
-        image_t = tv_tensors.Image(torch.from_numpy(image.copy()).permute(2, 0, 1))
+        image_t = tv_tensors.Image(torch.from_numpy(image).permute(2, 0, 1))
         label_t = tv_tensors.Mask(torch.from_numpy(label.astype(np.int64)))
         if self.transforms is not None:
             return self.transforms(image_t, label_t)

@@ -9,7 +9,8 @@ A panoptic annotation is one RGB PNG per image whose pixels hold segment ids
     ROOT/annotations/panoptic_{train2017,val2017}/*.png
 
 Training targets hold one binary mask per non-crowd segment; crowd segments stay in the files,
-where the evaluator reads them.
+where the evaluator reads them. Invalid records are errors that name the file; with
+``skip_invalid=True`` they are skipped with a warning (``vision_tx.data.invalid``).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from typing import Any, Iterable
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.ops import masks_to_boxes
-from torchvision.transforms.v2 import functional as F
 
-from vision_tx.data.coco import CocoFormatError, Target, Transforms
+from vision_tx.data.coco import CocoFormatError, Target, Transforms, category_names, read_coco_image
+from vision_tx.data.invalid import load_skipping_invalid, warn_skipped
 from vision_tx.lightning.common import write_json_atomic
 
 MAX_SEGMENT_ID = 256**3 - 1
@@ -139,12 +140,14 @@ def coco_panoptic_split_paths(root: str | os.PathLike, split: str) -> tuple[Path
 class CocoPanoptic(Dataset):
     """COCO panoptic segments as ``(image, target)``.
 
-    ``image`` is a ``tv_tensors.Image`` ``[3, H, W]`` uint8 RGB (EXIF orientation applied); ``target``
+    ``image`` is a ``tv_tensors.Image`` ``[3, H, W]`` uint8 RGB (``vision_tx.data.image_io``); ``target``
     holds, per non-crowd segment present in the PNG, ``masks`` (``tv_tensors.Mask`` ``[K, H, W]`` bool),
     ``labels`` (int64 ``[K]``, category ids) and ``boxes`` (``tv_tensors.BoundingBoxes`` ``[K, 4]``
     xyxy around whole pixels: ``x2 = last column + 1``, as COCO's ``bbox`` xywh); and ``image_id``
     (int), ``orig_size``, ``size`` (int64 ``[2]``, h, w). ``transforms(image, target)`` is applied last.
-    ``categories`` lists the file's categories (``id``, ``name``, ``isthing``, ...).
+    ``categories`` lists the file's categories (``id``, ``name``, ``isthing``, ...). With
+    ``skip_invalid=True`` an image with an invalid record or a missing file is left out, and one
+    that fails to read is replaced by the next.
     """
 
     def __init__(
@@ -153,23 +156,33 @@ class CocoPanoptic(Dataset):
         ann_file: str | os.PathLike,
         png_dir: str | os.PathLike,
         transforms: Transforms | None = None,
+        skip_invalid: bool = False,
     ):
         self.image_dir = Path(image_dir)
         self.ann_file = Path(ann_file)
         self.png_dir = Path(png_dir)
         self.transforms = transforms
+        self.skip_invalid = skip_invalid
+        self._skipped: set[int] = set()
         for folder, what in ((self.image_dir, "image"), (self.png_dir, "panoptic PNG")):
             if not folder.is_dir():
                 raise CocoFormatError(f"{folder}: {what} folder not found (of {self.ann_file})")
         data = load_panoptic_json(self.ann_file)
         self.categories = data["categories"]
-        images = {img["id"]: img for img in data["images"]}
-        anns = data["annotations"]
-        for ann in anns:
-            if ann["image_id"] not in images:
-                raise CocoFormatError(
-                    f"{self.ann_file}: annotation {ann['file_name']} has image_id {ann['image_id']}, not in 'images'"
-                )
+        self._category_ids = set(category_names(self.categories, self.ann_file))
+        images = self._index_images(data["images"])
+        anns, problems = [], []
+        present = (set(os.listdir(self.image_dir)), set(os.listdir(self.png_dir)))
+        for ann in data["annotations"]:
+            problem = self._annotation_problem(ann, images, present)
+            if problem is None:
+                anns.append(ann)
+            elif not skip_invalid:
+                raise CocoFormatError(problem)
+            else:
+                problems.append(problem)
+        if problems:
+            warn_skipped(self.ann_file, problems, len(data["annotations"]), "images")
         # Plain arrays rather than lists of dicts: DataLoader workers share them without copying.
         self.image_ids = np.array([ann["image_id"] for ann in anns], dtype=np.int64)
         self.file_names = np.array([images[ann["image_id"]]["file_name"] for ann in anns])
@@ -178,14 +191,18 @@ class CocoPanoptic(Dataset):
         self.widths = np.array([images[ann["image_id"]]["width"] for ann in anns], dtype=np.int64)
         self.segment_ids, self.segment_labels, self.segment_crowd, self.offsets = self._read_segments(anns)
         self._row_of_image_id = {int(image_id): row for row, image_id in enumerate(self.image_ids)}
-        self._check_files(self.image_dir, self.file_names, "image")
-        self._check_files(self.png_dir, self.png_names, "panoptic PNG")
 
     def __len__(self) -> int:
         return len(self.image_ids)
 
     def __getitem__(self, index: int) -> tuple[Any, Target]:
-        image = self._read_image(index)
+        if self.skip_invalid:
+            return load_skipping_invalid(self._load, index, len(self), CocoFormatError, self._skipped)
+        return self._load(index)
+
+    def _load(self, index: int) -> tuple[Any, Target]:
+        size = (int(self.heights[index]), int(self.widths[index]))
+        image = read_coco_image(self.image_dir / self.file_names[index], int(self.image_ids[index]), size, self.ann_file)
         positions, present = self._read_positions(index, tuple(image.shape[-2:]))
         start, end = self.offsets[index], self.offsets[index + 1]
         keep = present & ~self.segment_crowd[start:end]
@@ -218,21 +235,6 @@ class CocoPanoptic(Dataset):
         ]
         return ids, segments
 
-    def _read_image(self, index: int) -> tv_tensors.Image:
-        path = self.image_dir / self.file_names[index]
-        try:
-            with Image.open(path) as pil:
-                pil = ImageOps.exif_transpose(pil).convert("RGB")
-        except OSError as err:
-            raise CocoFormatError(f"{path}: unreadable image (image id {self.image_ids[index]}): {err}") from err
-        size = (int(self.heights[index]), int(self.widths[index]))
-        if (pil.height, pil.width) != size:
-            raise CocoFormatError(
-                f"{path}: the image is ({pil.height}, {pil.width}) (h, w) after EXIF orientation but "
-                f"{self.ann_file} says {size} for image id {self.image_ids[index]}"
-            )
-        return tv_tensors.Image(F.pil_to_tensor(pil))
-
     def _read_positions(self, index: int, size: tuple[int, int]) -> tuple[torch.Tensor, np.ndarray]:
         """The PNG's segments ``[H, W]`` as positions in the image's ``segments_info`` plus one (0 =
         unlabelled), checked against the image size and ``segments_info``, and which of the listed
@@ -259,38 +261,51 @@ class CocoPanoptic(Dataset):
             )
         return positions, present
 
-    def _check_files(self, folder: Path, names: np.ndarray, what: str) -> None:
-        present = set(os.listdir(folder))
-        for index, name in enumerate(names):
-            if name not in present and not (folder / name).is_file():
+    def _index_images(self, images: list[Any]) -> dict[Any, dict[str, Any]]:
+        """``{id: entry}`` of the file's ``images``, each checked for ``id``, ``file_name``, ``height``, ``width``."""
+        for image in images:
+            if not isinstance(image, dict) or not all(key in image for key in ("id", "file_name", "height", "width")):
                 raise CocoFormatError(
-                    f"{folder / name}: {what} file not found (image id {self.image_ids[index]} in {self.ann_file})"
+                    f"{self.ann_file}: every entry of 'images' needs 'id', 'file_name', 'height' and 'width', got {image!r}"
                 )
+        return {image["id"]: image for image in images}
+
+    def _annotation_problem(
+        self, ann: dict[str, Any], images: dict[Any, dict[str, Any]], present: tuple[set[str], set[str]]
+    ) -> str | None:
+        """What makes the annotation of one image unusable (naming the file and the record), or None."""
+        if ann["image_id"] not in images:
+            return f"{self.ann_file}: annotation {ann['file_name']} has image_id {ann['image_id']}, not in 'images'"
+        known = self._category_ids
+        seen = set()
+        for seg in ann["segments_info"]:
+            where = f"{self.ann_file}: segment id {seg.get('id')} of {ann['file_name']} (image id {ann['image_id']})"
+            if not all(key in seg for key in ("id", "category_id")):
+                return f"{where}: missing 'id' or 'category_id'"
+            if seg["category_id"] not in known:
+                return f"{where}: unknown category id {seg['category_id']} (ids {sorted(known)})"
+            if not isinstance(seg["id"], int) or not 0 < seg["id"] <= MAX_SEGMENT_ID or seg["id"] in seen:
+                return f"{where}: ids must be unique per image and in [1, {MAX_SEGMENT_ID}]"
+            seen.add(seg["id"])
+        for folder, name, names, what in (
+            (self.image_dir, images[ann["image_id"]]["file_name"], present[0], "image"),
+            (self.png_dir, ann["file_name"], present[1], "panoptic PNG"),
+        ):
+            if name not in names and not (folder / name).is_file():
+                return f"{folder / name}: {what} file not found (image id {ann['image_id']} in {self.ann_file})"
+        return None
 
     def _read_segments(self, anns: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Flat per-segment ``ids``, ``category ids``, ``iscrowd`` and per-image ``offsets``
-        (``[num_images + 1]``: image ``i`` owns segments ``offsets[i]:offsets[i+1]``), checked."""
-        known = {int(c["id"]) for c in self.categories}
-        ids, labels, crowd, counts = [], [], [], []
-        for ann in anns:
-            seen = set()
-            for seg in ann["segments_info"]:
-                where = (
-                    f"{self.ann_file}: segment id {seg.get('id')} of {ann['file_name']} (image id {ann['image_id']})"
-                )
-                if not all(key in seg for key in ("id", "category_id")):
-                    raise CocoFormatError(f"{where}: missing 'id' or 'category_id'")
-                if seg["category_id"] not in known:
-                    raise CocoFormatError(f"{where}: unknown category id {seg['category_id']} (ids {sorted(known)})")
-                if not 0 < seg["id"] <= MAX_SEGMENT_ID or seg["id"] in seen:
-                    raise CocoFormatError(f"{where}: ids must be unique per image and in [1, {MAX_SEGMENT_ID}]")
-                seen.add(seg["id"])
-                ids.append(seg["id"])
-                labels.append(seg["category_id"])
-                crowd.append(bool(seg.get("iscrowd", 0)))
-            counts.append(len(ann["segments_info"]))
-        offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        return np.array(ids, dtype=np.int64), np.array(labels, dtype=np.int64), np.array(crowd, dtype=bool), offsets
+        (``[num_images + 1]``: image ``i`` owns segments ``offsets[i]:offsets[i+1]``)."""
+        segments = [seg for ann in anns for seg in ann["segments_info"]]
+        offsets = np.concatenate([[0], np.cumsum([len(ann["segments_info"]) for ann in anns], dtype=np.int64)])
+        return (
+            np.array([seg["id"] for seg in segments], dtype=np.int64),
+            np.array([seg["category_id"] for seg in segments], dtype=np.int64),
+            np.array([bool(seg.get("iscrowd", 0)) for seg in segments], dtype=bool),
+            offsets,
+        )
 
 
 def _segment_record(segment: dict[str, Any], mask: np.ndarray) -> dict[str, Any]:

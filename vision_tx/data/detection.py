@@ -9,10 +9,11 @@ from pathlib import Path
 import torch
 from lightning.pytorch import LightningDataModule
 from pycocotools.coco import COCO
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from vision_tx.data.coco import CocoDetection, coco_split_paths, load_coco
 from vision_tx.data.collate import collate_detection
+from vision_tx.data.sampling import ResumableLoader
 from vision_tx.data.toy import toy_coco_root
 from vision_tx.data.transforms import DetectionTransform, DetrTrainTransform, DetrValTransform
 
@@ -24,8 +25,11 @@ class CocoDetectionDataModule(LightningDataModule):
 
     ``root=None`` uses the built-in toy dataset (cached under ``toy_cache_dir``). Transforms default
     to DETR's recipe (``DetrTrainTransform()``, ``DetrValTransform()``); pass smaller ones to train
-    at low resolution. Batches come from ``collate_detection``.
+    at low resolution. Batches come from ``collate_detection``. Another annotation format reuses
+    this class by overriding ``toy_root``, ``split_paths``, ``make_dataset`` and ``val_coco``.
     """
+
+    annotation_files = "annotations/instances_*.json"  # named in the log line of the toy fallback
 
     def __init__(
         self,
@@ -38,13 +42,14 @@ class CocoDetectionDataModule(LightningDataModule):
         num_workers: int = 2,
         size_divisibility: int = 0,
         toy_cache_dir: str | None = None,
+        skip_invalid: bool = False,
     ):
         super().__init__()
         if root is None:
-            root = str(toy_coco_root(toy_cache_dir))
+            root = str(self.toy_root(toy_cache_dir))
             logger.info(
-                "Using the built-in toy dataset (%s); pass --data.root /path/to/coco (with %s/, %s/ and "
-                "annotations/instances_*.json) to train on COCO.", root, train_split, val_split,
+                "Using the built-in toy dataset (%s); pass --data.root /path/to/coco (with %s/, %s/ and %s) to train on COCO.",
+                root, train_split, val_split, self.annotation_files,
             )
         self.root = Path(root)
         self.train_split = train_split
@@ -53,10 +58,25 @@ class CocoDetectionDataModule(LightningDataModule):
         self.val_transform = val_transform if val_transform is not None else DetrValTransform()
         self.batch_size = batch_size
         self.num_workers = num_workers
+        self.skip_invalid = skip_invalid  # invalid images skipped with a warning instead of an error
         self.collate_fn = functools.partial(collate_detection, size_divisibility=size_divisibility)
-        self.val_image_dir, self.val_ann_file = coco_split_paths(self.root, val_split)
-        self.train_dataset: CocoDetection | None = None
-        self.val_dataset: CocoDetection | None = None
+        self.val_paths = self.split_paths(val_split)  # checks the layout before training starts
+        self.val_image_dir, self.val_ann_file = self.val_paths[:2]
+        self.train_dataset: Dataset | None = None
+        self.val_dataset: Dataset | None = None
+
+    @staticmethod
+    def toy_root(cache_dir: str | None) -> Path:
+        """The built-in toy dataset's root (generated on first use)."""
+        return toy_coco_root(cache_dir)
+
+    def split_paths(self, split: str) -> tuple[Path, ...]:
+        """The files of ``split`` under ``root``, image folder and annotation file first; checks the layout."""
+        return coco_split_paths(self.root, split)
+
+    def make_dataset(self, paths: tuple[Path, ...], transform: DetectionTransform) -> Dataset:
+        """The dataset of one split from its ``split_paths``."""
+        return CocoDetection(*paths, transform, skip_invalid=self.skip_invalid)
 
     @functools.cached_property
     def val_coco(self) -> COCO:
@@ -75,18 +95,17 @@ class CocoDetectionDataModule(LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit") and self.train_dataset is None:
-            self.train_dataset = CocoDetection(*coco_split_paths(self.root, self.train_split), self.train_transform)
+            self.train_dataset = self.make_dataset(self.split_paths(self.train_split), self.train_transform)
         if self.val_dataset is None:
-            self.val_dataset = CocoDetection(self.val_image_dir, self.val_ann_file, self.val_transform)
+            self.val_dataset = self.make_dataset(self.val_paths, self.val_transform)
 
-    def _loader(self, dataset: CocoDetection | None, train: bool) -> DataLoader:
+    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
-            raise RuntimeError("CocoDetectionDataModule: call setup() before asking for a dataloader")
-        return DataLoader(
+            raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
+        loader = ResumableLoader if train else DataLoader
+        return loader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=train,
-            drop_last=train,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),

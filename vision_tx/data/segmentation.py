@@ -13,12 +13,14 @@ from typing import Any, Sequence
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from vision_tx.data.ade20k import ADE20K_CLASSES, IGNORE_INDEX, ADE20KDataset
+from vision_tx.data.sampling import ResumableLoader, process_share
 from vision_tx.data.toy_segmentation import TOY_CLASSES, toy_segmentation_root
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
@@ -242,6 +244,9 @@ class SegmentationDataModule(pl.LightningDataModule):
     ``batch_size`` is per process (the papers' 16 images are 8 GPUs x 2). Sizes follow
     mmsegmentation's ADE20K recipe: ``scale`` is the (long, short) edge limit of the keep-ratio
     resize, scaled by a ratio in ``ratio_range`` for training, then cropped to ``crop_size``.
+    Under DDP each validation image is scored by exactly one process (no padding duplicates).
+    ``toy_cache_dir`` is the folder the toy set is generated in (default ``~/.cache/vision_tx/toy_segmentation``).
+    ``skip_invalid=True`` skips invalid images with a warning instead of stopping (``ADE20KDataset``).
     """
 
     def __init__(
@@ -256,6 +261,8 @@ class SegmentationDataModule(pl.LightningDataModule):
         batch_size: int = 2,
         val_batch_size: int = 1,
         num_workers: int = 4,
+        toy_cache_dir: str | None = None,
+        skip_invalid: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -270,36 +277,31 @@ class SegmentationDataModule(pl.LightningDataModule):
     def _data_root(self) -> str | os.PathLike:
         if self.root is not None:
             return self.root
-        root = toy_segmentation_root()
+        root = toy_segmentation_root(self.hparams.toy_cache_dir)
         logger.warning("no data.root given: using the built-in toy segmentation dataset at %s", root)
         return root
 
     def prepare_data(self) -> None:
         if self.root is None:
-            toy_segmentation_root()
+            toy_segmentation_root(self.hparams.toy_cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
         root = self._data_root()
         hp = self.hparams
         if stage in (None, "fit"):
             pipeline = train_transforms(hp.scale, hp.ratio_range, hp.crop_size, hp.cat_max_ratio, self.ignore_index)
-            self.train_set = ADE20KDataset(root, hp.train_split, pipeline, self.class_names)
-        self.val_set = ADE20KDataset(root, hp.val_split, ValTransform(hp.scale), self.class_names)
+            self.train_set = ADE20KDataset(root, hp.train_split, pipeline, self.class_names, skip_invalid=hp.skip_invalid)
+        self.val_set = ADE20KDataset(root, hp.val_split, ValTransform(hp.scale), self.class_names, skip_invalid=hp.skip_invalid)
 
-    def _loader(self, dataset: ADE20KDataset, batch_size: int, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
-            collate_fn=collate_segmentation,
-        )
+    def _loader_options(self) -> dict[str, Any]:
+        workers = self.hparams.num_workers
+        return {"num_workers": workers, "persistent_workers": workers > 0, "pin_memory": torch.cuda.is_available(),
+                "collate_fn": collate_segmentation}
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, self.hparams.batch_size, shuffle=True)
+        return ResumableLoader(self.train_set, self.hparams.batch_size, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, self.hparams.val_batch_size, shuffle=False)
+        world_size, rank = process_share()
+        sampler = UnrepeatedDistributedSampler(self.val_set, num_replicas=world_size, rank=rank, shuffle=False)
+        return DataLoader(self.val_set, self.hparams.val_batch_size, sampler=sampler, **self._loader_options())

@@ -8,14 +8,24 @@ value in it can be overridden with ``--section.key value`` (``--model.lr 2e-4``)
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
 import logging
+import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from vision_tx.backbones import list_backbones
+from vision_tx.checkpoint import CheckpointError, read_training_checkpoint
+from vision_tx.data.invalid import InvalidDataError
+from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint
+from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
 
 CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs")
 
@@ -58,11 +68,77 @@ def resolve_config_args(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def class_options(class_path: str) -> list[str]:
+    """The constructor arguments of the class at ``class_path`` (``package.module.Class``), with those
+    of the base classes its ``**kwargs`` are passed on to."""
+    module, _, name = class_path.rpartition(".")
+    options: list[str] = []
+    for cls in getattr(importlib.import_module(module), name).__mro__:
+        if "__init__" not in vars(cls):
+            continue
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        options += [p.name for p in parameters if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break
+    return options
+
+
+def explain_unknown_options(message: str) -> str:
+    """Puts, before jsonargparse's ``Option 'x' is not accepted`` errors, a line per unknown option
+    with the closest valid name and all the valid ones."""
+    lines = []
+    for class_path, option in re.findall(r"class_path '([\w.]+)':\s+Option '(\w+)' is not accepted", message):
+        valid = class_options(class_path)
+        close = difflib.get_close_matches(option, valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        lines.append(f"{class_path.rpartition('.')[2]} has no option {option!r}{hint}. Valid options: {', '.join(valid)}")
+    return "\n".join([*lines, message])
+
+
+class VisionTxArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, whose errors about unknown options also list the valid ones."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        # Nested parsers raise (their message is folded into the outer one): explain once, in the shown one.
+        super().error(explain_unknown_options(message) if self.exit_on_error else message, ex)
+
+
 class VisionTxCLI(LightningCLI):
     """LightningCLI for any vision_tx task: the config names the LightningModule and DataModule classes."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({"trainer.log_every_n_steps": 10})
+        parser.set_defaults({
+            "trainer.log_every_n_steps": 10,
+            "trainer.plugins": [{"class_path": "vision_tx.lightning.checkpoint_io.AtomicCheckpointIO"}],
+        })
+        # Always on, configured with --loss_guard.policy skip|stop and --loss_guard.max_consecutive_skips.
+        parser.add_lightning_class_args(NonFiniteLossGuard, "loss_guard")
+        parser.add_lightning_class_args(RandomStateCheckpoint, "random_state")
+
+    def before_subcommand(self) -> None:
+        """Checks the backbone name before any data is read, and lets the checkpoint reader check a
+        checkpoint to resume or validate against this model."""
+        backbone = getattr(self.model, "hparams", {}).get("backbone")
+        if isinstance(backbone, str) and backbone not in list_backbones():
+            close = difflib.get_close_matches(backbone, list_backbones(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise SystemExit(
+                f"error: unknown backbone {backbone!r}{hint}; known names: {', '.join(list_backbones())}"
+            )
+        checkpoint_io = self.trainer.strategy.checkpoint_io
+        if isinstance(checkpoint_io, AtomicCheckpointIO):
+            checkpoint_io.model = self.model
+
+    before_fit = before_validate = before_test = before_predict = before_subcommand
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads the checkpoint's hyperparameters first: check the file before, so that a
+        # corrupt, truncated, untrusted or foreign file is an error naming it.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and Path(ckpt_path).is_file():
+            read_training_checkpoint(ckpt_path)
+        super()._parse_ckpt_path()
 
 
 def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
@@ -74,14 +150,31 @@ def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
     # sys.argv stays as it is (DDP relaunches this script with it); the resolved arguments go in
     # ``args``, which LightningCLI would otherwise warn about when the process has arguments too.
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-    return VisionTxCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=[subcommand, *resolve_config_args(argv)],
-    )
+    try:
+        return VisionTxCLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            parser_class=VisionTxArgumentParser,
+            args=[subcommand, *resolve_config_args(argv)],
+        )
+    except Exception as err:
+        user_error = input_error(err)
+        if user_error is None:
+            raise
+        raise SystemExit(f"error: {user_error}") from err
+
+
+def input_error(err: BaseException | None) -> BaseException | None:
+    """The bad-data or bad-checkpoint error (whose message names the file and the problem) behind ``err``,
+    if any: jsonargparse wraps the errors raised while it builds the classes in its own."""
+    while err is not None:
+        if isinstance(err, (InvalidDataError, CheckpointError)):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def show_library_log() -> None:

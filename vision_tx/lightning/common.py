@@ -6,9 +6,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import lightning.pytorch as pl
+import torch.distributed as dist
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
@@ -29,8 +30,9 @@ def param_groups(
     weight_decay: float,
     backbone_lr: float | None = None,
     decay_norms_and_biases: bool = True,
+    backbone_prefix: str = "backbone.",
 ) -> list[dict[str, Any]]:
-    """Optimiser parameter groups: ``backbone.*`` at ``backbone_lr`` (default ``lr``), the rest at ``lr``.
+    """Optimiser parameter groups: ``{backbone_prefix}*`` at ``backbone_lr`` (default ``lr``), the rest at ``lr``.
 
     With ``decay_norms_and_biases=False`` norms, biases and position/bias tables get no weight
     decay (Swin/UperNet recipe); DETR decays everything. Frozen parameters are left out.
@@ -45,7 +47,7 @@ def param_groups(
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        group_lr = backbone_lr if backbone_lr is not None and name.startswith("backbone.") else lr
+        group_lr = backbone_lr if backbone_lr is not None and name.startswith(backbone_prefix) else lr
         decay = weight_decay
         if not decay_norms_and_biases and _is_no_decay(name, param, norm_param_names):
             decay = 0.0
@@ -59,8 +61,9 @@ def is_fitting(module: pl.LightningModule) -> bool:
     return module._trainer is not None and module.trainer.state.fn == TrainerFn.FITTING
 
 
-def build_task_backbone(module: pl.LightningModule) -> nn.Module:
-    """The backbone named by ``module.hparams`` (``backbone``, ``backbone_kwargs``, ``pretrained``).
+def build_task_backbone(module: pl.LightningModule, out_indices: Sequence[int] = (0, 1, 2, 3)) -> nn.Module:
+    """The backbone named by ``module.hparams`` (``backbone``, ``backbone_kwargs``, ``pretrained``),
+    returning the stages ``out_indices`` the task's head reads unless ``backbone_kwargs`` says otherwise.
 
     Also resolves ``hparams.num_classes`` when it is None, from the trainer's datamodule, so that a
     checkpoint records it and rebuilds the same model.
@@ -71,10 +74,26 @@ def build_task_backbone(module: pl.LightningModule) -> nn.Module:
         if datamodule is None:
             raise ValueError(f"{type(module).__name__}: num_classes is None and there is no datamodule to take it from")
         hp.num_classes = datamodule.num_classes
-    backbone = build_backbone(hp.backbone, **(hp.backbone_kwargs or {}))
+    backbone = build_backbone(hp.backbone, **{"out_indices": tuple(out_indices), **(hp.backbone_kwargs or {})})
     if hp.pretrained and is_fitting(module):
         rank_zero_info(f"backbone weights: {load_weights(backbone, hp.pretrained)}")
     return backbone
+
+
+def gather_by_image_id(records: dict[int, Any]) -> dict[int, Any]:
+    """Every process's ``{image_id: record}`` merged, on every rank (a collective call under DDP).
+
+    The first record of an id wins: the distributed sampler repeats samples to even out the shards.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return records
+    shards: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(shards, records)
+    merged: dict[int, Any] = {}
+    for shard in shards:
+        for image_id, record in shard.items():
+            merged.setdefault(image_id, record)
+    return merged
 
 
 def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:

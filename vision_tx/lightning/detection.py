@@ -31,6 +31,9 @@ class DetectionModule(pl.LightningModule):
     AdamW, the backbone at ``backbone_lr``, the learning rate divided by 10 after ``lr_drop_epochs``.
     """
 
+    backbone_prefix = "backbone."  # where the backbone's parameters sit in ``self.model``
+    backbone_out_indices = (3,)  # DETR reads the last stage only
+
     def __init__(
         self,
         backbone: str = "swin_t",
@@ -57,11 +60,14 @@ class DetectionModule(pl.LightningModule):
         if self.model is not None:
             return
         hp = self.hparams
-        backbone = build_task_backbone(self)
-        self.model = DETR(backbone, hp.num_classes, **(hp.detr_kwargs or {}))
+        self.model = self.build_model(build_task_backbone(self, self.backbone_out_indices))
         self.criterion = SetCriterion(hp.num_classes, HungarianMatcher(**(hp.matcher_kwargs or {})), **(hp.criterion_kwargs or {}))
         if hp.weights and is_fitting(self):
             rank_zero_info(f"model weights: {load_weights(self.model, hp.weights)}")
+
+    def build_model(self, backbone: torch.nn.Module) -> torch.nn.Module:
+        """The model around the task's backbone (here DETR with ``detr_kwargs``)."""
+        return DETR(backbone, self.hparams.num_classes, **(self.hparams.detr_kwargs or {}))
 
     def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding) -> DETR's raw outputs."""
@@ -79,7 +85,8 @@ class DetectionModule(pl.LightningModule):
         self.evaluator = CocoEvaluator(self.trainer.datamodule.val_coco, "bbox")
         self._preview = []
 
-    def validation_step(self, batch: dict[str, Any], batch_index: int) -> None:
+    def validation_step(self, batch: dict[str, Any], batch_index: int) -> dict[str, Any]:
+        """Scores the boxes of ``batch``; returns the model's outputs (for subclasses that score more)."""
         targets = batch["targets"]
         outputs = self(batch["images"], batch["pixel_mask"])
         losses = self.criterion(outputs, normalize_targets(targets))
@@ -89,6 +96,7 @@ class DetectionModule(pl.LightningModule):
         self.evaluator.update([{"image_id": int(t["image_id"]), **d} for t, d in zip(targets, detections)])
         if len(self._preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
             self._add_preview(batch, outputs)
+        return outputs
 
     def _add_preview(self, batch: dict[str, Any], outputs: dict[str, Any]) -> None:
         sizes = torch.stack([t["size"] for t in batch["targets"]])
@@ -119,18 +127,25 @@ class DetectionModule(pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        optimizer = torch.optim.AdamW(param_groups(self.model, hp.lr, hp.weight_decay, backbone_lr=hp.backbone_lr))
+        groups = param_groups(self.model, hp.lr, hp.weight_decay, backbone_lr=hp.backbone_lr, backbone_prefix=self.backbone_prefix)
+        optimizer = torch.optim.AdamW(groups)
         schedule = torch.optim.lr_scheduler.StepLR(optimizer, hp.lr_drop_epochs, gamma=0.1)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
 
     @torch.no_grad()
-    def draw_prediction(self, image: torch.Tensor, datamodule: pl.LightningDataModule) -> torch.Tensor:
-        """Detects objects in ``image`` ``[3,H,W]`` uint8 (the datamodule's validation resize) and draws them."""
+    def predict_image(self, image: torch.Tensor, datamodule: pl.LightningDataModule) -> tuple[dict[str, Any], torch.Tensor]:
+        """The raw outputs for ``image`` ``[3,H,W]`` uint8 after the datamodule's validation resize, and
+        that resized size ``[1,2]`` (h, w)."""
         height, width = image.shape[-2:]
         target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(height, width))}
         inputs, _ = datamodule.val_transform(tv_tensors.Image(image), target)
-        outputs = self(inputs[None].to(self.device))
-        detection = postprocess_detections(outputs, torch.tensor([[height, width]], device=self.device))[0]
+        return self(inputs[None].to(self.device)), torch.tensor([inputs.shape[-2:]], device=self.device)
+
+    @torch.no_grad()
+    def draw_prediction(self, image: torch.Tensor, datamodule: pl.LightningDataModule) -> torch.Tensor:
+        """Detects objects in ``image`` ``[3,H,W]`` uint8 (the datamodule's validation resize) and draws them."""
+        outputs, _ = self.predict_image(image, datamodule)
+        detection = postprocess_detections(outputs, torch.tensor([image.shape[-2:]], device=self.device))[0]
         return draw_detections(
             image, **{k: v.cpu() for k, v in detection.items()},
             category_names=datamodule.category_names, score_threshold=self.hparams.visualize_score_threshold,

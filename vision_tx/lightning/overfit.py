@@ -1,17 +1,57 @@
 """Overfitting checks: train a small model on a few images until a validation metric reaches a target.
 
-Shared by ``scripts/overfit_coco.py`` and ``scripts/overfit_ade20k.py``.
+Shared by ``scripts/overfit_coco.py``, ``scripts/overfit_panoptic.py`` and ``scripts/overfit_ade20k.py``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import tempfile
 import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import EarlyStopping
 
+from vision_tx.data.transforms import DetrValTransform
+
 # A quarter-width Swin (Swin-T's block design), so that a CPU trains it in minutes.
 SMALL_SWIN = {"embed_dim": 32, "depths": (2, 2, 2, 2), "num_heads": (1, 2, 4, 8), "drop_path_rate": 0.0}
+COCO128 = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "coco128"
+COCO128_SPLIT = "train2017"
+# A narrow, shallow DETR: few objects per image, no pretrained weights, no dropout (memorisation).
+SMALL_DETR = {
+    "num_queries": 50, "hidden_dim": 128, "num_heads": 4, "num_encoder_layers": 2,
+    "num_decoder_layers": 2, "dim_feedforward": 512, "dropout": 0.0,
+}
+
+
+def write_coco_subset(
+    root: Path,
+    ann_file: str,
+    num_images: int,
+    out_root: Path,
+    usable: Callable[[dict[str, Any]], bool],
+    linked: Sequence[str],
+) -> Path:
+    """Writes ``out_root/annotations/{ann_file}`` holding the first ``num_images`` images of
+    ``root/annotations/{ann_file}`` (by id) with a ``usable`` annotation, and their annotations;
+    links the folders ``linked`` (paths under ``root``) into ``out_root``. Returns ``out_root``."""
+    source = root / "annotations" / ann_file
+    dataset = json.loads(source.read_text())
+    with_targets = {ann["image_id"] for ann in dataset["annotations"] if usable(ann)}
+    images = sorted((img for img in dataset["images"] if img["id"] in with_targets), key=lambda img: img["id"])[:num_images]
+    if len(images) < num_images:
+        raise SystemExit(f"{source}: only {len(images)} images with usable annotations, asked for {num_images}")
+    ids = {img["id"] for img in images}
+    subset = {**dataset, "images": images, "annotations": [a for a in dataset["annotations"] if a["image_id"] in ids]}
+    (out_root / "annotations").mkdir(parents=True)
+    (out_root / "annotations" / ann_file).write_text(json.dumps(subset))
+    for folder in linked:
+        (out_root / folder).symlink_to((root / folder).resolve(), target_is_directory=True)
+    return out_root
 
 
 def fit_until(
@@ -44,3 +84,47 @@ def fit_until(
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
     return trainer, (time.perf_counter() - start) / 60
+
+
+def detr_overfit_parser(description: str, images: int, short_side: int, metric: str) -> argparse.ArgumentParser:
+    """The options of the DETR overfitting scripts (``--root``, ``--images``, ``--short-side``, ...)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=COCO128, help=f"COCO root with {COCO128_SPLIT}/ (default: the shared COCO128)")
+    parser.add_argument("--images", type=int, default=images)
+    parser.add_argument("--short-side", type=int, default=short_side)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--max-steps", type=int, default=3000)
+    parser.add_argument("--val-every", type=int, default=100, help="validate every this many steps")
+    parser.add_argument("--target", type=float, default=0.5, help=f"stop once validation {metric} reaches this")
+    parser.add_argument("--lr", type=float, default=2e-4)
+    return parser
+
+
+def overfit_detr(
+    module_class: type[pl.LightningModule],
+    datamodule_class: type[pl.LightningDataModule],
+    args: argparse.Namespace,
+    ann_file: str,
+    usable: Callable[[dict[str, Any]], bool],
+    linked: Sequence[str],
+    monitor: str,
+) -> tuple[pl.Trainer, float]:
+    """Trains ``module_class`` (a small DETR on ``SMALL_SWIN``, from scratch) on the first ``args.images``
+    images of ``args.root`` (see :func:`write_coco_subset`) and validates on the same images until
+    ``monitor`` reaches ``args.target``; returns the trainer and the minutes it took."""
+    pl.seed_everything(0)
+    work_dir = Path(tempfile.mkdtemp(prefix="overfit_"))
+    subset = write_coco_subset(args.root, ann_file, args.images, work_dir / "coco", usable, linked)
+    # The same fixed resize for training and validation: the check is memorisation, not augmentation.
+    resize = DetrValTransform(args.short_side, max_size=args.short_side * 5 // 3)
+    datamodule = datamodule_class(
+        str(subset), train_split=COCO128_SPLIT, val_split=COCO128_SPLIT, train_transform=resize, val_transform=resize,
+        batch_size=args.batch_size, num_workers=0,
+    )
+    module = module_class(
+        backbone="swin_t", backbone_kwargs=SMALL_SWIN, detr_kwargs=SMALL_DETR, lr=args.lr, backbone_lr=args.lr,
+        lr_drop_epochs=args.max_steps, num_visualized=0,
+    )
+    return fit_until(
+        module, datamodule, monitor, args.target, args.max_steps, args.val_every, str(work_dir), gradient_clip_val=0.1
+    )

@@ -19,7 +19,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from vision_tx.data.coco import load_coco
-from vision_tx.lightning.common import merge_metrics_json, write_json_atomic
+from vision_tx.lightning.common import gather_by_image_id, merge_metrics_json, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -131,15 +131,7 @@ class CocoEvaluator:
             self._results.setdefault(int(prediction["image_id"]), _to_results(prediction, self.iou_type))
 
     def _gathered(self) -> dict[int, list[dict[str, Any]]]:
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return self._results
-        shards: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(shards, self._results)
-        merged: dict[int, list[dict[str, Any]]] = {}
-        for shard in shards:
-            for image_id, results in shard.items():
-                merged.setdefault(image_id, results)
-        return merged
+        return gather_by_image_id(self._results)
 
     def compute(self) -> dict[str, float]:
         """The 12 COCO stats by name, the same on every rank (evaluated once, on rank 0)."""

@@ -22,10 +22,9 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from vision_tx.data.coco_panoptic import load_panoptic_json, read_panoptic_png, segment_index
-from vision_tx.lightning.common import merge_metrics_json
+from vision_tx.lightning.common import gather_by_image_id, merge_metrics_json
 
 VOID = 0
 SUMMARY_KEYS = ("PQ", "SQ", "RQ", "PQ_th", "SQ_th", "RQ_th", "PQ_st", "SQ_st", "RQ_st")
@@ -139,15 +138,7 @@ class PanopticEvaluator:
         self._totals = None
 
     def _gathered(self) -> dict[int, dict[int, list[float]]]:
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return self._records
-        shards: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(shards, self._records)
-        merged: dict[int, dict[int, list[float]]] = {}
-        for shard in shards:
-            for image_id, stats in shard.items():
-                merged.setdefault(image_id, stats)
-        return merged
+        return gather_by_image_id(self._records)
 
     def totals(self) -> dict[int, list[float]]:
         """``{category_id: [tp, fp, fn, iou_sum]}`` over all images of all processes."""

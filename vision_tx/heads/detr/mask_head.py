@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+GROUPS = 8  # GroupNorm groups in the mask head, as in DETR
+
 
 class AttentionMaps(nn.Module):
     """Multi-head attention weights of each query over the image positions, without the values.
@@ -43,7 +45,7 @@ class AttentionMaps(nn.Module):
 
 
 def _conv_norm_relu(in_channels: int, out_channels: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, padding=1), nn.GroupNorm(8, out_channels), nn.ReLU())
+    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, padding=1), nn.GroupNorm(GROUPS, out_channels), nn.ReLU())
 
 
 class MaskHead(nn.Module):
@@ -62,6 +64,12 @@ class MaskHead(nn.Module):
         if len(fpn_dims) != 3:
             raise ValueError(f"vision_tx/heads/detr/mask_head.py: fpn_dims must hold the channels at stride 16, 8 and 4, got {fpn_dims}")
         widths = [context_dim // 2, context_dim // 4, context_dim // 8, context_dim // 16]
+        if dim % GROUPS or context_dim % (16 * GROUPS):
+            raise ValueError(
+                f"vision_tx/heads/detr/mask_head.py: the head's GroupNorm({GROUPS}) layers need an input width "
+                f"(DETR width + attention heads, here {dim}) divisible by {GROUPS} and a DETR width (here "
+                f"{context_dim}) divisible by {16 * GROUPS}: e.g. hidden_dim 128 or 256 with 8 heads"
+            )
         self.blocks = nn.ModuleList(
             _conv_norm_relu(a, b) for a, b in zip([dim, dim, *widths[:-1]], [dim, *widths])
         )

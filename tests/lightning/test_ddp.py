@@ -1,0 +1,129 @@
+"""Training and validation on 2 DDP processes (CPU, gloo) agree with 1 process, through the command line.
+
+Gradients and weights agree up to the order of float additions: DDP sums the processes' gradients
+in an all-reduce where one process sums the batch's inside autograd. What makes them agree at all:
+- the same global batches: ``EpochSampler`` gives process ``r`` the ``r``-th block of each global
+  batch, and each image's augmentation is seeded by (seed, epoch, index), not by the process;
+- DETR divides its box losses by the boxes of the whole global batch (all-reduced), whatever the
+  number of processes. Its class loss is a weighted mean per process (as in the reference code):
+  equal to the global one only when the no-object weight ``eos_coef`` is 1, which the test sets;
+- UperNet's BatchNorm sees the same images per forward when one process accumulates the gradients
+  of ``world_size`` micro-batches (torch's SyncBatchNorm, used on GPUs, needs CUDA);
+- no dropout: processes seeded alike draw the same masks, one process draws one per image.
+AdamW turns a gradient near its ``eps`` (1e-8) into a step of any size between 0 and the learning
+rate, so float-order noise of 1e-8 in such gradients can move weights by up to the learning rate:
+weights are compared after a few small steps, gradients at any learning rate.
+Validation metrics are exactly equal: every image is scored once, whatever the number of processes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from tests.lightning.test_detection import SMALL, run_tool
+from tests.lightning.test_resume import SEGMENTATION, train
+from vision_tx.data.toy import make_toy_coco
+from vision_tx.data.toy_panoptic import make_toy_coco_panoptic
+from vision_tx.data.toy_segmentation import make_toy_segmentation
+
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--trainer.num_sanity_val_steps", "0"]
+
+
+class SaveFirstGradients(pl.Callback):
+    """Saves the (all-reduced) gradients of the first optimiser step to ``path``, from the first process."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
+        if trainer.global_step == 0 and trainer.is_global_zero:
+            torch.save({n: p.grad for n, p in pl_module.named_parameters() if p.grad is not None}, self.path)
+
+
+def train_on(args: list[str], run_dir: Path, devices: int) -> tuple[dict, dict]:
+    """Trains on ``devices`` processes (``ddp`` strategy when more than one); returns the final checkpoint
+    and the first step's gradients."""
+    run_dir.mkdir()
+    callbacks = (
+        "[{class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: {monitor: null, mode: min, save_last: true, save_top_k: 0}}, "
+        f"{{class_path: tests.lightning.test_ddp.SaveFirstGradients, init_args: {{path: {run_dir / 'gradients.pt'}}}}}]"
+    )
+    strategy = ["--trainer.devices", str(devices), "--trainer.strategy", "ddp" if devices > 1 else "auto"]
+    result = train([*args, *QUIET, *strategy, "--trainer.callbacks", callbacks], run_dir)
+    assert result.returncode == 0, result.stderr[-5000:]
+    checkpoint = torch.load(next(run_dir.rglob("last.ckpt")), map_location="cpu", weights_only=True)
+    return checkpoint, torch.load(run_dir / "gradients.pt", weights_only=True)
+
+
+def assert_close_tensors(one: dict[str, torch.Tensor], two: dict[str, torch.Tensor], names: list[str]) -> None:
+    assert names
+    for name in names:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_detection_trains_the_same_on_two_processes(tmp_path: Path) -> None:
+    # Square images and size-keeping augmentations (random flips, whole-image crops): no batch
+    # padding, which would otherwise differ between a batch of 2 and two batches of 1.
+    root = make_toy_coco(tmp_path / "toy", num_train=12, num_val=3, min_side=64, max_side=64)
+    args = [
+        *SMALL, "--data.root", str(root), "--model.criterion_kwargs", "{eos_coef: 1.0}",
+        # No dropout: processes seeded alike draw the same masks, one process draws one per image.
+        "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}",
+        "--data.train_transform.init_args.scales", "[64]", "--data.train_transform.init_args.max_size", "64",
+        "--data.train_transform.init_args.crop_scales", "[64]", "--data.train_transform.init_args.crop_size", "[64, 64]",
+        "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
+    ]
+    one, one_gradients = train_on([*args, "--data.batch_size", "2"], tmp_path / "one", devices=1)
+    two, two_gradients = train_on([*args, "--data.batch_size", "1"], tmp_path / "two", devices=2)
+    assert one["global_step"] == two["global_step"] == 3
+    assert_close_tensors(one_gradients, two_gradients, list(one_gradients))
+    assert_close_tensors(one["state_dict"], two["state_dict"], list(one["state_dict"]))
+
+
+def test_panoptic_trains_the_same_on_two_processes(tmp_path: Path) -> None:
+    root = make_toy_coco_panoptic(tmp_path / "toy", num_train=8, num_val=2, min_side=64, max_side=64)
+    args = [
+        "--config", "detr_panoptic_swin_toy", "--data.root", str(root), "--data.num_workers", "0",
+        "--trainer.accelerator", "cpu", "--model.criterion_kwargs", "{eos_coef: 1.0}",
+        "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
+        "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 128, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}",
+        "--data.train_transform.init_args.scales", "[64]", "--data.train_transform.init_args.max_size", "64",
+        "--data.train_transform.init_args.crop_scales", "[64]", "--data.train_transform.init_args.crop_size", "[64, 64]",
+        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+    ]
+    one, one_gradients = train_on([*args, "--data.batch_size", "2"], tmp_path / "one", devices=1)
+    two, two_gradients = train_on([*args, "--data.batch_size", "1"], tmp_path / "two", devices=2)
+    assert one["global_step"] == two["global_step"] == 2
+    assert any(name.startswith("model.mask_head.") for name in one_gradients)  # the mask losses reach the head
+    assert_close_tensors(one_gradients, two_gradients, list(one_gradients))
+    assert_close_tensors(one["state_dict"], two["state_dict"], list(one["state_dict"]))
+
+
+def test_segmentation_trains_and_validates_the_same_on_two_processes(tmp_path: Path) -> None:
+    root = make_toy_segmentation(tmp_path / "toy", num_train=12, num_val=5)  # 5 validation images: 3 + 2 on two processes
+    args = [
+        # A high learning rate, so that the validated model predicts something after 3 steps.
+        *SEGMENTATION, "--data.root", str(root), "--model.dropout", "0", "--model.lr", "1e-2", "--model.warmup_iters", "0",
+        "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
+        "--trainer.max_steps", "3",
+    ]
+    # One process validates at the end of its epoch (6 batches of 2, accumulated by 2: 3 steps).
+    one, one_gradients = train_on([*args, "--trainer.accumulate_grad_batches", "2"], tmp_path / "one", devices=1)
+    two, two_gradients = train_on([*args, "--trainer.limit_val_batches", "0"], tmp_path / "two", devices=2)
+    assert one["global_step"] == two["global_step"] == 3
+    assert_close_tensors(one_gradients, two_gradients, list(one_gradients))
+
+    # Two processes validate the one-process model: 3 + 2 images, none repeated.
+    out = tmp_path / "validate"
+    out.mkdir()
+    run_tool(
+        "eval.py", *SEGMENTATION, *QUIET, "--data.root", str(root), "--ckpt", str(next((tmp_path / "one").rglob("last.ckpt"))),
+        "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.logger", "true", "--trainer.default_root_dir", str(out), cwd=out,
+    )
+    one_metrics, two_metrics = (json.loads(next(d.rglob("metrics.json")).read_text())["segm_sem"] for d in (tmp_path / "one", out))
+    assert one_metrics == two_metrics
+    assert one_metrics["aAcc"] > 0  # the model gets some pixels right: the counts of every image matter

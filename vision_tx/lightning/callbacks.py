@@ -1,0 +1,90 @@
+"""Callbacks the command line adds to every task: the non-finite loss guard and the random state in checkpoints."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training stopped on a NaN or infinite loss."""
+
+
+class NonFiniteLossGuard(pl.Callback):
+    """Catches a NaN or infinite training loss in the step it appears, before the optimiser uses it.
+
+    ``policy="skip"``: the optimiser step is skipped (every gradient dropped, no weight changes) with
+    a warning that counts the skipped steps; after ``max_consecutive_skips`` skipped steps in a row
+    the run stops. ``policy="stop"``: the run stops at once. Stopping raises
+    :class:`NonFiniteLossError` naming the step and the logged ``train/`` terms that are not finite,
+    before the weights change, so the checkpoints already written keep the last good weights.
+    Under DDP the processes agree: a step is skipped everywhere when any process's loss is bad.
+    """
+
+    def __init__(self, policy: Literal["skip", "stop"] = "skip", max_consecutive_skips: int = 10) -> None:
+        if policy not in ("skip", "stop"):
+            raise ValueError(f"NonFiniteLossGuard: policy must be 'skip' or 'stop', not {policy!r}")
+        self.policy = policy
+        self.max_consecutive_skips = max_consecutive_skips
+        self.skipped = 0
+        self.consecutive = 0
+        self._bad_terms: dict[str, float] | None = None
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        if self._bad_terms is None and not torch.isfinite(loss.detach()).all():
+            logged = {name: float(value) for name, value in trainer.callback_metrics.items()
+                      if name.startswith("train/") and value.numel() == 1}
+            self._bad_terms = {name: value for name, value in logged.items() if not math.isfinite(value)}
+            if "train/loss" not in self._bad_terms:
+                self._bad_terms["loss"] = float(loss.detach().sum())
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer) -> None:
+        bad_terms, self._bad_terms = self._bad_terms, None
+        if not trainer.strategy.reduce_boolean_decision(bad_terms is not None, all=False):
+            self.consecutive = 0
+            return
+        step = trainer.global_step
+        terms = ", ".join(f"{name}={value}" for name, value in (bad_terms or {}).items()) or "in another process"
+        if self.policy == "stop":
+            raise NonFiniteLossError(f"step {step}: non-finite loss ({terms}); training stopped before the weights changed")
+        self.skipped += 1
+        self.consecutive += 1
+        if self.consecutive >= self.max_consecutive_skips:
+            raise NonFiniteLossError(
+                f"step {step}: non-finite loss ({terms}) for {self.consecutive} steps in a row "
+                f"(max_consecutive_skips={self.max_consecutive_skips}); training stopped before the weights changed"
+            )
+        rank_zero_warn(f"step {step}: non-finite loss ({terms}); optimizer step skipped ({self.skipped} skipped so far)")
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.grad = None
+
+
+class RandomStateCheckpoint(pl.Callback):
+    """Keeps torch's random generators (CPU and CUDA) in checkpoints and restores them when training resumes,
+    so that dropout draws the same numbers as in a run never interrupted.
+
+    The state saved is the first process's; under DDP every process holds the same one, as they are
+    seeded alike and the data pipeline draws from its own generators (``vision_tx.data.sampling``).
+    """
+
+    def __init__(self) -> None:
+        self._to_restore: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._to_restore = state_dict
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._to_restore is None:
+            return
+        torch.set_rng_state(self._to_restore["torch"])
+        if self._to_restore["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(self._to_restore["cuda"])
+        self._to_restore = None
