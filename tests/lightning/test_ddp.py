@@ -65,42 +65,41 @@ def assert_close_tensors(one: dict[str, torch.Tensor], two: dict[str, torch.Tens
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_detection_trains_the_same_on_two_processes(tmp_path: Path) -> None:
-    # Square images and size-keeping augmentations (random flips, whole-image crops): no batch
-    # padding, which would otherwise differ between a batch of 2 and two batches of 1.
-    root = make_toy_coco(tmp_path / "toy", num_train=12, num_val=3, min_side=64, max_side=64)
+def assert_detr_trains_the_same(args: list[str], run_dir: Path, steps: int) -> dict[str, torch.Tensor]:
+    """Trains a DETR config (64x64 toy images) ``steps`` steps on 1 process with batch 2 and on 2 with
+    batch 1; asserts equal gradients and weights, returns the first step's gradients."""
     args = [
-        *SMALL, "--data.root", str(root), "--model.criterion_kwargs", "{eos_coef: 1.0}",
-        # No dropout: processes seeded alike draw the same masks, one process draws one per image.
-        "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}",
+        *args, "--model.criterion_kwargs", "{eos_coef: 1.0}",
+        # Square images and size-keeping augmentations (random flips, whole-image crops): no batch
+        # padding, which would otherwise differ between a batch of 2 and two batches of 1.
         "--data.train_transform.init_args.scales", "[64]", "--data.train_transform.init_args.max_size", "64",
         "--data.train_transform.init_args.crop_scales", "[64]", "--data.train_transform.init_args.crop_size", "[64, 64]",
-        "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
+        "--trainer.max_steps", str(steps), "--trainer.limit_val_batches", "0",
     ]
-    one, one_gradients = train_on([*args, "--data.batch_size", "2"], tmp_path / "one", devices=1)
-    two, two_gradients = train_on([*args, "--data.batch_size", "1"], tmp_path / "two", devices=2)
-    assert one["global_step"] == two["global_step"] == 3
+    one, one_gradients = train_on([*args, "--data.batch_size", "2"], run_dir / "one", devices=1)
+    two, two_gradients = train_on([*args, "--data.batch_size", "1"], run_dir / "two", devices=2)
+    assert one["global_step"] == two["global_step"] == steps
     assert_close_tensors(one_gradients, two_gradients, list(one_gradients))
     assert_close_tensors(one["state_dict"], two["state_dict"], list(one["state_dict"]))
+    return one_gradients
+
+
+# No dropout below: processes seeded alike draw the same masks, one process draws one per image.
+def test_detection_trains_the_same_on_two_processes(tmp_path: Path) -> None:
+    root = make_toy_coco(tmp_path / "toy", num_train=12, num_val=3, min_side=64, max_side=64)
+    detr = "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}"
+    assert_detr_trains_the_same([*SMALL, "--data.root", str(root), "--model.detr_kwargs", detr], tmp_path, steps=3)
 
 
 def test_panoptic_trains_the_same_on_two_processes(tmp_path: Path) -> None:
     root = make_toy_coco_panoptic(tmp_path / "toy", num_train=8, num_val=2, min_side=64, max_side=64)
     args = [
-        "--config", "detr_panoptic_swin_toy", "--data.root", str(root), "--data.num_workers", "0",
-        "--trainer.accelerator", "cpu", "--model.criterion_kwargs", "{eos_coef: 1.0}",
+        "--config", "detr_panoptic_swin_toy", "--data.root", str(root), "--data.num_workers", "0", "--trainer.accelerator", "cpu",
         "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
         "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 128, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}",
-        "--data.train_transform.init_args.scales", "[64]", "--data.train_transform.init_args.max_size", "64",
-        "--data.train_transform.init_args.crop_scales", "[64]", "--data.train_transform.init_args.crop_size", "[64, 64]",
-        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
     ]
-    one, one_gradients = train_on([*args, "--data.batch_size", "2"], tmp_path / "one", devices=1)
-    two, two_gradients = train_on([*args, "--data.batch_size", "1"], tmp_path / "two", devices=2)
-    assert one["global_step"] == two["global_step"] == 2
-    assert any(name.startswith("model.mask_head.") for name in one_gradients)  # the mask losses reach the head
-    assert_close_tensors(one_gradients, two_gradients, list(one_gradients))
-    assert_close_tensors(one["state_dict"], two["state_dict"], list(one["state_dict"]))
+    gradients = assert_detr_trains_the_same(args, tmp_path, steps=2)
+    assert any(name.startswith("model.mask_head.") for name in gradients)  # the mask losses reach the head
 
 
 def test_segmentation_trains_and_validates_the_same_on_two_processes(tmp_path: Path) -> None:
