@@ -20,7 +20,7 @@ from PIL import Image
 
 from vision_tx.data.ade20k import ADE20KDataset
 from vision_tx.data.segmentation import SegmentationDataModule, keep_ratio_size
-from vision_tx.lightning.overfit import SMALL_SWIN, fit_until
+from vision_tx.lightning.overfit import SMALL_SWIN, fit_until, report
 from vision_tx.lightning.segmentation import SegmentationModule
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ade20k_sample"
@@ -61,11 +61,8 @@ def main() -> None:
     trainer, minutes = fit_until(
         module, datamodule, "val/mIoU", args.target, args.max_steps, args.val_every, tempfile.mkdtemp(prefix="overfit_ade20k_")
     )
-    miou = float(trainer.callback_metrics["val/mIoU"])
     data = "toy set" if args.toy else f"{len(datamodule.val_set)} ADE20K sample images"
-    print(f"{data}: {trainer.global_step} steps, {minutes:.1f} min, mIoU {miou:.4f} (target {args.target})")
-    if miou < args.target:
-        raise SystemExit(f"mIoU {miou:.4f} is below the target {args.target}")
+    report(trainer, minutes, data, "mIoU", args.target)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from vision_tx.data.detection import CocoDetectionDataModule
 from vision_tx.lightning.detection import DetectionModule
-from vision_tx.lightning.overfit import COCO128_SPLIT, detr_overfit_parser, overfit_detr
+from vision_tx.lightning.overfit import COCO128_SPLIT, detr_overfit_parser, overfit_detr, report
 
 
 def main() -> None:
@@ -23,13 +23,7 @@ def main() -> None:
         DetectionModule, CocoDetectionDataModule, args, f"instances_{COCO128_SPLIT}.json",
         usable=lambda ann: not ann.get("iscrowd", 0), linked=[COCO128_SPLIT], monitor="val/AP50",
     )
-    ap, ap50 = (float(trainer.callback_metrics[f"val/{k}"]) for k in ("AP", "AP50"))
-    print(
-        f"{args.images} COCO images at shorter side {args.short_side}: {trainer.global_step} steps, {minutes:.1f} min, "
-        f"box AP {ap:.4f}, AP50 {ap50:.4f} (target {args.target})"
-    )
-    if ap50 < args.target:
-        raise SystemExit(f"AP50 {ap50:.4f} is below the target {args.target}")
+    report(trainer, minutes, f"{args.images} COCO images at shorter side {args.short_side}", "AP50", args.target, ["AP"])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ until PQ reaches ``--target``, then prints the steps, minutes, PQ, SQ, RQ and bo
 from __future__ import annotations
 
 from vision_tx.data.panoptic import CocoPanopticDataModule
-from vision_tx.lightning.overfit import COCO128_SPLIT, detr_overfit_parser, overfit_detr
+from vision_tx.lightning.overfit import COCO128_SPLIT, detr_overfit_parser, overfit_detr, report
 from vision_tx.lightning.panoptic import PanopticModule
 
 
@@ -25,13 +25,8 @@ def main() -> None:
         usable=lambda ann: any(not s.get("iscrowd", 0) for s in ann["segments_info"]),
         linked=[COCO128_SPLIT, f"annotations/panoptic_{COCO128_SPLIT}"], monitor="val/PQ",
     )
-    pq, sq, rq, ap50 = (float(trainer.callback_metrics[f"val/{k}"]) for k in ("PQ", "SQ", "RQ", "AP50"))
-    print(
-        f"{args.images} COCO panoptic images at shorter side {args.short_side}: {trainer.global_step} steps, "
-        f"{minutes:.1f} min, PQ {pq:.4f} (SQ {sq:.4f}, RQ {rq:.4f}), box AP50 {ap50:.4f} (target PQ {args.target})"
-    )
-    if pq < args.target:
-        raise SystemExit(f"PQ {pq:.4f} is below the target {args.target}")
+    data = f"{args.images} COCO panoptic images at shorter side {args.short_side}"
+    report(trainer, minutes, data, "PQ", args.target, ["SQ", "RQ", "AP50"])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import torch
 import torch.utils.checkpoint
@@ -82,6 +82,16 @@ class StagedBackbone(Backbone):
     """A ``stem`` to ``[N, H, W, C]`` tokens and :class:`Stage` s: ``images [N,3,H,W] -> {"res{i+2}": [N,C_i,H_i,W_i]}``."""
 
     stages: nn.ModuleList
+
+    @staticmethod
+    def stages_to_build(source: str, depths: Sequence[int], num_heads: Sequence[int], out_indices: Sequence[int]) -> int:
+        """Checks that ``depths`` and ``num_heads`` agree; returns how many stages to build: those up to
+        the last of ``out_indices`` (later ones would hold parameters without gradients, which DDP rejects)."""
+        if len(depths) != len(num_heads):
+            raise ValueError(f"{source}: depths {tuple(depths)} and num_heads {tuple(num_heads)} differ in length")
+        if out_indices and all(0 <= i < len(depths) for i in out_indices):
+            return max(out_indices) + 1
+        return len(depths)  # out-of-range indices are reported by _init_outputs
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recomputes each block's activations in the backward pass instead of storing them (less memory)."""

@@ -160,15 +160,12 @@ class NAT(StagedBackbone):
         grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        if len(depths) != len(num_heads):
-            raise ValueError(f"vision_tx/backbones/nat.py: depths {tuple(depths)} and num_heads {tuple(num_heads)} differ in length")
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"vision_tx/backbones/nat.py: kernel_size must be odd and positive, got {kernel_size}")
         dilations = [[1] * depth for depth in depths] if dilations is None else [list(d) for d in dilations]
         if [len(d) for d in dilations] != list(depths):
             raise ValueError(f"vision_tx/backbones/nat.py: dilations must list one value per block, {tuple(depths)}, got {dilations}")
-        # Stages after the last returned one would hold parameters without gradients (DDP rejects those).
-        num_built = max(out_indices) + 1 if out_indices and all(0 <= i < len(depths) for i in out_indices) else len(depths)
+        num_built = self.stages_to_build("vision_tx/backbones/nat.py", depths, num_heads, out_indices)
         self.num_stages = len(depths)
         dims = [embed_dim * 2**i for i in range(self.num_stages)]
         total = sum(depths)

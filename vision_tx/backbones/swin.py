@@ -254,12 +254,9 @@ class SwinTransformer(StagedBackbone):
         grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        if len(depths) != len(num_heads):
-            raise ValueError(f"vision_tx/backbones/swin.py: depths {tuple(depths)} and num_heads {tuple(num_heads)} differ in length")
         if window_size < 1:
             raise ValueError(f"vision_tx/backbones/swin.py: window_size must be positive, got {window_size}")
-        # Stages after the last returned one would hold parameters without gradients (DDP rejects those).
-        num_built = max(out_indices) + 1 if out_indices and all(0 <= i < len(depths) for i in out_indices) else len(depths)
+        num_built = self.stages_to_build("vision_tx/backbones/swin.py", depths, num_heads, out_indices)
         self.num_stages = len(depths)
         dims = [embed_dim * 2**i for i in range(self.num_stages)]
         rates = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()

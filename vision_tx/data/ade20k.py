@@ -16,11 +16,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
 from vision_tx.data.image_io import ImageReadError, orientation_note, read_rgb_image
-from vision_tx.data.invalid import InvalidDataError, load_skipping_invalid, warn_skipped
+from vision_tx.data.invalid import InvalidDataError, SkippingDataset, warn_skipped
 
 IGNORE_INDEX = 255
 
@@ -50,7 +49,7 @@ class ADE20KFormatError(InvalidDataError):
     """An ADE20K-layout dataset that cannot be used as it is: the message names the file and the problem."""
 
 
-class ADE20KDataset(Dataset):
+class ADE20KDataset(SkippingDataset[tuple[Any, Any]]):
     """One split of an ADE20K-layout dataset.
 
     Item ``i`` is ``transforms(image, label)`` where ``image`` is a ``tv_tensors.Image`` ``[3, H, W]``
@@ -61,6 +60,8 @@ class ADE20KDataset(Dataset):
     without annotation is left out, and an item that fails to read is replaced by the next
     (``vision_tx.data.invalid``).
     """
+
+    format_error = ADE20KFormatError
 
     def __init__(
         self,
@@ -76,8 +77,7 @@ class ADE20KDataset(Dataset):
         self.transforms = transforms
         self.class_names = tuple(class_names)
         self.reduce_zero_label = reduce_zero_label
-        self.skip_invalid = skip_invalid
-        self._skipped: set[int] = set()
+        super().__init__(skip_invalid)
         base = self.root / "ADEChallengeData2016"
         image_dir, ann_dir = base / "images" / split, base / "annotations" / split
         missing = [str(d) for d in (image_dir, ann_dir) if not d.is_dir()]
@@ -126,11 +126,6 @@ class ADE20KDataset(Dataset):
         if self.reduce_zero_label:
             label = np.where(label == 0, IGNORE_INDEX, label - 1).astype(np.uint8)
         return label
-
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
-        if self.skip_invalid:
-            return load_skipping_invalid(self._load, index, len(self), ADE20KFormatError, self._skipped)
-        return self._load(index)
 
     def _load(self, index: int) -> tuple[Any, Any]:
         try:

@@ -19,11 +19,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from pycocotools.coco import COCO
-from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
 from vision_tx.data.image_io import ImageReadError, orientation_note, read_rgb_image
-from vision_tx.data.invalid import InvalidDataError, load_skipping_invalid, warn_skipped
+from vision_tx.data.invalid import InvalidDataError, SkippingDataset, warn_skipped
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +108,7 @@ def read_coco_image(path: Path, image_id: int, size: tuple[int, int], ann_file: 
     return tv_tensors.Image(torch.from_numpy(image).permute(2, 0, 1))
 
 
-class CocoDetection(Dataset):
+class CocoDetection(SkippingDataset[tuple[Any, Target]]):
     """COCO instances as ``(image, target)``.
 
     ``image`` is a ``tv_tensors.Image`` ``[3, H, W]`` uint8 RGB (see ``vision_tx.data.image_io``);
@@ -121,6 +120,8 @@ class CocoDetection(Dataset):
     the next (``vision_tx.data.invalid``).
     """
 
+    format_error = CocoFormatError
+
     def __init__(
         self,
         image_dir: str | os.PathLike,
@@ -131,8 +132,7 @@ class CocoDetection(Dataset):
         self.image_dir = Path(image_dir)
         self.ann_file = Path(ann_file)
         self.transforms = transforms
-        self.skip_invalid = skip_invalid
-        self._skipped: set[int] = set()
+        super().__init__(skip_invalid)
         if not self.image_dir.is_dir():
             raise CocoFormatError(f"{self.image_dir}: image folder not found (images of {self.ann_file})")
         dataset = read_coco_json(self.ann_file)
@@ -159,11 +159,6 @@ class CocoDetection(Dataset):
 
     def __len__(self) -> int:
         return len(self.image_ids)
-
-    def __getitem__(self, index: int) -> tuple[Any, Target]:
-        if self.skip_invalid:
-            return load_skipping_invalid(self._load, index, len(self), CocoFormatError, self._skipped)
-        return self._load(index)
 
     def _load(self, index: int) -> tuple[Any, Target]:
         image_id = int(self.image_ids[index])

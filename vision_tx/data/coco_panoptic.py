@@ -26,12 +26,11 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.ops import masks_to_boxes
 
 from vision_tx.data.coco import CocoFormatError, Target, Transforms, category_names, read_coco_image
-from vision_tx.data.invalid import load_skipping_invalid, warn_skipped
+from vision_tx.data.invalid import SkippingDataset, warn_skipped
 from vision_tx.lightning.common import write_json_atomic
 
 MAX_SEGMENT_ID = 256**3 - 1
@@ -137,7 +136,7 @@ def coco_panoptic_split_paths(root: str | os.PathLike, split: str) -> tuple[Path
     return image_dir, ann_file, png_dir
 
 
-class CocoPanoptic(Dataset):
+class CocoPanoptic(SkippingDataset[tuple[Any, Target]]):
     """COCO panoptic segments as ``(image, target)``.
 
     ``image`` is a ``tv_tensors.Image`` ``[3, H, W]`` uint8 RGB (``vision_tx.data.image_io``); ``target``
@@ -149,6 +148,8 @@ class CocoPanoptic(Dataset):
     ``skip_invalid=True`` an image with an invalid record or a missing file is left out, and one
     that fails to read is replaced by the next.
     """
+
+    format_error = CocoFormatError
 
     def __init__(
         self,
@@ -162,8 +163,7 @@ class CocoPanoptic(Dataset):
         self.ann_file = Path(ann_file)
         self.png_dir = Path(png_dir)
         self.transforms = transforms
-        self.skip_invalid = skip_invalid
-        self._skipped: set[int] = set()
+        super().__init__(skip_invalid)
         for folder, what in ((self.image_dir, "image"), (self.png_dir, "panoptic PNG")):
             if not folder.is_dir():
                 raise CocoFormatError(f"{folder}: {what} folder not found (of {self.ann_file})")
@@ -194,11 +194,6 @@ class CocoPanoptic(Dataset):
 
     def __len__(self) -> int:
         return len(self.image_ids)
-
-    def __getitem__(self, index: int) -> tuple[Any, Target]:
-        if self.skip_invalid:
-            return load_skipping_invalid(self._load, index, len(self), CocoFormatError, self._skipped)
-        return self._load(index)
 
     def _load(self, index: int) -> tuple[Any, Target]:
         size = (int(self.heights[index]), int(self.widths[index]))

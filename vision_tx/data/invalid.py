@@ -10,7 +10,9 @@ it: the dataset keeps its length, so every DDP process still gets the same numbe
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Sequence, TypeVar
+from typing import Generic, Sequence, TypeVar
+
+from torch.utils.data import Dataset
 
 Item = TypeVar("Item")
 EXAMPLES_SHOWN = 3
@@ -34,23 +36,38 @@ def warn_skipped(source: object, problems: Sequence[str], total: int, records: s
     )
 
 
-def load_skipping_invalid(
-    load: Callable[[int], Item], index: int, length: int, error: type[Exception], skipped: set[int]
-) -> Item:
-    """``load(index)``, or where it raises ``error`` the first of the following indices (in a circle) that
-    loads. Indices that failed go in ``skipped`` (per process) and are warned about once."""
-    for offset in range(length):
-        candidate = (index + offset) % length
-        if candidate in skipped:
-            continue
-        try:
-            return load(candidate)
-        except error as err:
-            skipped.add(candidate)
-            warnings.warn(
-                f"{err}; item {candidate} skipped (skip_invalid=True) and replaced by the next valid item "
-                f"({len(skipped)} skipped so far in this process)",
-                SkippedRecordsWarning,
-                stacklevel=3,
-            )
-    raise error(f"no valid item left: all {length} items failed to load")
+class SkippingDataset(Dataset, Generic[Item]):
+    """A dataset whose ``_load(index)`` raises ``format_error`` for an item that cannot be read.
+
+    With ``skip_invalid`` such an item is replaced by the first of the following indices (in a
+    circle) that loads; indices that failed go in a per-process set and are warned about once.
+    """
+
+    format_error: type[Exception] = InvalidDataError
+
+    def __init__(self, skip_invalid: bool) -> None:
+        self.skip_invalid = skip_invalid
+        self._skipped: set[int] = set()
+
+    def _load(self, index: int) -> Item:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> Item:
+        if not self.skip_invalid:
+            return self._load(index)
+        length = len(self)  # type: ignore[arg-type]
+        for offset in range(length):
+            candidate = (index + offset) % length
+            if candidate in self._skipped:
+                continue
+            try:
+                return self._load(candidate)
+            except self.format_error as err:
+                self._skipped.add(candidate)
+                warnings.warn(
+                    f"{err}; item {candidate} skipped (skip_invalid=True) and replaced by the next valid item "
+                    f"({len(self._skipped)} skipped so far in this process)",
+                    SkippedRecordsWarning,
+                    stacklevel=2,
+                )
+        raise self.format_error(f"no valid item left: all {length} items failed to load")

@@ -86,6 +86,16 @@ def fit_until(
     return trainer, (time.perf_counter() - start) / 60
 
 
+def report(trainer: pl.Trainer, minutes: float, data: str, metric: str, target: float, others: Sequence[str] = ()) -> None:
+    """Prints the steps, minutes and validation ``metric`` (then ``others``) of a :func:`fit_until` run;
+    exits with an error where ``metric`` stayed below ``target``."""
+    values = {name: float(trainer.callback_metrics[f"val/{name}"]) for name in (metric, *others)}
+    shown = ", ".join(f"{name} {value:.4f}" for name, value in values.items())
+    print(f"{data}: {trainer.global_step} steps, {minutes:.1f} min, {shown} (target {metric} {target})")
+    if values[metric] < target:
+        raise SystemExit(f"{metric} {values[metric]:.4f} is below the target {target}")
+
+
 def detr_overfit_parser(description: str, images: int, short_side: int, metric: str) -> argparse.ArgumentParser:
     """The options of the DETR overfitting scripts (``--root``, ``--images``, ``--short-side``, ...)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
