@@ -17,6 +17,7 @@ from torch import nn
 
 from vision_tx.backbones.base import Backbone
 from vision_tx.backbones.registry import register_backbone
+from vision_tx.ops import Linear
 
 
 def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
@@ -40,16 +41,15 @@ def init_weights(module: nn.Module) -> None:
 
 
 class Mlp(nn.Module):
-    """``fc1 -> GELU -> fc2``: ``[..., dim] -> [..., dim]`` through ``hidden`` channels."""
+    """``fc1 -> GELU -> fc2``: ``[..., dim] -> [..., dim]`` through ``hidden`` channels (GELU fused into ``fc1``)."""
 
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc1 = Linear(dim, hidden, activation="gelu")
+        self.fc2 = Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        return self.fc2(self.fc1(x))
 
 
 class Stage(nn.Module):

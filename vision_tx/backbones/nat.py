@@ -22,7 +22,7 @@ from torch import nn
 from torchvision.ops import stochastic_depth
 
 from vision_tx.backbones.layers import ClassifierMixin, Mlp, Stage, StagedBackbone, init_weights, register_variants
-from vision_tx.ops import na2d
+from vision_tx.ops import Linear, na2d
 
 # Architecture of each size and the stochastic depth of its ImageNet recipe, from the official
 # SHI-Labs classification/nat.py (the paper's Table 1).
@@ -77,9 +77,9 @@ class NeighborhoodAttention(nn.Module):
         self.num_heads = num_heads
         self.kernel_size = kernel_size
         self.dilation = dilation
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.qkv = Linear(dim, 3 * dim, bias=qkv_bias)
         self.rpb = nn.Parameter(torch.zeros(num_heads, 2 * kernel_size - 1, 2 * kernel_size - 1))
-        self.proj = nn.Linear(dim, dim)
+        self.proj = Linear(dim, dim)
         nn.init.trunc_normal_(self.rpb, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

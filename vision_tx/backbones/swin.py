@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.backbones.layers import ClassifierMixin, Mlp, Stage, StagedBackbone, drop_path, init_weights, register_variants
+from vision_tx.ops import Linear
 
 # embed_dim, depths, num_heads and window_size from the paper (Table 1); drop_path_rate is the
 # stochastic depth of the paper's ImageNet recipe for each size.
@@ -129,7 +130,7 @@ class PatchMerging(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(4 * dim)
-        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
+        self.reduction = Linear(4 * dim, 2 * dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, height, width, channels = x.shape
@@ -146,8 +147,8 @@ class WindowAttention(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.window_size = window_size
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
+        self.qkv = Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = Linear(dim, dim)
         self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1) ** 2, num_heads))
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
