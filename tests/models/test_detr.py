@@ -101,7 +101,10 @@ def test_resnet_reads_torchvision_weights() -> None:
 
     images = torch.randn(1, 3, 96, 128)
     with torch.no_grad():
-        torch.testing.assert_close(classifier(images), reference(images), rtol=1e-5, atol=1e-5)
+        logits = reference(images)
+        # Channels-last convolutions round differently: torchvision's own model moves by ~1e-6 of the
+        # logits' range between memory formats.
+        torch.testing.assert_close(classifier(images), logits, rtol=1e-5, atol=1e-5 * logits.abs().max().item())
         expected = torch.nn.Sequential(*list(reference.children())[:-2])(images)
         # FrozenBatchNorm2d folds the statistics into one scale and shift: same map, other rounding.
         torch.testing.assert_close(backbone(images)["res5"], expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())

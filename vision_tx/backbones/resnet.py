@@ -29,6 +29,7 @@ class ResNet(Backbone):
     ``stem`` is conv1/bn1/relu/maxpool and ``stages`` are torchvision's ``layer1..4``. With
     ``frozen_bn`` every BatchNorm is a ``FrozenBatchNorm2d`` (statistics and affine fixed, as DETR
     trains with batches of 2-4 images per GPU), which the forward folds into the preceding conv.
+    Feature maps are channels-last (NHWC in memory; oneDNN's convolutions need no layout reorders).
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class ResNet(Backbone):
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         conv, norm, _, pool = self.stem
+        images = images.contiguous(memory_format=torch.channels_last)
         x = pool(F.relu(_conv_norm(conv, norm, images), inplace=True))
         outputs: dict[str, torch.Tensor] = OrderedDict()
         for index, stage in enumerate(self.stages):
@@ -85,7 +87,8 @@ def _conv_norm(conv: nn.Conv2d, norm: nn.Module, x: torch.Tensor) -> torch.Tenso
         return norm(conv(x))
     scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
     shift = norm.bias - norm.running_mean * scale
-    return F.conv2d(x, conv.weight * scale[:, None, None, None], shift, conv.stride, conv.padding, conv.dilation, conv.groups)
+    weight = (conv.weight * scale[:, None, None, None]).contiguous(memory_format=torch.channels_last)
+    return F.conv2d(x, weight, shift, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
 def _bottleneck(block: resnet.Bottleneck, x: torch.Tensor) -> torch.Tensor:
