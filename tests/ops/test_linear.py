@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 from torch import nn
 
 from vision_tx.ops import Linear
@@ -71,6 +72,17 @@ def test_autocast_and_double_keep_nn_linear_semantics() -> None:
         assert ours(x).dtype == reference(x).dtype == torch.bfloat16
     with torch.no_grad():
         torch.testing.assert_close(ours.double()(x.double()), reference.double()(x.double()))
+
+
+def test_flop_counters_count_it_as_a_linear_layer() -> None:
+    ours, reference = _pair(True, "gelu")
+    x = torch.randn(2, 10, 48)
+    counts = []
+    for module in (ours, reference):
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            module(x)
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] == 2 * 20 * 48 * 80
 
 
 def test_unknown_activation_is_refused() -> None:

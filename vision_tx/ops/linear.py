@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 _ACTIVATIONS = {None: ("none", ""), "gelu": ("gelu", "none")}  # oneDNN's name and GELU's approximation
 
@@ -35,6 +36,7 @@ def _takes_onednn(x: torch.Tensor, layer: nn.Linear) -> bool:
         and x.dtype == layer.weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
+        and not is_in_torch_dispatch_mode()  # FLOP counters and other modes see the aten ops
         and not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters())))
     )
 
