@@ -30,7 +30,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
 
 
 class Dropout(nn.Dropout):
-    """``nn.Dropout`` through :func:`dropout`."""
+    """``nn.Dropout`` through :func:`dropout` (never in place)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)

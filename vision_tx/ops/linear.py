@@ -3,7 +3,7 @@
 ``F.linear`` on the CPU copies the bias into the output and then accumulates the product onto it,
 and GELU is one more pass over the result: for the narrow, tall matrices of vision transformers
 (tens of thousands of tokens by 96-768 channels) these memory passes cost as much as the product.
-oneDNN's ``linear_pointwise`` kernel (the one ``torch.compile`` uses on CPUs) applies bias and
+oneDNN's ``linear_pointwise`` kernel (one that ``torch.compile``'s CPU backend emits) applies bias and
 activation while the output is still in registers. It has no backward, so it is taken only where
 no gradient is asked for; training and every other device and dtype use ``F.linear``.
 """
