@@ -21,11 +21,14 @@ BENCHMARKS = ("swin", "na2d", "detr", "upernet")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], default=list(BENCHMARKS), metavar="NAME",
+    parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"benchmarks to run, of {', '.join(BENCHMARKS)} (default: all)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="fewer iterations, for a smoke run")
     args = parser.parse_args()
+    unknown = [name for name in args.names if name not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark {', '.join(unknown)}: choose from {', '.join(BENCHMARKS)}")
     for name in args.names or BENCHMARKS:
         module = importlib.import_module(f"benchmarks.{name}")
         print(f"== {name} ({args.device})", flush=True)
