@@ -58,23 +58,25 @@ def toy_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("toy")
 
 
-def validate_checkpoint(ckpt: Path, toy_cache: Path, out: Path, devices: int, config_args: Sequence[str] = SMALL) -> dict:
-    """Runs ``tools/eval.py`` on ``devices`` processes in ``out``; returns the ``metrics.json`` it writes."""
+def validate_checkpoint(
+    ckpt: Path, toy_cache: Path, out: Path, devices: int, config_args: Sequence[str] = SMALL
+) -> tuple[dict, str]:
+    """Runs ``tools/eval.py`` on ``devices`` processes in ``out``; returns the ``metrics.json`` it writes and its console output."""
     # One image per batch: as in DETR, a padded batch changes the backbone's features near the
     # padding, so batches must hold the same images for two runs to agree to the last digit.
-    run_tool(
+    result = run_tool(
         "eval.py", *config_args, "--data.batch_size", "1", "--ckpt", str(ckpt), "--data.toy_cache_dir", str(toy_cache),
         "--trainer.devices", str(devices), "--trainer.strategy", "ddp" if devices > 1 else "auto",
         "--trainer.logger", "true", "--trainer.default_root_dir", str(out), cwd=out,
     )
-    return json.loads(next(out.rglob("metrics.json")).read_text())
+    return json.loads(next(out.rglob("metrics.json")).read_text()), result.stdout + result.stderr
 
 
 def test_validation_gives_the_same_metrics_on_two_processes(trained: Path, toy_cache: Path, tmp_path: Path) -> None:
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
-    one = validate_checkpoint(trained, toy_cache, tmp_path / "one", devices=1)
-    two = validate_checkpoint(trained, toy_cache, tmp_path / "two", devices=2)
+    one, _ = validate_checkpoint(trained, toy_cache, tmp_path / "one", devices=1)
+    two, _ = validate_checkpoint(trained, toy_cache, tmp_path / "two", devices=2)
     assert one == two
 
 
