@@ -21,7 +21,6 @@ def test_drop_rate_and_scale(p: float) -> None:
     kept = out[out != 0]
     threshold = round(p * 65536)
     assert torch.all(kept == 65536 / (65536 - threshold))  # the exact inverse keep probability
-    assert abs(threshold / 65536 - p) <= 1 / 131072
 
 
 def test_every_16_bit_slot_of_a_draw_is_used_evenly() -> None:
