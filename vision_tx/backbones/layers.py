@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.utils.checkpoint
@@ -38,6 +38,36 @@ def init_weights(module: nn.Module) -> None:
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
         nn.init.zeros_(module.bias)
+
+
+# Tokens per chunk in add_chunked: a chunk's intermediate activations (the MLP's 2048 x 4C hidden
+# floats, 3 MiB at C = 96; one 56x56 image's windows and their q, k, v) stay in cache, and the
+# whole map's (38 MiB for Swin-T's first-stage MLP at batch 8) are never allocated: glibc hands
+# such blocks back to the system after each forward, so that every call page-faults them in again.
+INFERENCE_CHUNK_TOKENS = 2048
+
+
+def add_chunked(x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor], training: bool,
+                per_sample: bool = False) -> torch.Tensor:
+    """``x + branch(x)`` for a residual ``branch`` that maps each token (``per_sample=False``, e.g. norm +
+    MLP) or each sample (``per_sample=True``, e.g. attention) on its own; ``x`` is ``[N, ..., C]``.
+
+    In CPU inference (no gradient, not ``training``) the sum is computed about ``INFERENCE_CHUNK_TOKENS``
+    tokens (at least one sample) at a time into one output; otherwise in one piece, so that
+    per-sample stochastic depth and autograd see the whole batch.
+    """
+    tokens = x.numel() // max(x.shape[-1], 1)
+    if (training or torch.is_grad_enabled() or x.device.type != "cpu" or tokens <= INFERENCE_CHUNK_TOKENS
+            or torch.compiler.is_compiling()):
+        return x + branch(x)
+    if per_sample:
+        pieces, size = x, max(1, INFERENCE_CHUNK_TOKENS * x.shape[0] // tokens)
+    else:
+        pieces, size = x.reshape(tokens, x.shape[-1]), INFERENCE_CHUNK_TOKENS
+    out = torch.empty_like(pieces)
+    for chunk, out_chunk in zip(pieces.split(size), out.split(size)):
+        torch.add(chunk, branch(chunk), out=out_chunk)
+    return out.view(x.shape)
 
 
 class Mlp(nn.Module):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import stochastic_depth
 
-from vision_tx.backbones.layers import ClassifierMixin, Mlp, Stage, StagedBackbone, init_weights, register_variants
+from vision_tx.backbones.layers import ClassifierMixin, Mlp, Stage, StagedBackbone, add_chunked, init_weights, register_variants
 from vision_tx.ops import Linear, na2d
 
 # Architecture of each size and the stochastic depth of its ImageNet recipe, from the official
@@ -116,8 +116,8 @@ class NATBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, H, W, C] -> [N, H, W, C]``."""
-        x = x + self._residual(self.attn(self.norm1(x)), self.gamma1)
-        return x + self._residual(self.mlp(self.norm2(x)), self.gamma2)
+        x = add_chunked(x, lambda t: self._residual(self.attn(self.norm1(t)), self.gamma1), self.training, per_sample=True)
+        return add_chunked(x, lambda t: self._residual(self.mlp(self.norm2(t)), self.gamma2), self.training)
 
 
 class NATStage(Stage):

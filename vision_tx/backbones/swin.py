@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vision_tx.backbones.layers import ClassifierMixin, Mlp, Stage, StagedBackbone, drop_path, init_weights, register_variants
+from vision_tx.backbones.layers import ClassifierMixin, Mlp, Stage, StagedBackbone, add_chunked, drop_path, init_weights, register_variants
 from vision_tx.ops import Linear
 
 # embed_dim, depths, num_heads and window_size from the paper (Table 1); drop_path_rate is the
@@ -85,14 +85,15 @@ def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=64)
 @torch.inference_mode(False)
-def window_gather(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+def window_gather(batch: int, size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token indices that roll, partition and un-partition a map in one gather each.
+    """Row indices that roll, partition and un-partition a batch of maps in one gather each.
 
-    For a map of ``size`` zero-padded to ``padded`` (multiples of ``window``) and rolled by ``-shift``:
-    ``partition [Hp*Wp]`` is, for each token of the windows (row-major windows, row-major inside),
-    its index in the flattened padded map; ``restore [H*W]`` is, for each token of the unpadded map,
-    its position among the windows (undoing the roll and dropping the padding).
+    For ``batch`` maps of ``size`` zero-padded to ``padded`` (multiples of ``window``) and rolled by
+    ``-shift``: ``partition [B*Hp*Wp]`` is, for each token of the windows (images, then row-major
+    windows, row-major inside), its row in the flattened padded maps ``[B*Hp*Wp, C]``; ``restore
+    [B*H*W]`` is, for each token of the unpadded maps, its row among the windows (undoing the roll and
+    dropping the padding). Gathering rows of a 2-d tensor is the fastest form of ``index_select``.
     """
     padded = [-(-s // w) * w for s, w in zip(size, window)]
     rows = (torch.arange(padded[0], device=device) + shift[0]) % padded[0]
@@ -102,7 +103,8 @@ def window_gather(size: tuple[int, int], window: tuple[int, int], shift: tuple[i
     position = torch.empty_like(partition)
     position[partition] = torch.arange(partition.numel(), device=device)
     restore = position.view(padded)[: size[0], : size[1]].flatten()
-    return partition, restore
+    offsets = torch.arange(batch, device=device)[:, None] * partition.numel()
+    return (offsets + partition).flatten(), (offsets + restore).flatten()
 
 
 class PatchEmbed(nn.Module):
@@ -117,7 +119,8 @@ class PatchEmbed(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         height, width = images.shape[-2:]
         images = F.pad(images, (0, -width % self.patch_size, 0, -height % self.patch_size))
-        return self.norm(self.proj(images).permute(0, 2, 3, 1))
+        # A channels-last input makes the convolution write [N, H, W, C] directly, with no transposing copy.
+        return self.norm(self.proj(images.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1))
 
 
 class PatchMerging(nn.Module):
@@ -163,19 +166,16 @@ class WindowAttention(nn.Module):
         """``windows [B, nW, N, C]`` and an additive ``attn_mask``, ``[heads, N, N]`` or per window
         ``[nW, heads, N, N]`` -> ``[B, nW, N, C]``."""
         batch, num_windows, tokens, channels = windows.shape
-        qkv = self.qkv(windows).view(batch, num_windows, tokens, 3, self.num_heads, channels // self.num_heads)
-        q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)  # each [B, nW, heads, N, d]
-        # The fused CPU kernel takes only 4-d inputs and masks (others fall back to the slow math
-        # path); a mask that differs per window makes windows x heads one axis, so that the mask
-        # broadcasts over the images.
-        if attn_mask.dim() == 4:
-            q, k, v = (t.reshape(batch, num_windows * self.num_heads, tokens, -1) for t in (q, k, v))
-            attn_mask = attn_mask.flatten(0, 1)
-        else:
-            q, k, v = (t.flatten(0, 1) for t in (q, k, v))
-        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.unsqueeze(0).to(q.dtype))
-        x = x.view(batch, num_windows, self.num_heads, tokens, -1).transpose(2, 3)
-        return self.proj(x.reshape(batch, num_windows, tokens, channels))
+        qkv = self.qkv(windows).view(batch * num_windows, tokens, 3, self.num_heads, channels // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B*nW, heads, N, d], views of qkv
+        # The fused kernels take 4-d inputs and masks, which may be strided but broadcast only along
+        # axes of size one: a per-window mask is repeated for each image (half the size of q, k, v).
+        if attn_mask.dim() == 3:
+            attn_mask = attn_mask.unsqueeze(0)
+        elif batch > 1:
+            attn_mask = attn_mask.repeat(batch, 1, 1, 1)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.to(q.dtype))  # [B*nW, heads, N, d]
+        return self.proj(x.transpose(1, 2).reshape(batch, num_windows, tokens, channels))
 
 
 class SwinBlock(nn.Module):
@@ -197,25 +197,38 @@ class SwinBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
-    def _window_attention(self, x: torch.Tensor) -> torch.Tensor:
-        _, height, width, _ = x.shape
+    def _windows(self, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The window and the roll for a ``height x width`` map."""
         window = (min(self.window_size, height), min(self.window_size, width))
         shift = tuple(self.shift_size if size > self.window_size else 0 for size in (height, width))
+        return window, shift
+
+    def attention_mask(self, height: int, width: int, device: torch.device) -> torch.Tensor:
+        """Relative position bias, plus the region mask when rolled: ``[heads, N, N]`` or ``[nW, heads, N, N]``."""
+        window, shift = self._windows(height, width)
+        mask = self.attn.relative_position_bias(window)
+        if any(shift):
+            padded = (-(-height // window[0]) * window[0], -(-width // window[1]) * window[1])
+            mask = mask + shift_mask(padded, window, shift, device).unsqueeze(1)
+        return mask
+
+    def _window_attention(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, H, W, C] -> [B, H, W, C]``: pad, roll, partition, attend, and back."""
+        batch, height, width, channels = x.shape
+        window, shift = self._windows(height, width)
         if height % window[0] or width % window[1]:
             x = F.pad(x, (0, 0, 0, -width % window[1], 0, -height % window[0]))
-        batch, padded_height, padded_width, channels = x.shape
-        partition, restore = window_gather((height, width), window, shift, x.device)
-        windows = x.flatten(1, 2).index_select(1, partition).view(batch, -1, window[0] * window[1], channels)
-        attn_mask = self.attn.relative_position_bias(window)  # [heads, N, N]
-        if any(shift):
-            attn_mask = attn_mask + shift_mask((padded_height, padded_width), window, shift, x.device).unsqueeze(1)
-        x = self.attn(windows, attn_mask).flatten(1, 2).index_select(1, restore)
+        partition, restore = window_gather(batch, (height, width), window, shift, x.device)
+        windows = x.reshape(-1, channels).index_select(0, partition).view(batch, -1, window[0] * window[1], channels)
+        x = self.attn(windows, attn_mask).view(-1, channels).index_select(0, restore)
         return x.view(batch, height, width, channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, H, W, C] -> [B, H, W, C]``."""
-        x = x + drop_path(self._window_attention(self.norm1(x)), self.drop_path_rate, self.training)
-        return x + drop_path(self.mlp(self.norm2(x)), self.drop_path_rate, self.training)
+        attn_mask = self.attention_mask(x.shape[1], x.shape[2], x.device)
+        x = add_chunked(x, lambda t: drop_path(self._window_attention(self.norm1(t), attn_mask), self.drop_path_rate,
+                                               self.training), self.training, per_sample=True)
+        return add_chunked(x, lambda t: drop_path(self.mlp(self.norm2(t)), self.drop_path_rate, self.training), self.training)
 
 
 class SwinStage(Stage):
