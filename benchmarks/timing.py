@@ -19,6 +19,7 @@ class Row:
     reference_s: float
     reference: str
     unit_items: int = 1  # images (or calls) per measured call, for throughput
+    round_speedups: tuple[float, ...] = ()  # reference / ours within each interleaved round
 
     @property
     def speedup(self) -> float:
@@ -30,8 +31,15 @@ class Row:
         return (
             f"{self.name:<48} vision_tx {self.ours_s * 1e3:9.1f} ms ({ips:8.1f}/s)   "
             f"{self.reference:<14} {self.reference_s * 1e3:9.1f} ms ({ref_ips:8.1f}/s)   "
-            f"speed-up x{self.speedup:.2f}"
+            f"speed-up x{self.speedup:.2f}{self._spread()}"
         )
+
+    def _spread(self) -> str:
+        """The middle half of the per-round speed-ups: how far the machine's noise moves the ratio."""
+        if len(self.round_speedups) < 4:
+            return ""
+        low, _, high = statistics.quantiles(self.round_speedups, n=4)
+        return f" (rounds x{low:.2f}-x{high:.2f})"
 
 
 def _sync(device: str) -> None:
@@ -62,4 +70,5 @@ def compare(name: str, ours: Callable[[], object], reference: Callable[[], objec
     for _ in range(iters):
         ours_t.append(seconds_per_call(ours, device, warmup=0, iters=1))
         ref_t.append(seconds_per_call(reference, device, warmup=0, iters=1))
-    return Row(name, statistics.median(ours_t), statistics.median(ref_t), reference_name, unit_items)
+    rounds = tuple(ref / our for our, ref in zip(ours_t, ref_t))
+    return Row(name, statistics.median(ours_t), statistics.median(ref_t), reference_name, unit_items, rounds)

@@ -53,3 +53,11 @@ def test_one_piece_when_training_or_differentiating(training: bool, grad: bool) 
     if grad:
         out.sum().backward()
         assert x.grad is not None
+
+
+def test_one_piece_under_cpu_autocast() -> None:
+    x = torch.randn(5, 40, 30, 8)
+    run, shapes = _recording(_per_token)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        add_chunked(x, run, training=False)
+    assert shapes == [(5, 40, 30, 8)]

@@ -52,13 +52,14 @@ def add_chunked(x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor],
     """``x + branch(x)`` for a residual ``branch`` that maps each token (``per_sample=False``, e.g. norm +
     MLP) or each sample (``per_sample=True``, e.g. attention) on its own; ``x`` is ``[N, ..., C]``.
 
-    In CPU inference (no gradient, not ``training``) the sum is computed about ``INFERENCE_CHUNK_TOKENS``
-    tokens (at least one sample) at a time into one output; otherwise in one piece, so that
-    per-sample stochastic depth and autograd see the whole batch.
+    In fp32 CPU inference (no gradient, not ``training``) the sum is computed about
+    ``INFERENCE_CHUNK_TOKENS`` tokens (at least one sample) at a time into one output; otherwise in one
+    piece, so that per-sample stochastic depth and autograd see the whole batch. (Under CPU bf16
+    autocast, chunks measured slower: Swin-T 8x224x224 320 ms against 297 ms in one piece.)
     """
     tokens = x.numel() // max(x.shape[-1], 1)
     if (training or torch.is_grad_enabled() or x.device.type != "cpu" or tokens <= INFERENCE_CHUNK_TOKENS
-            or torch.compiler.is_compiling()):
+            or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()):
         return x + branch(x)
     if per_sample:
         pieces, size = x, max(1, INFERENCE_CHUNK_TOKENS * x.shape[0] // tokens)
