@@ -116,6 +116,39 @@ def test_random_state_is_restored_on_resume(tmp_path: Path, keep_random_state: b
     assert torch.equal(resumed.layer.weight, straight.layer.weight) == keep_random_state
 
 
+class RankDependentDraws(Regression):
+    """Process ``r`` draws ``3r`` more random numbers per step than process 0, so that their generators drift apart."""
+
+    def training_step(self, batch: list[torch.Tensor], batch_index: int) -> torch.Tensor:
+        torch.rand(3 * self.global_rank)
+        return super().training_step(batch, batch_index)
+
+
+def _fit_on_two_processes(root: Path, max_steps: int = 6, **fit_kwargs) -> dict[str, torch.Tensor]:
+    trainer = pl.Trainer(
+        max_steps=max_steps, accelerator="cpu", devices=2, strategy="ddp_fork", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=root,
+        callbacks=[RandomStateCheckpoint(), ModelCheckpoint(root, every_n_train_steps=1, save_last=True)],
+    )
+    torch.manual_seed(1)
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4, generator=generator), torch.randn(32, 1, generator=generator))
+    trainer.fit(RankDependentDraws(), ResumableLoader(data, batch_size=2), **fit_kwargs)
+    return torch.load(root / "last.ckpt", weights_only=True)
+
+
+def test_each_process_resumes_with_its_own_random_state(tmp_path: Path) -> None:
+    """Under DDP, a resumed run ends with the weights of one never interrupted, though the processes' dropout
+    streams differ (restoring every process to the first one's state would change the second's masks)."""
+    straight = _fit_on_two_processes(tmp_path / "straight")
+    first = _fit_on_two_processes(tmp_path / "first", max_steps=3)
+    assert len(first["callbacks"]["RandomStateCheckpoint"]["per_process"]) == 2
+    resumed = _fit_on_two_processes(tmp_path / "resumed", ckpt_path=tmp_path / "first" / "last.ckpt")
+    assert resumed["global_step"] == straight["global_step"] == 6
+    for name, value in straight["state_dict"].items():
+        torch.testing.assert_close(resumed["state_dict"][name], value, rtol=0, atol=0, msg=name)
+
+
 def test_every_task_gets_them_from_the_command_line(tmp_path: Path) -> None:
     """``tools/train.py`` adds the guard (configurable), the random state and the atomic checkpoint writer."""
     for config in ("detr_swin_toy", "upernet_swin_t_ade20k"):

@@ -68,15 +68,29 @@ class RandomStateCheckpoint(pl.Callback):
     """Keeps torch's random generators (CPU and CUDA) in checkpoints and restores them when training resumes,
     so that dropout draws the same numbers as in a run never interrupted.
 
-    The state saved is the first process's; under DDP every process holds the same one, as they are
-    seeded alike and the data pipeline draws from its own generators (``vision_tx.data.sampling``).
+    Every process's generators are kept (gathered into the checkpoint that the first one writes) and
+    each process gets its own back: processes seeded alike drift apart as soon as they draw different
+    amounts, e.g. dropout over batches padded to different sizes. A checkpoint written by another
+    number of processes restores process ``r`` to the state of process ``r`` modulo that number, with
+    a warning.
     """
 
     def __init__(self) -> None:
         self._to_restore: dict[str, Any] | None = None
+        self._world_size = 1
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._world_size = trainer.world_size
 
     def state_dict(self) -> dict[str, Any]:
-        return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        # Lightning builds the checkpoint on every process (only the first writes it), so the gather
+        # below is entered by all of them.
+        own = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        if self._world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            states: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(states, own)
+            return {"per_process": states}
+        return {"per_process": [own]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._to_restore = state_dict
@@ -84,7 +98,13 @@ class RandomStateCheckpoint(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._to_restore is None:
             return
-        torch.set_rng_state(self._to_restore["torch"])
-        if self._to_restore["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(self._to_restore["cuda"])
+        # Checkpoints of earlier releases hold one state, the first process's.
+        states = self._to_restore.get("per_process") or [self._to_restore]
+        if len(states) != trainer.world_size:
+            rank_zero_warn(f"RandomStateCheckpoint: the checkpoint holds the random state of {len(states)} process(es), "
+                           f"this run has {trainer.world_size}: process r resumes with the state of process r % {len(states)}")
+        state = states[trainer.global_rank % len(states)]
+        torch.set_rng_state(state["torch"])
+        if state["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
         self._to_restore = None
