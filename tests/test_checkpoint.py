@@ -35,7 +35,8 @@ def _training_checkpoint(path: Path, state_dict: dict[str, torch.Tensor]) -> Pat
         ("half", "not a readable PyTorch checkpoint, corrupt or truncated"),
     ],
 )
-def test_bad_checkpoint_file_names_the_file(tmp_path: Path, content: bytes | str | None, problem: str) -> None:
+@pytest.mark.parametrize("mmap", [False, True])
+def test_bad_checkpoint_file_names_the_file(tmp_path: Path, content: bytes | str | None, problem: str, mmap: bool) -> None:
     path = tmp_path / "model.ckpt"
     if content == "half":
         torch.save({"state_dict": {"w": torch.zeros(1000)}}, path)
@@ -43,7 +44,15 @@ def test_bad_checkpoint_file_names_the_file(tmp_path: Path, content: bytes | str
     elif content is not None:
         path.write_bytes(content)
     with pytest.raises(CheckpointError, match=rf"{path}: {problem}"):
-        read_checkpoint(path)
+        read_checkpoint(path, mmap=mmap)
+
+
+def test_mapped_read_gives_the_same_tensors(tmp_path: Path) -> None:
+    model = nn.Linear(2, 3)
+    path = _training_checkpoint(tmp_path / "good.ckpt", model.state_dict())
+    mapped = read_training_checkpoint(path, model, mmap=True)
+    for name, value in model.state_dict().items():
+        assert torch.equal(mapped["state_dict"][name], value)
 
 
 def test_untrusted_checkpoint_is_refused_and_not_executed(tmp_path: Path) -> None:

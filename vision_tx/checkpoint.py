@@ -22,15 +22,20 @@ class CheckpointError(RuntimeError):
     """A weight file that cannot be used: missing, corrupt, untrusted or of another model."""
 
 
-def read_checkpoint(path: str | os.PathLike) -> Any:
-    """Loads a checkpoint file on the CPU with ``weights_only=True``; errors name the file."""
+def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> Any:
+    """Loads a checkpoint file on the CPU with ``weights_only=True``; errors name the file.
+
+    ``mmap=True`` maps the tensors' bytes instead of reading them (a check of the file's structure,
+    keys and shapes that costs almost nothing); it applies to the zip format that ``torch.save``
+    has written since torch 1.6, older files are read whole.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except pickle.UnpicklingError as err:
         # The weights_only unpickler names each object it refuses as a GLOBAL; other complaints
         # (unknown opcodes) come from bytes that are no pickle at all.
@@ -45,13 +50,13 @@ def read_checkpoint(path: str | os.PathLike) -> Any:
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, corrupt or truncated ({err})") from err
 
 
-def read_training_checkpoint(path: str | os.PathLike, model: nn.Module | None = None) -> dict[str, Any]:
+def read_training_checkpoint(path: str | os.PathLike, model: nn.Module | None = None, mmap: bool = False) -> dict[str, Any]:
     """A training checkpoint (Lightning's, as ``tools/train.py`` writes) read with :func:`read_checkpoint`.
 
     Refuses files that hold no training state and, given ``model``, weights that do not fit it
     exactly (a checkpoint of another model or variant); errors name the file.
     """
-    checkpoint = read_checkpoint(path)
+    checkpoint = read_checkpoint(path, mmap=mmap)
     if not isinstance(checkpoint, Mapping) or not {"state_dict", "pytorch-lightning_version"} <= set(checkpoint):
         held = sorted(checkpoint)[:6] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
         raise CheckpointError(

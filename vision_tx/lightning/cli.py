@@ -133,11 +133,12 @@ class VisionTxCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads the checkpoint's hyperparameters first: check the file before, so that a
-        # corrupt, truncated, untrusted or foreign file is an error naming it.
+        # corrupt, truncated, untrusted or foreign file is an error naming it (mapped, not read: the
+        # file is read whole twice after this, by LightningCLI and by the restore).
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path and Path(ckpt_path).is_file():
-            read_training_checkpoint(ckpt_path)
+            read_training_checkpoint(ckpt_path, mmap=True)
         super()._parse_ckpt_path()
 
 
