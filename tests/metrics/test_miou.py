@@ -68,7 +68,10 @@ def test_ground_truth_against_itself_is_perfect(shared_data) -> None:
     present = {ADE20K_CLASSES[c] for label in labels for c in label.unique().tolist() if c != 255}
     assert {name for name, iou in summary["per_class"].items() if iou is not None} == present
     json.dumps(summary, allow_nan=False)  # absent classes are null, not NaN
-    assert "wall" in metric.table()
+    table = metric.table().splitlines()
+    listed = {line.split("  ")[0].strip() for line in table[1:-2]}
+    assert listed == present  # the rows are the present classes, then the means and the count of the others
+    assert table[-1] == f"({150 - len(present)} of 150 classes are in neither the ground truth nor the predictions: not listed)"
 
 
 def test_known_change_gives_hand_computed_iou(shared_data) -> None:

@@ -71,11 +71,21 @@ class MeanIoU(Metric):
         return {"mIoU": result["mIoU"], "mAcc": result["mAcc"], "aAcc": result["aAcc"], "per_class": per_class}
 
     def table(self) -> str:
-        """Per-class IoU and accuracy (in %), one line per class, then the means, as a printable table."""
+        """Per-class IoU and accuracy (in %), one line per class, then the means, as a printable table.
+
+        Classes in neither the ground truth nor the predictions (IoU undefined, left out of the means)
+        are counted in one line instead of listed.
+        """
         result = self.compute()
         width = max(len("class"), *(len(n) for n in self.class_names))
         lines = [f"{'class':<{width}}  {'IoU':>6}  {'Acc':>6}"]
+        absent = 0
         for name, iou, acc in zip(self.class_names, result["IoU"].tolist(), result["Acc"].tolist()):
+            if math.isnan(iou):
+                absent += 1
+                continue
             lines.append(f"{name:<{width}}  {iou * 100:6.2f}  {acc * 100:6.2f}")
         lines.append(f"{'mean':<{width}}  {result['mIoU'] * 100:6.2f}  {result['mAcc'] * 100:6.2f}   aAcc {result['aAcc'] * 100:.2f}")
+        if absent:
+            lines.append(f"({absent} of {len(self.class_names)} classes are in neither the ground truth nor the predictions: not listed)")
         return "\n".join(lines)
