@@ -85,15 +85,14 @@ def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=64)
 @torch.inference_mode(False)
-def window_gather(batch: int, size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+def window_gather(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row indices that roll, partition and un-partition a batch of maps in one gather each.
+    """Token indices that roll, partition and un-partition a map in one gather each.
 
-    For ``batch`` maps of ``size`` zero-padded to ``padded`` (multiples of ``window``) and rolled by
-    ``-shift``: ``partition [B*Hp*Wp]`` is, for each token of the windows (images, then row-major
-    windows, row-major inside), its row in the flattened padded maps ``[B*Hp*Wp, C]``; ``restore
-    [B*H*W]`` is, for each token of the unpadded maps, its row among the windows (undoing the roll and
-    dropping the padding). Gathering rows of a 2-d tensor is the fastest form of ``index_select``.
+    For a map of ``size`` zero-padded to ``padded`` (multiples of ``window``) and rolled by ``-shift``:
+    ``partition [Hp*Wp]`` is, for each token of the windows (row-major windows, row-major inside),
+    its index in the flattened padded map; ``restore [H*W]`` is, for each token of the unpadded map,
+    its position among the windows (undoing the roll and dropping the padding).
     """
     padded = [-(-s // w) * w for s, w in zip(size, window)]
     rows = (torch.arange(padded[0], device=device) + shift[0]) % padded[0]
@@ -103,8 +102,16 @@ def window_gather(batch: int, size: tuple[int, int], window: tuple[int, int], sh
     position = torch.empty_like(partition)
     position[partition] = torch.arange(partition.numel(), device=device)
     restore = position.view(padded)[: size[0], : size[1]].flatten()
-    offsets = torch.arange(batch, device=device)[:, None] * partition.numel()
-    return (offsets + partition).flatten(), (offsets + restore).flatten()
+    return partition, restore
+
+
+def gather_rows(x: torch.Tensor, index: torch.Tensor, rows_per_sample: int) -> torch.Tensor:
+    """``x [B, rows_per_sample, C]`` (any shape with those sizes) -> ``[B * len(index), C]``: each
+    sample's rows ``index``. Gathering rows of a 2-d tensor is the fastest form of ``index_select``."""
+    batch = x.numel() // (rows_per_sample * x.shape[-1])
+    if batch > 1:
+        index = (torch.arange(batch, device=index.device)[:, None] * rows_per_sample + index).flatten()
+    return x.reshape(-1, x.shape[-1]).index_select(0, index)
 
 
 class PatchEmbed(nn.Module):
@@ -218,10 +225,9 @@ class SwinBlock(nn.Module):
         window, shift = self._windows(height, width)
         if height % window[0] or width % window[1]:
             x = F.pad(x, (0, 0, 0, -width % window[1], 0, -height % window[0]))
-        partition, restore = window_gather(batch, (height, width), window, shift, x.device)
-        windows = x.reshape(-1, channels).index_select(0, partition).view(batch, -1, window[0] * window[1], channels)
-        x = self.attn(windows, attn_mask).view(-1, channels).index_select(0, restore)
-        return x.view(batch, height, width, channels)
+        partition, restore = window_gather((height, width), window, shift, x.device)
+        windows = gather_rows(x, partition, partition.numel()).view(batch, -1, window[0] * window[1], channels)
+        return gather_rows(self.attn(windows, attn_mask), restore, partition.numel()).view(batch, height, width, channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, H, W, C] -> [B, H, W, C]``."""
