@@ -52,7 +52,7 @@ def add_chunked(x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor],
     """``x + branch(x)`` for a residual ``branch`` that maps each token (``per_sample=False``, e.g. norm +
     MLP) or each sample (``per_sample=True``, e.g. attention) on its own; ``x`` is ``[N, ..., C]``.
 
-    In fp32 CPU inference (no gradient, not ``training``) the sum is computed about
+    In CPU inference outside autocast (no gradient, not ``training``) the sum is computed about
     ``INFERENCE_CHUNK_TOKENS`` tokens (at least one sample) at a time into one output; otherwise in one
     piece, so that per-sample stochastic depth and autograd see the whole batch. (Under CPU bf16
     autocast, chunks measured slower: Swin-T 8x224x224 320 ms against 297 ms in one piece.)
