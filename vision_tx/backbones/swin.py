@@ -83,6 +83,11 @@ def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
     return x.transpose(2, 3).reshape(batch, -1, window[0] * window[1], channels)
 
 
+def padded_size(size: tuple[int, int], window: tuple[int, int]) -> tuple[int, int]:
+    """``size`` rounded up to multiples of ``window``: the map the windows tile."""
+    return -(-size[0] // window[0]) * window[0], -(-size[1] // window[1]) * window[1]
+
+
 @functools.lru_cache(maxsize=64)
 @torch.inference_mode(False)
 def window_gather(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
@@ -94,7 +99,7 @@ def window_gather(size: tuple[int, int], window: tuple[int, int], shift: tuple[i
     its index in the flattened padded map; ``restore [H*W]`` is, for each token of the unpadded map,
     its position among the windows (undoing the roll and dropping the padding).
     """
-    padded = [-(-s // w) * w for s, w in zip(size, window)]
+    padded = padded_size(size, window)
     rows = (torch.arange(padded[0], device=device) + shift[0]) % padded[0]
     cols = (torch.arange(padded[1], device=device) + shift[1]) % padded[1]
     source = rows[:, None] * padded[1] + cols[None, :]
@@ -228,16 +233,16 @@ class SwinBlock(nn.Module):
         window, shift = self._windows(height, width)
         mask = self.attn.relative_position_bias(window)
         if any(shift):
-            padded = (-(-height // window[0]) * window[0], -(-width // window[1]) * window[1])
-            mask = mask + shift_mask(padded, window, shift, device).unsqueeze(1)
+            mask = mask + shift_mask(padded_size((height, width), window), window, shift, device).unsqueeze(1)
         return mask
 
     def _window_attention(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
         """``[B, H, W, C] -> [B, H, W, C]``: pad, roll, partition, attend, and back."""
         batch, height, width, channels = x.shape
         window, shift = self._windows(height, width)
-        if height % window[0] or width % window[1]:
-            x = F.pad(x, (0, 0, 0, -width % window[1], 0, -height % window[0]))
+        padded = padded_size((height, width), window)
+        if padded != (height, width):
+            x = F.pad(x, (0, 0, 0, padded[1] - width, 0, padded[0] - height))
         partition, restore = window_gather((height, width), window, shift, x.device)
         windows = gather_rows(x, partition, partition.numel()).view(batch, -1, window[0] * window[1], channels)
         return gather_rows(self.attn(windows, attn_mask), restore, partition.numel()).view(batch, height, width, channels)
