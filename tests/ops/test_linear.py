@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import copy as copy_module
+import pickle
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 from torch import nn
 
 from vision_tx.ops import Linear
-from vision_tx.ops.linear import _ONEDNN_LINEAR, _takes_onednn
+from vision_tx.ops.linear import _ONEDNN_LINEAR, _ONEDNN_DTYPES, _PACKED, _onednn_dtype, set_weight_packing
 
 
 def _pair(bias: bool, activation: str | None) -> tuple[Linear, nn.Module]:
@@ -21,9 +24,11 @@ def _pair(bias: bool, activation: str | None) -> tuple[Linear, nn.Module]:
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("activation", [None, "gelu"])
-@pytest.mark.parametrize("shape", [(5, 48), (2, 3, 7, 48)])
-def test_inference_equals_nn_linear(bias: bool, activation: str | None, shape: tuple[int, ...]) -> None:
+@pytest.mark.parametrize("shape", [(5, 48), (2, 3, 7, 48), (2100, 48)])
+@pytest.mark.parametrize("eval_mode", [False, True], ids=["train-mode", "eval-mode"])  # eval: packed weight
+def test_inference_equals_nn_linear(bias: bool, activation: str | None, shape: tuple[int, ...], eval_mode: bool) -> None:
     ours, reference = _pair(bias, activation)
+    ours.train(not eval_mode)
     x = torch.randn(shape) * 3
     strided = torch.randn(*shape[:-1], 2 * shape[-1])[..., ::2]  # not contiguous
     with torch.inference_mode():
@@ -35,17 +40,41 @@ def test_inference_equals_nn_linear(bias: bool, activation: str | None, shape: t
 def test_the_fused_kernel_runs_only_where_no_gradient_is_asked_for() -> None:
     layer = Linear(8, 4, activation="gelu")
     x = torch.randn(3, 8)
+    bf16 = torch.bfloat16 if torch.bfloat16 in _ONEDNN_DTYPES else None
     with torch.no_grad():
-        assert _takes_onednn(x, layer)
-        assert not _takes_onednn(x.double(), layer.double())
+        assert _onednn_dtype(x, layer) == torch.float32
+        assert _onednn_dtype(x.double(), layer.double()) is None
+        assert _onednn_dtype(x.bfloat16(), layer.bfloat16()) == bf16
+        assert _onednn_dtype(x, layer) is None  # input and weight dtypes differ: F.linear's error
         layer.float()
-    assert not _takes_onednn(x, layer)  # trainable weights: autograd path
-    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
-        assert not _takes_onednn(x, layer)
+    assert _onednn_dtype(x, layer) is None  # trainable weights: autograd path
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert _onednn_dtype(x, layer) == _onednn_dtype(x.bfloat16(), layer) == bf16
+        with torch.autocast("cpu", dtype=torch.float16):
+            assert _onednn_dtype(x, layer) is None
     layer.requires_grad_(False)
-    assert _takes_onednn(x, layer)  # frozen layer on a constant input: nothing to differentiate
-    assert not _takes_onednn(x.requires_grad_(), layer)
-    assert not _takes_onednn(torch.randn(3, 8, device="meta"), layer)
+    assert _onednn_dtype(x, layer) == torch.float32  # frozen layer on a constant input: nothing to differentiate
+    assert _onednn_dtype(x.requires_grad_(), layer) is None
+    assert _onednn_dtype(torch.randn(3, 8, device="meta"), layer) is None
+
+
+@pytest.mark.parametrize("eval_mode", [False, True], ids=["train-mode", "eval-mode"])
+@pytest.mark.parametrize("bf16_model", [False, True], ids=["autocast", "bf16-weights"])
+def test_bf16_inference_equals_nn_linear(eval_mode: bool, bf16_model: bool) -> None:
+    ours, reference = _pair(True, "gelu")
+    ours.train(not eval_mode)
+    if bf16_model:
+        ours.bfloat16(), reference.bfloat16()
+    x = torch.randn(300, 48)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=not bf16_model):
+        inputs = x.bfloat16() if bf16_model else x
+        actual, expected = ours(inputs), reference(inputs)
+    assert actual.dtype == expected.dtype == torch.bfloat16
+    exact = nn.functional.gelu(x.double() @ ours.weight.double().T + ours.bias.double())
+    # oneDNN applies GELU before rounding to bf16, F.linear after: both within bf16's rounding of the exact value
+    for result in (actual, expected):
+        torch.testing.assert_close(result.double(), exact, rtol=2 ** -7, atol=0.02)
 
 
 @pytest.mark.parametrize("frozen", [False, True])
@@ -83,6 +112,51 @@ def test_flop_counters_count_it_as_a_linear_layer() -> None:
             module(x)
         counts.append(counter.get_total_flops())
     assert counts[0] == counts[1] == 2 * 20 * 48 * 80
+
+
+@pytest.mark.skipif(_ONEDNN_LINEAR is None, reason="this torch build has no oneDNN linear kernel")
+def test_the_packed_weight_follows_every_change_of_the_weight() -> None:
+    ours, reference = _pair(True, "gelu")
+    ours.eval()
+    x = torch.randn(9, 48)
+
+    def check() -> None:
+        with torch.inference_mode():
+            torch.testing.assert_close(ours(x), reference(x), rtol=1e-5, atol=1e-5)
+
+    check()
+    assert ours in _PACKED
+    with torch.no_grad():  # in place, as optimizers and EMA updates do
+        ours.weight.mul_(-2)
+        reference[0].weight.mul_(-2)
+    check()
+    new = {"weight": torch.randn(80, 48), "bias": torch.randn(80)}
+    ours.load_state_dict(new)
+    reference[0].load_state_dict(new)
+    check()
+    ours.weight.data = torch.randn(80, 48)  # a new tensor under the same parameter
+    reference[0].weight.data = ours.weight.data.clone()
+    check()
+    ours.train()
+    assert ours not in _PACKED
+    copy = pickle.loads(pickle.dumps(ours.eval()))  # the side table never travels with the layer
+    ours(x)
+    deep = copy_module.deepcopy(ours)
+    with torch.inference_mode():
+        torch.testing.assert_close(copy(x), reference(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(deep(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_weight_packing_can_be_turned_off() -> None:
+    ours, reference = _pair(False, None)
+    ours.eval()
+    try:
+        set_weight_packing(False)
+        with torch.inference_mode():
+            torch.testing.assert_close(ours(torch.ones(3, 48)), reference(torch.ones(3, 48)))
+        assert ours not in _PACKED
+    finally:
+        set_weight_packing(True)
 
 
 def test_unknown_activation_is_refused() -> None:
