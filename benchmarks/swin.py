@@ -29,6 +29,6 @@ def run(device: str, quick: bool) -> list[Row]:
         rows.append(compare(
             f"swin_t classifier forward, {batch}x224x224, {precision}",
             lambda: forward(ours), lambda: forward(reference), "timm",
-            device=device, unit_items=batch, warmup=1 if quick else 2, iters=2 if quick else 15,
+            device=device, unit_items=batch, warmup=1 if quick else 2, iters=2 if quick else 6,  # per process
         ))
     return rows

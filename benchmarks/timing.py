@@ -1,29 +1,54 @@
-"""Timing helpers shared by the benchmark modules."""
+"""Timing helpers shared by the benchmark modules, and the runner that repeats a benchmark in fresh processes."""
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
 
 import torch
+
+_ROW_MARK = "@benchmark-row "  # how a worker process hands a row to its parent, one JSON line each
 
 
 @dataclass
 class Row:
-    """One comparison: the same work done by vision_tx and by a reference library."""
+    """One comparison: the same work done by vision_tx and by a reference library, in interleaved rounds."""
 
     name: str
-    ours_s: float
-    reference_s: float
+    ours_times: tuple[float, ...]  # seconds per call, one per round
+    reference_times: tuple[float, ...]
     reference: str
     unit_items: int = 1  # images (or calls) per measured call, for throughput
-    round_speedups: tuple[float, ...] = ()  # reference / ours within each interleaved round
+    process_speedups: tuple[float, ...] = ()  # each process's speed-up, when merged from several
+
+    @property
+    def ours_s(self) -> float:
+        return statistics.median(self.ours_times)
+
+    @property
+    def reference_s(self) -> float:
+        return statistics.median(self.reference_times)
 
     @property
     def speedup(self) -> float:
         return self.reference_s / self.ours_s
+
+    @property
+    def round_speedups(self) -> tuple[float, ...]:
+        return tuple(ref / our for our, ref in zip(self.ours_times, self.reference_times))
+
+    @staticmethod
+    def merge(rows: Sequence[Row]) -> Row:
+        """The same comparison run in several processes: all their rounds, and each one's speed-up."""
+        first = rows[0]
+        return Row(first.name, sum((r.ours_times for r in rows), ()), sum((r.reference_times for r in rows), ()),
+                   first.reference, first.unit_items, tuple(r.speedup for r in rows))
 
     def format(self) -> str:
         ips = self.unit_items / self.ours_s
@@ -35,11 +60,15 @@ class Row:
         )
 
     def _spread(self) -> str:
-        """The middle half of the per-round speed-ups: how far the machine's noise moves the ratio."""
-        if len(self.round_speedups) < 4:
-            return ""
-        low, _, high = statistics.quantiles(self.round_speedups, n=4)
-        return f" (rounds x{low:.2f}-x{high:.2f})"
+        """The middle half of the per-round speed-ups (how far the machine's noise moves the ratio) and
+        the range of the per-process ones (how far a process's memory layout moves it)."""
+        parts = []
+        if len(self.round_speedups) >= 4:
+            low, _, high = statistics.quantiles(self.round_speedups, n=4)
+            parts.append(f"rounds x{low:.2f}-x{high:.2f}")
+        if len(self.process_speedups) > 1:
+            parts.append(f"{len(self.process_speedups)} processes x{min(self.process_speedups):.2f}-x{max(self.process_speedups):.2f}")
+        return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _sync(device: str) -> None:
@@ -70,5 +99,35 @@ def compare(name: str, ours: Callable[[], object], reference: Callable[[], objec
     for _ in range(iters):
         ours_t.append(seconds_per_call(ours, device, warmup=0, iters=1))
         ref_t.append(seconds_per_call(reference, device, warmup=0, iters=1))
-    rounds = tuple(ref / our for our, ref in zip(ours_t, ref_t))
-    return Row(name, statistics.median(ours_t), statistics.median(ref_t), reference_name, unit_items, rounds)
+    return Row(name, tuple(ours_t), tuple(ref_t), reference_name, unit_items)
+
+
+def emit_row(row: Row) -> None:
+    """Prints ``row`` for a parent process (see :func:`rows_from_processes`)."""
+    print(_ROW_MARK + json.dumps(asdict(row)), flush=True)
+
+
+def rows_from_processes(command: Sequence[str], processes: int) -> Iterator[str | Row]:
+    """Runs ``command`` (a worker that prints rows with :func:`emit_row`) ``processes`` times, one after
+    another, passing its other output lines through; then yields each row merged over the processes.
+
+    Why several processes: where a process's heap and pages land moves a CPU model's speed by up to
+    10-20% for the whole life of that process (glibc hands large blocks back and faults them in again),
+    so interleaved rounds in one process agree with each other more than with the next run.
+    """
+    per_process: list[list[Row]] = []
+    for index in range(processes):
+        rows = []
+        result = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        for line in result.stdout.splitlines():
+            if line.startswith(_ROW_MARK):
+                fields = json.loads(line[len(_ROW_MARK):])
+                rows.append(Row(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}))
+            else:
+                yield f"[process {index + 1}/{processes}] {line}"
+        if result.returncode != 0:
+            sys.stderr.write(result.stderr)
+            raise RuntimeError(f"benchmark worker {' '.join(command)} failed with exit status {result.returncode}")
+        per_process.append(rows)
+    for rows in zip(*per_process):
+        yield Row.merge(rows)

@@ -1,0 +1,42 @@
+"""The benchmark runner's arithmetic: rows merged over processes, and rows handed up from worker processes."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from benchmarks.timing import Row, rows_from_processes
+
+_WORKER = """
+from benchmarks.timing import Row, emit_row
+print("setting up")
+emit_row(Row("forward", (1.0, 2.0, 3.0), (2.0, 4.0, 3.0), "ref", unit_items=4))
+emit_row(Row("backward", (1.0,), (0.5,), "ref"))
+"""
+
+
+def test_rows_merge_rounds_and_keep_each_process_speedup() -> None:
+    fast = Row("f", (1.0, 1.0, 2.0), (2.0, 2.0, 2.0), "ref", unit_items=8)
+    slow = Row("f", (1.0, 3.0, 3.0), (3.0, 3.0, 3.0), "ref", unit_items=8)
+    merged = Row.merge([fast, slow])
+    assert merged.ours_times == (1.0, 1.0, 2.0, 1.0, 3.0, 3.0)
+    assert merged.ours_s == 1.5 and merged.reference_s == 2.5
+    assert merged.process_speedups == (2.0, 1.0)
+    assert merged.round_speedups == (2.0, 2.0, 1.0, 3.0, 1.0, 1.0)
+    line = merged.format()
+    assert "speed-up x1.67" in line and "2 processes x1.00-x2.00" in line and "(     5.3/s)" in line
+
+
+def test_rows_from_worker_processes_are_merged_in_order() -> None:
+    items = list(rows_from_processes([sys.executable, "-c", _WORKER], processes=2))
+    assert items[:2] == ["[process 1/2] setting up", "[process 2/2] setting up"]
+    forward, backward = items[2:]
+    assert forward.name == "forward" and forward.ours_times == (1.0, 2.0, 3.0) * 2 and forward.unit_items == 4
+    assert forward.process_speedups == (1.5, 1.5)
+    assert backward.speedup == 0.5
+
+
+def test_a_failing_worker_is_reported() -> None:
+    with pytest.raises(RuntimeError, match="failed with exit status 3"):
+        list(rows_from_processes([sys.executable, "-c", "import sys; sys.exit(3)"], processes=1))
