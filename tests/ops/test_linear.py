@@ -10,8 +10,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from torch import nn
 
-from vision_tx.ops import Linear
-from vision_tx.ops.linear import _ONEDNN_LINEAR, _ONEDNN_DTYPES, _PACKED, _onednn_dtype, set_weight_packing
+from vision_tx.ops import Linear, set_weight_packing
+from vision_tx.ops.linear import _ONEDNN_DTYPES, _ONEDNN_LINEAR, _PACKED, _onednn_dtype
 
 
 def _pair(bias: bool, activation: str | None) -> tuple[Linear, nn.Module]:

@@ -1,7 +1,7 @@
 """Low-level operators with no model knowledge."""
 
 from vision_tx.ops.dropout import Dropout, dropout
-from vision_tx.ops.linear import Linear
+from vision_tx.ops.linear import Linear, set_weight_packing
 from vision_tx.ops.neighborhood_attention import na2d
 
-__all__ = ["Dropout", "Linear", "dropout", "na2d"]
+__all__ = ["Dropout", "Linear", "dropout", "na2d", "set_weight_packing"]
