@@ -147,6 +147,14 @@ def test_the_packed_weight_follows_every_change_of_the_weight() -> None:
         torch.testing.assert_close(deep(x), reference(x), rtol=1e-5, atol=1e-5)
 
 
+def test_a_layer_built_in_inference_mode_runs_in_eval_mode() -> None:
+    x = torch.randn(4, 48)
+    with torch.inference_mode():
+        ours = Linear(48, 80, activation="gelu").eval()  # inference tensors: no version counter
+        torch.testing.assert_close(ours(x), nn.functional.gelu(nn.functional.linear(x, ours.weight, ours.bias)))
+    assert ours not in _PACKED
+
+
 def test_weight_packing_can_be_turned_off() -> None:
     ours, reference = _pair(False, None)
     ours.eval()

@@ -66,7 +66,7 @@ def _onednn_dtype(x: torch.Tensor, layer: nn.Linear) -> torch.dtype | None:
     if not (
         _ONEDNN_LINEAR is not None
         and type(x) is torch.Tensor  # not an FX proxy or a tensor subclass
-        and x.device.type == "cpu"
+        and x.device.type == layer.weight.device.type == "cpu"
         and not torch.compiler.is_compiling()
         and not is_in_torch_dispatch_mode()  # FLOP counters and other modes see the aten ops
         and not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters())))
@@ -97,9 +97,10 @@ class Linear(nn.Linear):
         def convert() -> tuple[torch.Tensor, torch.Tensor | None]:
             return self.weight.detach().to(dtype), None if self.bias is None else self.bias.detach().to(dtype)
 
-        if self.training or not _PACK_WEIGHTS:
-            return convert()
-        source = tuple((id(p), p.data_ptr(), p._version) for p in (self.weight, self.bias) if p is not None)
+        parameters = [p for p in (self.weight, self.bias) if p is not None]
+        if self.training or not _PACK_WEIGHTS or any(p.is_inference() for p in parameters):
+            return convert()  # (inference tensors have no version counter to tell when to rebuild)
+        source = tuple((id(p), p.data_ptr(), p._version) for p in parameters)
         copies = _PACKED.setdefault(self, {})
         if dtype not in copies or copies[dtype][0] != source:
             weight, bias = convert()
