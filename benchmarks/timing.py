@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -118,16 +117,17 @@ def rows_from_processes(command: Sequence[str], processes: int) -> Iterator[str 
     per_process: list[list[Row]] = []
     for index in range(processes):
         rows = []
-        result = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
-        for line in result.stdout.splitlines():
-            if line.startswith(_ROW_MARK):
-                fields = json.loads(line[len(_ROW_MARK):])
-                rows.append(Row(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}))
-            else:
-                yield f"[process {index + 1}/{processes}] {line}"
-        if result.returncode != 0:
-            sys.stderr.write(result.stderr)
-            raise RuntimeError(f"benchmark worker {' '.join(command)} failed with exit status {result.returncode}")
+        # stdout is read as it comes (lines pass through while the worker runs); stderr goes straight to ours.
+        with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1]) as worker:
+            for line in worker.stdout:
+                line = line.rstrip("\n")
+                if line.startswith(_ROW_MARK):
+                    fields = json.loads(line[len(_ROW_MARK):])
+                    rows.append(Row(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}))
+                else:
+                    yield f"[process {index + 1}/{processes}] {line}"
+        if worker.returncode != 0:
+            raise RuntimeError(f"benchmark worker {' '.join(command)} failed with exit status {worker.returncode}")
         per_process.append(rows)
-    for rows in zip(*per_process):
+    for rows in zip(*per_process, strict=True):
         yield Row.merge(rows)

@@ -44,7 +44,7 @@ def main() -> None:
                 emit_row(row)
             continue
         print(f"== {name} ({args.device})", flush=True)
-        command = [sys.executable, str(Path(__file__).resolve()), name, "--device", args.device, "--worker"] + (["--quick"] if args.quick else [])
+        command = [sys.executable, "-u", str(Path(__file__).resolve()), name, "--device", args.device, "--worker"] + (["--quick"] if args.quick else [])
         for item in rows_from_processes(command, 1 if args.quick else args.processes):
             print(item if isinstance(item, str) else item.format(), flush=True)
 
