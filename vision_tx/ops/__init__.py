@@ -2,6 +2,7 @@
 
 from vision_tx.ops.dropout import Dropout, dropout
 from vision_tx.ops.linear import Linear, set_weight_packing
+from vision_tx.ops.ms_deform_attn import ms_deform_attn
 from vision_tx.ops.neighborhood_attention import na2d
 
-__all__ = ["Dropout", "Linear", "dropout", "na2d", "set_weight_packing"]
+__all__ = ["Dropout", "Linear", "dropout", "ms_deform_attn", "na2d", "set_weight_packing"]
