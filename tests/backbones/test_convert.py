@@ -8,6 +8,8 @@ import torch
 from vision_tx.backbones import build_classifier, load_weights
 from vision_tx.backbones.convert import build_for_conversion, convert_checkpoint
 
+from tests.parity import perturb_
+
 timm = pytest.importorskip("timm")
 
 
@@ -27,11 +29,11 @@ def test_timm_checkpoint_converts_to_a_native_file(tmp_path) -> None:
 
 
 def test_official_detr_panoptic_layout_converts_to_a_native_file(tmp_path) -> None:
-    from tests.models.detr_helpers import panoptic_to_official, randomize_
+    from tests.models.detr_helpers import panoptic_to_official
 
     official_model = build_for_conversion("detr_panoptic_resnet50")
     assert official_model.detr.class_embed.out_features == 251  # the official 250 classes + no-object
-    randomize_(official_model)
+    perturb_(official_model)
     torch.save({"model": panoptic_to_official(official_model.state_dict())}, tmp_path / "detr-r50-panoptic.pth")
     report = convert_checkpoint("detr_panoptic_resnet50", tmp_path / "detr-r50-panoptic.pth", tmp_path / "native.pth", strict=True)
     assert not report.missing_keys and not report.unexpected_keys
