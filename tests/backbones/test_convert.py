@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from vision_tx.backbones import build_classifier, load_weights
 from vision_tx.backbones.convert import build_for_conversion, convert_checkpoint
 
+from tests.conftest import require_reference
 from tests.parity import perturb_
 
-timm = pytest.importorskip("timm")
+timm = require_reference("timm")
 
 
 def test_timm_checkpoint_converts_to_a_native_file(tmp_path) -> None:

@@ -6,7 +6,6 @@ import math
 import re
 
 import pytest
-import timm
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
@@ -14,7 +13,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from vision_tx.backbones import build_backbone, build_classifier, load_weights
 from vision_tx.backbones.swin import SwinBlock, SwinTransformer, explicit_attention
 
+from tests.conftest import require_reference
 from tests.parity import perturb_
+
+timm = require_reference("timm")
 
 TIMM_NAMES = {
     "swin_t": "swin_tiny_patch4_window7_224",

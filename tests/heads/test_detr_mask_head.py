@@ -11,9 +11,10 @@ import torch
 from vision_tx.heads.detr import AttentionMaps, MaskHead
 
 from tests.models.detr_helpers import heads_to_transformers
+from tests.conftest import require_reference
 from tests.parity import perturb_
 
-modeling_detr = pytest.importorskip("transformers.models.detr.modeling_detr")
+modeling_detr = require_reference("transformers.models.detr.modeling_detr")
 
 
 def test_attention_maps_match_transformers_and_ignore_padding() -> None:

@@ -13,9 +13,10 @@ import torch
 from vision_tx.heads.fcn import FCNHead
 from vision_tx.heads.upernet import UperNetHead
 
+from tests.conftest import require_reference
 from tests.parity import perturb_
 
-transformers = pytest.importorskip("transformers")
+transformers = require_reference("transformers")
 from transformers import UperNetConfig  # noqa: E402
 from transformers.models.upernet.modeling_upernet import UperNetFCNHead, UperNetHead as HFUperNetHead  # noqa: E402
 

@@ -12,9 +12,10 @@ from vision_tx.heads.detr import SetCriterion
 from vision_tx.models import DETR
 
 from tests.models.detr_helpers import padded_batch, to_official, to_transformers, transformers_config
+from tests.conftest import require_reference
 from tests.parity import perturb_
 
-transformers = pytest.importorskip("transformers")
+transformers = require_reference("transformers")
 from transformers.loss.loss_for_object_detection import ForObjectDetectionLoss  # noqa: E402
 
 NUM_CLASSES = 91

@@ -18,9 +18,10 @@ from tests.models.detr_helpers import (
     to_official,
     transformers_config,
 )
+from tests.conftest import require_reference
 from tests.parity import perturb_
 
-transformers = pytest.importorskip("transformers")
+transformers = require_reference("transformers")
 
 NUM_CLASSES = 20
 # A small DETR (the mask head's narrowest layer, hidden_dim / 16, needs 8 channels for GroupNorm(8)).

@@ -9,14 +9,16 @@ import torch
 
 from vision_tx.ops import na2d
 
+from tests.conftest import require_reference, unavailable
+
 
 def _natten_na2d():
-    natten = pytest.importorskip("natten")
+    natten = require_reference("natten")
     warnings.filterwarnings("ignore", module="torch.nn.attention.flex_attention")
     try:
         natten.na2d(*(torch.randn(1, 7, 7, 1, 8) for _ in range(3)), kernel_size=7)
     except Exception as err:  # noqa: BLE001 - any failure means natten cannot run here
-        pytest.skip(f"natten.na2d cannot run on this machine: {err}")
+        unavailable(f"natten.na2d raises on this machine: {type(err).__name__}: {err}")
     return natten.na2d
 
 
