@@ -34,6 +34,7 @@ DETR_PANOPTIC = "tests/models/test_detr_panoptic.py"
 MASK_HEAD = "tests/heads/test_detr_mask_head.py"
 UPERNET = "tests/heads/test_upernet.py"
 PQ = "tests/metrics/test_panoptic_rules.py"
+COCO = "tests/metrics/test_coco_rules.py"
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,11 @@ MUTANTS = [
     Mutant("pq: void pixels kept in the union", "vision_tx/metrics/panoptic.py",
            "iou = inter / (pred_area[j] + gt_area[i] - inter - on_void[j])",
            "iou = inter / (pred_area[j] + gt_area[i] - inter)", (PQ,)),
+    # COCO evaluation (pycocotools behind vision_tx's conversion of the predictions)
+    Mutant("coco: boxes handed over as xyxy", "vision_tx/metrics/coco.py",
+           'result["bbox"] = [x1, y1, x2 - x1, y2 - y1]', 'result["bbox"] = [x1, y1, x2, y2]', (COCO,)),
+    Mutant("coco: evaluated over every image, not those seen", "vision_tx/metrics/coco.py",
+           "evaluator.params.imgIds = sorted(int(i) for i in image_ids)", "pass", ("tests/metrics/test_coco_eval.py",)),
 ]
 
 
