@@ -137,20 +137,19 @@ class _BilinearRowSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, table: torch.Tensor, top_left: torch.Tensor, corner_offsets: torch.Tensor,
                 frac: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(table, top_left, corner_offsets, frac, weight)
         index = (top_left[..., None] + corner_offsets).flatten(1)  # [N, M*4]
+        ctx.save_for_backward(table, top_left, corner_offsets, index, frac, weight)
         corner_weights = _corner_weights(frac, weight).flatten(1).to(table.dtype)
         return F.embedding_bag(index, table, mode="sum", per_sample_weights=corner_weights)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        table, top_left, corner_offsets, frac, weight = ctx.saved_tensors
+        table, top_left, corner_offsets, index, frac, weight = ctx.saved_tensors
         grad_output = grad_output.contiguous()
         grad_table = grad_frac = grad_weight = None
         if ctx.needs_input_grad[0]:
             grad_table = _transposed_row_sum(grad_output, top_left, corner_offsets, _corner_weights(frac, weight).to(table.dtype), table.shape[0])
         if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
-            index = (top_left[..., None] + corner_offsets).flatten(1)
             dots = _row_dots(grad_output, table, index).view(*top_left.shape, 4)  # [N, M, 4]
             fx, fy = frac.unbind(-1)
             top = torch.lerp(dots[..., 0], dots[..., 1], fx)  # the sample's value along the top row, . grad
@@ -178,12 +177,13 @@ def _transposed_row_sum(grad_output: torch.Tensor, top_left: torch.Tensor, corne
     # A stable sort fixes the summation order (deterministic results); int32 keys sort faster.
     order = torch.sort(flat.int() if rows < 2**31 else flat, stable=True).indices
     grad_rows = order // top_left.shape[1]
-    sorted_weights = corner_weights.flatten(0, 1)[order]  # [N*M, 4]
+    # [4, N*M]: each corner's weights contiguous (embedding_bag's fast path needs it).
+    sorted_weights = corner_weights.flatten(0, 1).index_select(0, order).t().contiguous()
     grad_table = None
     for corner in range(4):
         counts = torch.bincount((top_left + corner_offsets[:, corner]).flatten(), minlength=rows)
         part = F.embedding_bag(grad_rows, grad_output, counts.cumsum(0) - counts, mode="sum",
-                               per_sample_weights=sorted_weights[:, corner])
+                               per_sample_weights=sorted_weights[corner])
         grad_table = part if grad_table is None else grad_table.add_(part)
     return grad_table
 
@@ -196,7 +196,7 @@ def _row_dots(grad_output: torch.Tensor, table: torch.Tensor, index: torch.Tenso
     crow = torch.arange(0, count * per_row + 1, per_row, device=index.device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
-        pattern = torch.sparse_csr_tensor(crow, index.flatten(), torch.zeros(index.numel(), dtype=dtype, device=index.device),
+        pattern = torch.sparse_csr_tensor(crow, index.flatten(), torch.zeros(1, dtype=dtype, device=index.device).expand(index.numel()),
                                           size=(count, table.shape[0]), check_invariants=False)
         dots = torch.sparse.sampled_addmm(pattern, grad_output.to(dtype), table.to(dtype).t(), beta=0)
     return dots.values().view(count, per_row)
