@@ -107,18 +107,17 @@ def _samples(locations: torch.Tensor, attention_weights: torch.Tensor, shapes: l
     # grid_sample's own arithmetic (grid = 2 * loc - 1, then (grid + 1) * size / 2 - 0.5), so that
     # floor() picks the same pixels as it does for samples exactly on a pixel centre.
     pixel = (locations.to(compute_dtype) * 2 - 1 + 1) * (sizes / 2) - 0.5
-    corner = pixel.detach().floor()
+    corner = pixel.detach().nan_to_num(nan=-2.0).floor()  # a NaN location reads nothing, never out of bounds
     frac = pixel - corner  # differentiable: the bilinear weights' gradient reaches the locations
-    corner = corner.long()
-    x0, y0 = corner[..., 0], corner[..., 1]
-    touches = (x0 >= -1) & (x0 < width) & (y0 >= -1) & (y0 < height)
-    # Row of the top-left neighbour in the bordered level (which starts one pixel up and left).
+    touches = ((corner >= -1) & (corner < sizes)).all(-1)  # the 2x2 neighbourhood meets the level
+    # The top-left neighbour in the bordered level (which starts one pixel up and left), clamped
+    # into it for samples that do not touch the level (their weight is zero).
+    x, y = (corner + 1).clamp_(min=0).minimum(sizes).long().unbind(-1)
     bordered_width = width + 2
     starts = torch.tensor([0] + [(h + 2) * (w + 2) for h, w in shapes[:-1]], device=device).cumsum(0)[:, None]
-    token = starts + torch.minimum((y0 + 1).clamp(min=0), height) * bordered_width + torch.minimum((x0 + 1).clamp(min=0), width)
     batch_index = torch.arange(locations.shape[0], device=device).view(-1, 1, 1, 1, 1)
     head_index = torch.arange(heads, device=device).view(1, 1, -1, 1, 1)
-    top_left = batch_index * rows_per_batch + token * heads + head_index
+    top_left = (starts + y * bordered_width + x) * heads + (batch_index * rows_per_batch + head_index)
     # Neighbours: top-left, top-right, bottom-left, bottom-right.
     corner_offsets = torch.cat([torch.zeros_like(bordered_width), torch.ones_like(bordered_width), bordered_width, bordered_width + 1], -1) * heads
     return top_left, corner_offsets.repeat_interleave(points, 0), frac, attention_weights.to(compute_dtype) * touches
@@ -138,17 +137,17 @@ class _BilinearRowSum(torch.autograd.Function):
     def forward(ctx, table: torch.Tensor, top_left: torch.Tensor, corner_offsets: torch.Tensor,
                 frac: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         index = (top_left[..., None] + corner_offsets).flatten(1)  # [N, M*4]
-        ctx.save_for_backward(table, top_left, corner_offsets, index, frac, weight)
-        corner_weights = _corner_weights(frac, weight).flatten(1).to(table.dtype)
-        return F.embedding_bag(index, table, mode="sum", per_sample_weights=corner_weights)
+        corner_weights = _corner_weights(frac, weight).to(table.dtype)  # [N, M, 4]
+        ctx.save_for_backward(table, top_left, corner_offsets, index, corner_weights, frac, weight)
+        return F.embedding_bag(index, table, mode="sum", per_sample_weights=corner_weights.flatten(1))
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        table, top_left, corner_offsets, index, frac, weight = ctx.saved_tensors
+        table, top_left, corner_offsets, index, corner_weights, frac, weight = ctx.saved_tensors
         grad_output = grad_output.contiguous()
         grad_table = grad_frac = grad_weight = None
         if ctx.needs_input_grad[0]:
-            grad_table = _transposed_row_sum(grad_output, top_left, corner_offsets, _corner_weights(frac, weight).to(table.dtype), table.shape[0])
+            grad_table = _transposed_row_sum(grad_output, top_left, corner_offsets, corner_weights, table.shape[0])
         if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
             dots = _row_dots(grad_output, table, index).view(*top_left.shape, 4)  # [N, M, 4]
             fx, fy = frac.unbind(-1)
