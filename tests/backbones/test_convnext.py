@@ -11,8 +11,8 @@ import torch
 from tests.backbones.family_parity import max_difference, params_and_gflops, timm_and_ours, within_published
 from vision_tx.backbones import build_backbone, build_classifier, load_weights
 
-# Measured largest difference against timm's logits (of about 2.5): 2e-6.
-TOLERANCE = 2e-5
+# Measured largest difference against timm's logits (of about 2), over two seeds: 0.6-2e-6.
+TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")

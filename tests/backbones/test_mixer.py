@@ -11,8 +11,8 @@ from vision_tx.backbones import build_backbone, build_classifier, list_backbones
 
 def test_timm_weights_give_timm_logits() -> None:
     reference, ours = timm_and_ours("mixer_b16", "mixer_b16_224")
-    # Measured largest difference against timm's logits (of about 1): 7e-7.
-    assert max_difference(reference, ours, torch.randn(1, 3, 224, 224)) < 1e-5
+    # Measured largest difference against timm's logits (of 0.4-0.9), over two seeds: 0.9-7e-7.
+    assert max_difference(reference, ours, torch.randn(1, 3, 224, 224)) < 3e-6
 
 
 def test_build_backbone_says_why_there_is_no_dense_form() -> None:
