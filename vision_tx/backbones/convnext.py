@@ -59,9 +59,11 @@ class ConvNeXtBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x is [N, H, W, C] in memory, so the permuted view is a channels-last map for the convolution.
         branch = self.mlp(self.norm(self.conv_dw(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)))
-        if self.gamma is not None:
-            branch = branch * self.gamma
-        return x + drop_path(branch, self.drop_path_rate, self.training)
+        if self.gamma is None:
+            return x + drop_path(branch, self.drop_path_rate, self.training)
+        if not self.training or self.drop_path_rate == 0.0:
+            return torch.addcmul(x, branch, self.gamma)  # scale and add in one pass over the map
+        return x + drop_path(branch * self.gamma, self.drop_path_rate, self.training)
 
 
 def _init_convnext(module: nn.Module) -> None:
