@@ -108,3 +108,34 @@ class RandomStateCheckpoint(pl.Callback):
         if state["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
         self._to_restore = None
+
+
+class SharpnessAwareMinimization(pl.Callback):
+    """Trains any task with :class:`vision_tx.optim.SAM` around the optimiser its module configures.
+
+    Add it to a config's ``trainer.callbacks`` (or ``--trainer.callbacks+=vision_tx.lightning.callbacks.SharpnessAwareMinimization
+    --trainer.callbacks.rho 0.05``). Lightning's closure runs the forward and backward passes, the
+    non-finite loss guard and the gradient clipping; SAM calls it twice per step. Learning-rate
+    schedules and checkpoints are the base optimiser's, so a run can resume with or without SAM.
+    Needs automatic optimisation, ``accumulate_grad_batches=1`` (the second pass re-evaluates one
+    batch) and a precision without a gradient scaler (32 or bf16-mixed).
+    """
+
+    def __init__(self, rho: float = 0.05, adaptive: bool = False) -> None:
+        self.rho = rho
+        self.adaptive = adaptive
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from vision_tx.optim import SAM
+
+        if not pl_module.automatic_optimization:
+            raise ValueError("SharpnessAwareMinimization needs automatic optimisation")
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError(f"SharpnessAwareMinimization: accumulate_grad_batches must be 1, not {trainer.accumulate_grad_batches}")
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            raise ValueError("SharpnessAwareMinimization: fp16 mixed precision steps through a gradient scaler without "
+                             "a closure; use --trainer.precision bf16-mixed or 32")
+        trainer.strategy.optimizers = [
+            optimizer if isinstance(optimizer, SAM) else SAM.wrapping(optimizer, self.rho, self.adaptive)
+            for optimizer in trainer.strategy.optimizers
+        ]
