@@ -94,7 +94,9 @@ class DINO(nn.Module):
             self.pos_trans_norm = nn.LayerNorm(2 * hidden_dim)
         else:
             self.query_embed = nn.Embedding(num_queries, hidden_dim)
-        self.denoising = ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale)
+        self.denoising = (
+            ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale) if num_denoising else None
+        )
         self.criterion = DINOCriterion(num_classes) if criterion is None else criterion
         prior = -math.log((1 - 0.01) / 0.01)  # every class starts at probability 0.01 (focal loss)
         for head in self.class_embed:
@@ -131,7 +133,7 @@ class DINO(nn.Module):
             query_pos, queries = self.pos_trans_norm(self.pos_trans(box_sine_embedding(boxes, memory.shape[-1] // 2))).chunk(2, -1)
         else:
             queries = self.query_embed.weight[None, : boxes.shape[1]].expand(len(boxes), -1, -1)
-        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None else None
+        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
         attn_mask = None
         if denoising is not None:
             queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
