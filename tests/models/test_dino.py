@@ -146,3 +146,114 @@ def test_outputs_and_loss_match_transformers(models, batch) -> None:
     for key in compared:
         torch.testing.assert_close(losses[key], ref.loss_dict[key], rtol=0, atol=1e-4, msg=key)
     torch.testing.assert_close(losses["loss"], ref.loss, rtol=0, atol=1e-4)
+
+
+def dino_targets() -> list[dict[str, torch.Tensor]]:
+    return [
+        {"labels": torch.tensor([1, 4, 2]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1], [0.6, 0.4, 0.3, 0.2]])},
+        {"labels": torch.tensor([6]), "boxes": torch.tensor([[0.45, 0.55, 0.25, 0.15]])},
+    ]
+
+
+def test_denoising_positives_lie_within_the_noise_scale_and_negatives_beyond() -> None:
+    from vision_tx.heads.dino import ContrastiveDenoising
+
+    torch.manual_seed(0)
+    scale = 0.4  # small enough that no noised edge leaves the image (no clamping)
+    denoising = ContrastiveDenoising(NUM_CLASSES, DIM, num_queries=60, label_noise_ratio=0.0, box_noise_scale=scale)
+    targets = dino_targets()
+    queries = denoising(targets, num_matching=QUERIES)
+    assert queries.num_groups == 60 // (2 * 3) and queries.group_size == 3
+    corners = lambda b: torch.cat([b[..., :2] - b[..., 2:] / 2, b[..., :2] + b[..., 2:] / 2], -1)  # noqa: E731
+    for image, target in enumerate(targets):
+        count = len(target["labels"])
+        half_size = (target["boxes"][:, 2:] / 2).repeat(1, 2)
+        for group in range(queries.num_groups):
+            start = group * 2 * queries.group_size
+            for offset, is_positive in ((0, True), (queries.group_size, False)):
+                slots = slice(start + offset, start + offset + count)
+                moved = (corners(queries.boxes[image, slots]) - corners(target["boxes"])).abs() / (half_size * scale)
+                assert (moved < 1).all() if is_positive else ((moved >= 1) & (moved <= 2 + 1e-5)).all()
+                expected = denoising.label_embed(target["labels"])  # no label noise
+                torch.testing.assert_close(queries.content[image, slots], expected)
+            padding = slice(start + count, start + queries.group_size)
+            assert (queries.content[image, padding] == 0).all()
+    positives = queries.positive_indices(targets)
+    assert positives[1][0].tolist() == [g * 6 for g in range(queries.num_groups)]
+
+
+def test_label_noise_replaces_about_half_the_ratio() -> None:
+    from vision_tx.heads.dino import ContrastiveDenoising
+
+    torch.manual_seed(0)
+    denoising = ContrastiveDenoising(1000, 8, num_queries=20000, label_noise_ratio=0.5)
+    target = [{"labels": torch.tensor([3]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]])}]
+    queries = denoising(target, num_matching=1)
+    kept = (queries.content[0] == denoising.label_embed.weight[3]).all(-1).float().mean()
+    assert abs(kept - 0.75) < 0.02  # a quarter replaced (by another class 999 times in 1000)
+
+
+def mixed_dino(batch) -> DINO:
+    torch.manual_seed(0)
+    model = tiny_dino(batch[3], query_selection="mixed", num_denoising=24).train()
+    perturb_(model)
+    return model
+
+
+def test_denoising_groups_see_no_other_group_and_matching_queries_see_none(batch) -> None:
+    images, pixel_mask, _, _ = batch
+    model = mixed_dino(batch)
+    targets = dino_targets()
+    torch.manual_seed(1)
+    queries = model.denoising(targets, QUERIES)
+    assert queries.num_groups == 4
+    group_queries = 2 * queries.group_size
+    model.denoising.forward = lambda *args: queries
+    with torch.no_grad():
+        reference = model(images, pixel_mask, targets)
+        for group in range(queries.num_groups):
+            changed = slice(group * group_queries, (group + 1) * group_queries)
+            content, boxes = queries.content.clone(), queries.boxes.clone()
+            queries.content[:, changed] += torch.randn_like(queries.content[:, changed])
+            queries.boxes[:, changed] = torch.rand_like(queries.boxes[:, changed]) * 0.5 + 0.25
+            out = model(images, pixel_mask, targets)
+            queries.content, queries.boxes = content, boxes
+            torch.testing.assert_close(out["pred_logits"], reference["pred_logits"], rtol=0, atol=0)
+            torch.testing.assert_close(out["pred_boxes"], reference["pred_boxes"], rtol=0, atol=0)
+            dn, dn_reference = out["dn_outputs"]["pred_logits"], reference["dn_outputs"]["pred_logits"]
+            others = torch.ones(dn.shape[2], dtype=torch.bool)
+            others[changed] = False
+            torch.testing.assert_close(dn[:, :, others], dn_reference[:, :, others], rtol=0, atol=0)
+            assert not torch.allclose(dn[:, :, changed], dn_reference[:, :, changed])
+
+
+def test_without_denoising_the_training_loss_is_the_set_loss(batch) -> None:
+    images, pixel_mask, _, _ = batch
+    model = mixed_dino(batch)
+    targets = dino_targets()
+    with torch.no_grad():
+        with_denoising = model.loss(model(images, pixel_mask, targets), targets)
+        model.denoising = None
+        plain = model.loss(model(images, pixel_mask, targets), targets)
+    assert any("_dn" in key for key in with_denoising) and not any("_dn" in key for key in plain)
+    set_terms = {k: v for k, v in with_denoising.items() if k.startswith("loss_") and "_dn" not in k}
+    assert set(set_terms) == {k for k in plain if k.startswith("loss_")}
+    for key, value in set_terms.items():
+        torch.testing.assert_close(plain[key], value, rtol=0, atol=1e-6, msg=key)
+    weights = {"ce": 1.0, "bbox": 5.0, "giou": 2.0}
+    torch.testing.assert_close(plain["loss"], sum(weights[k.split("_")[1]] * v for k, v in set_terms.items()))
+    assert with_denoising["loss"] > plain["loss"]
+
+
+def test_trains_on_images_without_objects(batch) -> None:
+    images, pixel_mask, _, _ = batch
+    model = mixed_dino(batch)
+    empty = [{"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4)}] * 2
+    losses = model.loss(model(images, pixel_mask, empty), empty)
+    assert torch.isfinite(losses["loss"]) and losses["loss_bbox"] == 0
+    losses["loss"].backward()
+
+
+def test_matcher_rejects_softmax_costs_for_sigmoid_logits() -> None:
+    with pytest.raises(ValueError, match="focal_alpha"):
+        DINOCriterion(NUM_CLASSES, HungarianMatcher())

@@ -43,6 +43,7 @@ class DINO(nn.Module):
     """
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
+    criterion_class = DINOCriterion
 
     def __init__(
         self,

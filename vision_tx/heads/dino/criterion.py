@@ -26,7 +26,8 @@ class DINOCriterion(nn.Module):
     queries and classes and divided by the number of target boxes of the (distributed) batch, times
     the number of denoising groups for the denoising ones. Returns ``loss_ce``, ``loss_bbox``,
     ``loss_giou`` with suffixes ``_{i}`` (decoder layer ``i``), ``_enc`` and ``_dn``/``_dn_{i}``, the
-    weighted total ``loss`` and ``class_error`` (%) of the last layer.
+    weighted total ``loss`` and ``class_error`` (%) of the last layer. The default ``matcher`` is
+    DINO's: class cost 2 (focal terms), L1 5, GIoU 2.
     """
 
     def __init__(
@@ -42,6 +43,10 @@ class DINOCriterion(nn.Module):
         super().__init__()
         self.num_classes = num_classes
         self.matcher = HungarianMatcher(2.0, 5.0, 2.0, focal_alpha=focal_alpha, focal_gamma=focal_gamma) if matcher is None else matcher
+        if self.matcher.focal_alpha is None:
+            raise ValueError(
+                "vision_tx/heads/dino/criterion.py: the matcher must score sigmoid logits: give HungarianMatcher a focal_alpha (e.g. 0.25)"
+            )
         self.weights = {"loss_ce": weight_ce, "loss_bbox": weight_bbox, "loss_giou": weight_giou}
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
 
