@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # A small DETR at toy resolution: what the tests train for a few steps.
 SMALL = [
     "--config", "detr_swin_toy",
-    "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64}",
+    "--model.detector_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64}",
     "--data.num_workers", "0",
     "--data.batch_size", "4",
     "--data.val_transform.init_args.size", "96",

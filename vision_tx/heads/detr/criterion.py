@@ -28,6 +28,26 @@ def normalize_targets(targets: list[dict[str, torch.Tensor]]) -> list[dict[str, 
     return model_targets
 
 
+def num_boxes_in_batch(targets: list[dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """The number of target boxes per process of the whole (distributed) batch, at least 1: the loss normaliser."""
+    num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(num_boxes)
+        num_boxes = num_boxes / dist.get_world_size()
+    return num_boxes.clamp(min=1)
+
+
+def box_losses(boxes: torch.Tensor, target_boxes: torch.Tensor, num_boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """L1 and GIoU losses of matched pairs ``boxes [..., M, 4]`` / ``target_boxes`` (cxcywh), summed
+    over the pairs (the last two dims) and divided by ``num_boxes``: two tensors of shape ``[...]``."""
+    target_boxes = target_boxes.to(boxes.dtype)
+    loss_bbox = F.l1_loss(boxes, target_boxes, reduction="none").sum((-2, -1)) / num_boxes
+    loss_giou = generalized_box_iou_loss(
+        box_convert(boxes, "cxcywh", "xyxy"), box_convert(target_boxes, "cxcywh", "xyxy")
+    ).sum(-1) / num_boxes
+    return loss_bbox, loss_giou
+
+
 class SetCriterion(nn.Module):
     """Loss of DETR outputs against targets, on the last decoder layer and on every auxiliary one.
 
@@ -93,12 +113,9 @@ class SetCriterion(nn.Module):
 
         # Every layer matches the same number of pairs, so matched pairs reshape to [L, M].
         matched_boxes = boxes[image_index, query_index].view(num_layers, -1, 4)
-        matched_target_boxes = matched_target_boxes.to(matched_boxes.dtype).view(num_layers, -1, 4)
-        num_boxes = self._num_boxes(targets, logits.device)
-        loss_bbox = F.l1_loss(matched_boxes, matched_target_boxes, reduction="none").sum((1, 2)) / num_boxes
-        loss_giou = generalized_box_iou_loss(
-            box_convert(matched_boxes, "cxcywh", "xyxy"), box_convert(matched_target_boxes, "cxcywh", "xyxy")
-        ).sum(1) / num_boxes
+        matched_target_boxes = matched_target_boxes.view(num_layers, -1, 4)
+        num_boxes = num_boxes_in_batch(targets, logits.device)
+        loss_bbox, loss_giou = box_losses(matched_boxes, matched_target_boxes, num_boxes)
 
         losses = {}
         for layer in range(num_layers):
@@ -138,14 +155,6 @@ class SetCriterion(nn.Module):
         prob = predicted.sigmoid()
         dice = 1 - (2 * (prob * expected).sum(1) + 1) / (prob.sum(1) + expected.sum(1) + 1)
         return {"loss_mask": focal.sum() / num_boxes, "loss_dice": dice.sum() / num_boxes}
-
-    @staticmethod
-    def _num_boxes(targets: list[dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
-        num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(num_boxes)
-            num_boxes = num_boxes / dist.get_world_size()
-        return num_boxes.clamp(min=1)
 
     @torch.no_grad()
     def _errors(
