@@ -48,7 +48,7 @@ def trained(tmp_path_factory, toy_cache) -> Path:
         cwd=run_dir,
     )
     metrics = json.loads(next(run_dir.rglob("metrics.json")).read_text())
-    assert set(metrics["bbox"]) == {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl"}
+    assert set(metrics["bbox"]) == {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl", "per_category"}
     assert list(run_dir.rglob("predictions_step*.png")) and list(run_dir.rglob("bbox_results.json"))
     return next(run_dir.rglob("last.ckpt"))
 

@@ -14,7 +14,8 @@ from vision_tx.backbones import load_weights
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vision_tx.heads.detr import HungarianMatcher, normalize_targets
 from vision_tx.lightning.common import build_task_backbone, is_fitting, param_groups
-from vision_tx.metrics.coco import CocoEvaluator
+from vision_tx.metrics.classwise import markdown_table
+from vision_tx.metrics.coco import CLASSWISE_COLUMNS, CocoEvaluator
 from vision_tx.models import DETECTORS
 from vision_tx.visualize import draw_detections, save_grid
 
@@ -60,7 +61,11 @@ class DetectionModule(pl.LightningModule):
             raise ValueError(f"DetectionModule: unknown detector {detector!r}; known: {', '.join(DETECTORS)}")
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
-        self._preview: list[torch.Tensor] = []
+        # The first validation images with the predictions drawn, with the ground truth, and the
+        # per-category tables: what ``ValidationReport`` shows.
+        self.preview: list[torch.Tensor] = []
+        self.preview_truth: list[torch.Tensor] = []
+        self.per_category_tables: dict[str, str] = {}
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -97,7 +102,7 @@ class DetectionModule(pl.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self.evaluator = CocoEvaluator(self.trainer.datamodule.val_coco, "bbox")
-        self._preview = []
+        self.preview, self.preview_truth, self.per_category_tables = [], [], {}
 
     def validation_step(self, batch: dict[str, Any], batch_index: int) -> dict[str, Any]:
         """Scores the boxes of ``batch``; returns the model's outputs (for subclasses that score more)."""
@@ -108,34 +113,37 @@ class DetectionModule(pl.LightningModule):
         orig_sizes = torch.stack([t["orig_size"] for t in targets])
         detections = self.model.postprocess(outputs, orig_sizes)
         self.evaluator.update([{"image_id": int(t["image_id"]), **d} for t, d in zip(targets, detections)])
-        if len(self._preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
+        if len(self.preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
             self._add_preview(batch, outputs)
         return outputs
 
     def _add_preview(self, batch: dict[str, Any], outputs: dict[str, Any]) -> None:
         sizes = torch.stack([t["size"] for t in batch["targets"]])
         names = self.trainer.datamodule.category_names
-        for image, size, detection in zip(batch["images"], sizes, self.model.postprocess(outputs, sizes)):
-            if len(self._preview) >= self.hparams.num_visualized:
+        for image, size, detection, target in zip(batch["images"], sizes, self.model.postprocess(outputs, sizes), batch["targets"]):
+            if len(self.preview) >= self.hparams.num_visualized:
                 break
             picture = denormalize(image[:, : size[0], : size[1]])
-            self._preview.append(
+            self.preview.append(
                 draw_detections(picture, **detection, category_names=names, score_threshold=self.hparams.visualize_score_threshold)
             )
+            self.preview_truth.append(draw_detections(picture, target["boxes"].cpu(), target["labels"].cpu(), category_names=names))
 
     def on_validation_epoch_end(self) -> None:
         stats = self.evaluator.compute()  # the same on every rank
         self.log_dict({f"val/{k}": v for k, v in stats.items() if k != "AP"})
         self.log("val/AP", stats["AP"], prog_bar=True)
+        self.per_category_tables["val/bbox_AP_per_category"] = markdown_table(self.evaluator.per_category, CLASSWISE_COLUMNS)
         log_dir = self.trainer.log_dir  # a collective call under DDP: every rank makes it
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or log_dir is None:
             return
         log_dir = Path(log_dir)
         self.evaluator.write_results(log_dir / "bbox_results.json")
         self.evaluator.write_metrics(stats, log_dir / "metrics.json")
-        picture = save_grid(self._preview, log_dir / f"predictions_step{self.global_step}.png") if self._preview else None
+        picture = save_grid(self.preview, log_dir / f"predictions_step{self.global_step}.png") if self.preview else None
         rank_zero_info(
             f"step {self.global_step}: COCO box AP {stats['AP']:.3f}, AP50 {stats['AP50']:.3f}, AP75 {stats['AP75']:.3f}\n"
+            f"{self.evaluator.table()}\n"
             f"metrics: {log_dir / 'metrics.json'}" + (f"\npredictions drawn in {picture}" if picture else "")
         )
 

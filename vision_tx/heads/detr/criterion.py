@@ -53,8 +53,8 @@ class SetCriterion(nn.Module):
 
     ``forward(outputs, targets)`` takes the model's ``{"pred_logits" [B,Q,C+1], "pred_boxes" [B,Q,4],
     "aux_outputs": [...]}`` and per image ``{"labels" [K], "boxes" [K,4] normalised cxcywh}``; it
-    returns ``loss_ce``, ``loss_bbox``, ``loss_giou`` (and ``loss_ce_i`` ... for auxiliary layer ``i``),
-    the weighted total ``loss``, and, without gradient, ``class_error`` (%) and
+    returns ``loss_ce``, ``loss_bbox``, ``loss_giou`` (and ``loss_ce_i`` ... for auxiliary layer ``i``,
+    with their weighted sum ``loss_aux``), the weighted total ``loss``, and, without gradient, ``class_error`` (%) and
     ``cardinality_error`` of the last layer. Box losses are averaged over the number of target
     boxes of the whole (distributed) batch.
 
@@ -125,6 +125,8 @@ class SetCriterion(nn.Module):
             losses[f"loss_giou{suffix}"] = loss_giou[layer]
         weighted = self.weights["loss_ce"] * loss_ce + self.weights["loss_bbox"] * loss_bbox + self.weights["loss_giou"] * loss_giou
         losses["loss"] = weighted.sum()
+        if num_layers > 1:
+            losses["loss_aux"] = weighted[:-1].sum()
         if "pred_masks" in outputs and all("masks" in t for t in targets):
             mask_losses = self._mask_losses(outputs["pred_masks"], targets, indices[-batch:], num_boxes)
             losses.update(mask_losses)
