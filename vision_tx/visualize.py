@@ -1,11 +1,14 @@
-"""Pictures of predictions, drawn with ``torchvision.utils``: boxes, semantic and panoptic maps."""
+"""Pictures of predictions, drawn with ``torchvision.utils`` and PIL: boxes, semantic and panoptic maps,
+top classes and confusion matrices."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import numpy as np
 import torch
+from PIL import Image, ImageDraw
 from torch import Tensor
 from torchvision.io import write_png
 from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks, make_grid
@@ -63,13 +66,82 @@ def draw_panoptic(image: Tensor, segment_ids: Tensor, segment_classes: Mapping[i
     return draw_segmentation_masks(out, edges[None], alpha=1.0, colors=["white"])
 
 
-def save_grid(images: Sequence[Tensor], path: str | Path, nrow: int = 4) -> Path:
-    """Writes uint8 ``[3,H,W]`` images (padded to one size) side by side into a PNG."""
+def grid(images: Sequence[Tensor], nrow: int = 4) -> Tensor:
+    """uint8 ``[3,H,W]`` images (padded to one size) side by side, ``nrow`` to a row: one uint8 ``[3,H',W']`` image."""
     height = max(i.shape[1] for i in images)
     width = max(i.shape[2] for i in images)
     padded = [torch.nn.functional.pad(i, (0, width - i.shape[2], 0, height - i.shape[1])) for i in images]
-    grid = make_grid(torch.stack(padded), nrow=nrow, padding=2)
+    return make_grid(torch.stack(padded), nrow=nrow, padding=2)
+
+
+def save_grid(images: Sequence[Tensor], path: str | Path, nrow: int = 4) -> Path:
+    """Writes :func:`grid` of uint8 ``[3,H,W]`` images into a PNG."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_png(grid, str(path))
+    write_png(grid(images, nrow), str(path))
     return path
+
+
+def _text_block(lines: Sequence[str], width: int, line_height: int = 12) -> Image.Image:
+    block = Image.new("RGB", (width, line_height * len(lines) + 4), (0, 0, 0))
+    draw = ImageDraw.Draw(block)
+    for i, line in enumerate(lines):
+        draw.text((3, 2 + i * line_height), line, fill=(255, 255, 255))
+    return block
+
+
+def draw_top_classes(image: Tensor, probabilities: Tensor, class_names: Sequence[str], k: int = 5) -> Tensor:
+    """``image`` ``[3,H,W]`` uint8 with the ``k`` most probable classes of ``probabilities`` ``[C]``
+    written under it (``name probability`` per line); returns ``[3,H+h,max(W,w)]`` uint8."""
+    scores, indices = probabilities.float().topk(min(k, len(probabilities)))
+    lines = [f"{class_names[int(i)]} {float(s):.2f}" for s, i in zip(scores, indices)]
+    width = max(image.shape[2], 7 * max(len(line) for line in lines) + 6)
+    text = _text_block(lines, width)
+    canvas = Image.new("RGB", (width, image.shape[1] + text.height), (0, 0, 0))
+    canvas.paste(Image.fromarray(image.permute(1, 2, 0).cpu().numpy()), (0, 0))
+    canvas.paste(text, (0, image.shape[1]))
+    return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1)
+
+
+def worst_classes(confusion: Tensor, count: int) -> list[int]:
+    """The ``count`` classes of lowest recall in ``confusion`` ``[C,C]`` (rows true, columns predicted),
+    each followed by the class it is most often mistaken for; classes never seen are left out."""
+    confusion = confusion.double()
+    seen = confusion.sum(1) > 0
+    recall = torch.where(seen, confusion.diagonal() / confusion.sum(1).clamp_min(1), torch.inf)
+    chosen: list[int] = []
+    for c in recall.argsort().tolist()[:count]:
+        if not seen[c]:
+            break
+        errors = confusion[c].clone()
+        errors[c] = -1
+        for index in (c, int(errors.argmax())):
+            if index not in chosen:
+                chosen.append(index)
+    return chosen
+
+
+def draw_confusion(confusion: Tensor, class_names: Sequence[str], count: int = 10, cell: int = 20) -> Tensor:
+    """The confusion matrix ``[C,C]`` (rows true, columns predicted) restricted to :func:`worst_classes`,
+    each row normalised and drawn from white (0) to dark red (1), true class names on the left,
+    column numbers matching the rows' ``#``; returns ``[3,H,W]`` uint8."""
+    chosen = worst_classes(confusion, count)
+    if not chosen:
+        chosen = list(range(min(len(class_names), count)))
+    sub = confusion.double()[chosen][:, chosen]
+    fractions = (sub / confusion.double()[chosen].sum(1, keepdim=True).clamp_min(1)).numpy()
+    labels = [f"#{i} {class_names[c][:24]} ({float(confusion[c, c]) / max(float(confusion[c].sum()), 1):.2f})"
+              for i, c in enumerate(chosen)]
+    left = 7 * max(len(label) for label in labels) + 8
+    size = len(chosen)
+    canvas = Image.new("RGB", (left + cell * size + 2, cell * (size + 1) + 2), (255, 255, 255))
+    draw = ImageDraw.Draw(canvas)
+    for j in range(size):
+        draw.text((left + j * cell + 3, 4), f"#{j}", fill=(0, 0, 0))
+    for i, label in enumerate(labels):
+        top = cell * (i + 1)
+        draw.text((3, top + 4), label, fill=(0, 0, 0))
+        for j in range(size):
+            shade = int(255 * (1 - fractions[i, j]))
+            draw.rectangle([left + j * cell, top, left + (j + 1) * cell - 1, top + cell - 1], fill=(255, shade, shade), outline=(200, 200, 200))
+    return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1)

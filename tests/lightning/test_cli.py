@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The toy DETR, shrunk: runs that stop on a bad input never get to train it.
 TINY = [
     "--config", "detr_swin_toy",
-    "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64}",
+    "--model.detector_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64}",
     "--data.num_workers", "0", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
     "--trainer.max_steps", "1", "--trainer.num_sanity_val_steps", "0", "--trainer.limit_val_batches", "0",

@@ -88,7 +88,7 @@ def assert_detr_trains_the_same(args: list[str], run_dir: Path, steps: int) -> d
 def test_detection_trains_the_same_on_two_processes(tmp_path: Path) -> None:
     root = make_toy_coco(tmp_path / "toy", num_train=12, num_val=3, min_side=64, max_side=64)
     detr = "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}"
-    assert_detr_trains_the_same([*SMALL, "--data.root", str(root), "--model.detr_kwargs", detr], tmp_path, steps=3)
+    assert_detr_trains_the_same([*SMALL, "--data.root", str(root), "--model.detector_kwargs", detr], tmp_path, steps=3)
 
 
 def test_panoptic_trains_the_same_on_two_processes(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_panoptic_trains_the_same_on_two_processes(tmp_path: Path) -> None:
     args = [
         "--config", "detr_panoptic_swin_toy", "--data.root", str(root), "--data.num_workers", "0", "--trainer.accelerator", "cpu",
         "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
-        "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 128, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}",
+        "--model.detector_kwargs", "{num_queries: 5, hidden_dim: 128, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}",
     ]
     gradients = assert_detr_trains_the_same(args, tmp_path, steps=2)
     assert any(name.startswith("model.mask_head.") for name in gradients)  # the mask losses reach the head

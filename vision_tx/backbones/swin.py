@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vision_tx.backbones.layers import ClassifierMixin, Mlp, Stage, StagedBackbone, add_chunked, drop_path, init_weights, register_variants
+from vision_tx.backbones.layers import ClassifierMixin, Mlp, PatchEmbed, Stage, StagedBackbone, add_chunked, drop_path, init_weights, register_variants
 from vision_tx.ops import Linear
 
 # embed_dim, depths, num_heads and window_size from the paper (Table 1); drop_path_rate is the
@@ -117,22 +117,6 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor, rows_per_sample: int) -> t
     if batch > 1:
         index = (torch.arange(batch, device=index.device)[:, None] * rows_per_sample + index).flatten()
     return x.reshape(-1, x.shape[-1]).index_select(0, index)
-
-
-class PatchEmbed(nn.Module):
-    """Non-overlapping ``patch x patch`` convolution + LayerNorm: ``[N,3,H,W] -> [N, ceil(H/p), ceil(W/p), C]``."""
-
-    def __init__(self, patch_size: int, in_chans: int, embed_dim: int) -> None:
-        super().__init__()
-        self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
-        self.norm = nn.LayerNorm(embed_dim)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        height, width = images.shape[-2:]
-        images = F.pad(images, (0, -width % self.patch_size, 0, -height % self.patch_size))
-        # A channels-last input makes the convolution write [N, H, W, C] directly, with no transposing copy.
-        return self.norm(self.proj(images.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1))
 
 
 class PatchMerging(nn.Module):

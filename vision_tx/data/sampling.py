@@ -61,6 +61,10 @@ class EpochSampler(DistributedSampler):
     takes its ``r``-th block of ``batch_size``: the same images, grouped the same way, as one
     process with ``accumulate_grad_batches=world_size``. The incomplete last global batch is
     dropped. ``skip`` (set by ``ResumableLoader``) drops the first keys of the next iteration.
+    With ``repeats > 1`` (DeiT's repeated augmentation) each index of the permutation comes
+    ``repeats`` times in a row, the epoch cut back to the dataset's length: a global batch holds
+    ``repeats`` differently augmented copies of each of its images (copy ``c`` is seeded as index
+    ``index + c * len(dataset)``).
     ``num_replicas`` and ``rank`` default to the running process group's.
     Being a ``DistributedSampler``, it is left in place by Lightning under DDP.
     """
@@ -73,12 +77,16 @@ class EpochSampler(DistributedSampler):
         shuffle: bool = True,
         num_replicas: int | None = None,
         rank: int | None = None,
+        repeats: int = 1,
     ) -> None:
+        if repeats < 1:
+            raise ValueError(f"EpochSampler: repeats must be >= 1, got {repeats}")
         world_size, own_rank = process_share()
         world_size = world_size if num_replicas is None else num_replicas
         super().__init__(dataset, num_replicas=world_size, rank=own_rank if rank is None else rank, shuffle=shuffle,
                          seed=seed, drop_last=True)
         self.batch_size = batch_size
+        self.repeats = repeats
         self.num_samples = len(dataset) // (batch_size * world_size) * batch_size
         self.total_size = self.num_samples * world_size
         self.skip = 0
@@ -88,10 +96,12 @@ class EpochSampler(DistributedSampler):
             order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
         else:
             order = torch.arange(len(self.dataset))
-        blocks = order[: self.total_size].view(-1, self.num_replicas, self.batch_size)
-        mine = blocks[:, self.rank].flatten().tolist()[self.skip :]
+        copies = torch.arange(self.repeats).repeat(len(order))
+        order = order.repeat_interleave(self.repeats)
+        keyed = torch.stack([order, order + copies * len(self.dataset)], 1)[: self.total_size]
+        mine = keyed.view(-1, self.num_replicas, self.batch_size, 2)[:, self.rank].flatten(0, 1).tolist()[self.skip :]
         self.skip = 0
-        return iter([(index, sample_seed(self.seed, self.epoch, index)) for index in mine])
+        return iter([(index, sample_seed(self.seed, self.epoch, seed_index)) for index, seed_index in mine])
 
 
 class ResumableLoader(DataLoader):
@@ -101,17 +111,17 @@ class ResumableLoader(DataLoader):
     ``state_dict()`` holds the epoch and the batches served in it; after ``load_state_dict`` the
     next iteration of that epoch starts after them (Lightning's fit loop calls both, through its
     check for a ``_Stateful`` loader). The length stays the whole epoch's, as Lightning expects.
-    Other keyword arguments go to ``DataLoader``.
+    ``repeats`` is the repeated augmentation of :class:`EpochSampler`. Other keyword arguments go to ``DataLoader``.
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int, seed: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, dataset: Dataset, batch_size: int, seed: int | None = None, repeats: int = 1, **kwargs: Any) -> None:
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
         # The loader's own generator seeds the workers, so creating an iterator draws nothing
         # from the process's generator either.
         super().__init__(
             SeededSamples(dataset),
             batch_size=batch_size,
-            sampler=EpochSampler(dataset, batch_size, seed),
+            sampler=EpochSampler(dataset, batch_size, seed, repeats=repeats),
             drop_last=True,
             generator=torch.Generator().manual_seed(seed),
             **kwargs,

@@ -24,7 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from vision_tx.backbones import list_backbones
 from vision_tx.checkpoint import CheckpointError, read_training_checkpoint
 from vision_tx.data.invalid import InvalidDataError
-from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint
+from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint, TrainingMonitor, ValidationReport
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
 
 CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs")
@@ -114,6 +114,10 @@ class VisionTxCLI(LightningCLI):
         # Always on, configured with --loss_guard.policy skip|stop and --loss_guard.max_consecutive_skips.
         parser.add_lightning_class_args(NonFiniteLossGuard, "loss_guard")
         parser.add_lightning_class_args(RandomStateCheckpoint, "random_state")
+        # What the logger (TensorBoard's unless --trainer.logger says otherwise) shows beside the
+        # module's own scalars: learning rates, gradient norm, speed, memory; pictures and tables.
+        parser.add_lightning_class_args(TrainingMonitor, "monitor")
+        parser.add_lightning_class_args(ValidationReport, "report")
 
     def before_subcommand(self) -> None:
         """Checks the backbone name before any data is read, and lets the checkpoint reader check a

@@ -10,25 +10,48 @@ from torchvision.ops import box_convert
 
 
 @torch.no_grad()
-def postprocess_detections(outputs: dict, orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+def postprocess_detections(
+    outputs: dict, orig_sizes: torch.Tensor, scores_and_labels: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> list[dict[str, torch.Tensor]]:
     """Scores, category ids and absolute xyxy boxes for every query of every image.
 
     ``outputs``: ``pred_logits [B,Q,C+1]`` (last class: no-object) and ``pred_boxes [B,Q,4]``
     (cxcywh, normalised to the unpadded image); ``orig_sizes [B,2]`` holds (h, w) of the original
     images. Each query keeps its most probable real class (softmax over all classes, no-object
     excluded from the max), as DETR scores its predictions for COCO evaluation. Returns per image
-    ``{"scores" [Q], "labels" [Q] int64, "boxes" [Q,4] xyxy pixels}``.
+    ``{"scores" [Q], "labels" [Q] int64, "boxes" [Q,4] xyxy pixels}``. ``scores_and_labels`` ``[B,Q]``
+    each, when given, replace those taken from the logits.
+    """
+    logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
+    if orig_sizes.shape != (len(boxes), 2):
+        raise ValueError(
+            f"vision_tx/heads/detr/postprocess.py: orig_sizes must be [B,2] = [{len(boxes)},2] (h, w), got {list(orig_sizes.shape)}"
+        )
+    scores, labels = logits.softmax(-1)[..., :-1].max(-1) if scores_and_labels is None else scores_and_labels
+    height, width = orig_sizes.to(boxes).unbind(1)
+    scale = torch.stack([width, height, width, height], dim=1)[:, None, :]
+    boxes = box_convert(boxes, "cxcywh", "xyxy") * scale
+    return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]
+
+
+@torch.no_grad()
+def postprocess_sigmoid_detections(outputs: dict, orig_sizes: torch.Tensor, num_detections: int = 100) -> list[dict[str, torch.Tensor]]:
+    """The ``num_detections`` best (query, class) pairs of each image, for sigmoid classifiers (Deformable
+    DETR, DINO): ``pred_logits [B,Q,C]`` hold one independent logit per category id, no no-object class.
+
+    A query may give several detections with different classes, as in Deformable DETR's evaluation.
+    ``pred_boxes`` and ``orig_sizes`` as in :func:`postprocess_detections`; returns the same keys.
     """
     logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
     if orig_sizes.shape != (len(logits), 2):
         raise ValueError(
             f"vision_tx/heads/detr/postprocess.py: orig_sizes must be [B,2] = [{len(logits)},2] (h, w), got {list(orig_sizes.shape)}"
         )
-    scores, labels = logits.softmax(-1)[..., :-1].max(-1)
-    height, width = orig_sizes.to(boxes).unbind(1)
-    scale = torch.stack([width, height, width, height], dim=1)[:, None, :]
-    boxes = box_convert(boxes, "cxcywh", "xyxy") * scale
-    return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]
+    num_classes = logits.shape[-1]
+    scores, index = logits.sigmoid().flatten(1).topk(min(num_detections, logits.shape[1] * num_classes), dim=1)
+    queries = torch.div(index, num_classes, rounding_mode="floor")
+    picked = torch.gather(boxes, 1, queries[..., None].expand(-1, -1, 4))
+    return postprocess_detections({"pred_logits": None, "pred_boxes": picked}, orig_sizes, (scores, index % num_classes))
 
 
 @torch.no_grad()

@@ -1,0 +1,108 @@
+"""Attention maps: weights recorded through F.scaled_dot_product_attention, rollout by hand, DETR cross-attention."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vision_tx.attention import attention_rollout, attention_weights, patch_grid, record_attention, vit_attention_maps
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+
+
+class TinyViT(nn.Module):
+    """Two pre-norm attention layers over a class token and 2x2 patches of 4x4 pixels."""
+
+    def __init__(self, dim: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 4, 4)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(2))
+        self.layers = nn.ModuleList(TinyAttention(dim, heads) for _ in range(2))
+        self.head = nn.Linear(dim, 3)
+
+    def tokens(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.patch(images).flatten(2).transpose(1, 2)
+        return torch.cat([self.cls_token.expand(len(x), -1, -1), x], 1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(images)
+        for norm, layer in zip(self.norms, self.layers):
+            x = x + layer(norm(x))
+        return self.head(x[:, 0])
+
+
+def weights_by_hand(layer: TinyAttention, x: torch.Tensor) -> torch.Tensor:
+    """``[B, heads, N, N]`` from the layer's parameters, one head at a time."""
+    dim = x.shape[-1]
+    head_dim = dim // layer.heads
+    w, b = layer.qkv.weight, layer.qkv.bias
+    out = []
+    for h in range(layer.heads):
+        rows = slice(h * head_dim, (h + 1) * head_dim)
+        q = x @ w[:dim][rows].T + b[:dim][rows]
+        k = x @ w[dim : 2 * dim][rows].T + b[dim : 2 * dim][rows]
+        out.append(torch.softmax(q @ k.transpose(1, 2) / head_dim**0.5, -1))
+    return torch.stack(out, 1)
+
+
+def test_rollout_of_a_two_layer_two_head_model_is_the_computation_by_hand() -> None:
+    torch.manual_seed(0)
+    model = TinyViT().double().eval()
+    with torch.no_grad():
+        for p in model.parameters():  # every parameter away from its initialisation
+            p.add_(0.3 * torch.randn_like(p))
+    images = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    with record_attention({"0": model.layers[0], "1": model.layers[1]}) as records:
+        logits = model(images)
+    torch.testing.assert_close(logits, TinyViT.forward(model, images))  # recording leaves the outputs alone
+
+    with torch.no_grad():
+        x = model.tokens(images)
+        a1 = weights_by_hand(model.layers[0], model.norms[0](x))
+        x = x + model.layers[0](model.norms[0](x))
+        a2 = weights_by_hand(model.layers[1], model.norms[1](x))
+    torch.testing.assert_close(records["0"][0].double(), a1, rtol=0, atol=1e-6)
+    torch.testing.assert_close(records["1"][0].double(), a2, rtol=0, atol=1e-6)
+
+    # By hand: heads averaged, 0.5 I + 0.5 A (rows already sum to 1), then layer 2 times layer 1.
+    n = a1.shape[-1]
+    r1 = 0.5 * torch.eye(n, dtype=torch.float64) + 0.5 * (a1[:, 0] + a1[:, 1]) / 2
+    r2 = 0.5 * torch.eye(n, dtype=torch.float64) + 0.5 * (a2[:, 0] + a2[:, 1]) / 2
+    expected = torch.einsum("bij,bjk->bik", r2, r1)
+    torch.testing.assert_close(attention_rollout([a1, a2]).double(), expected, rtol=0, atol=1e-12)
+    assert not torch.allclose(attention_rollout([a2, a1]).double(), expected)  # the order of the layers matters
+
+    maps = vit_attention_maps(model.float(), images.float())
+    assert maps["rollout"].shape == (2, 2, 2) and maps["last_layer"].shape == (2, 2, 2, 2)
+    class_row = expected[:, 0, 1:]
+    torch.testing.assert_close(maps["rollout"].flatten(1).double(), class_row / class_row.sum(-1, keepdim=True), rtol=0, atol=1e-5)
+    last = a2[:, :, 0, 1:]
+    torch.testing.assert_close(maps["last_layer"].flatten(2).double(), last / last.sum(-1, keepdim=True), rtol=0, atol=1e-5)
+
+
+def test_attention_weights_follow_the_masks_of_sdpa() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)
+    mask = torch.tensor([True, True, False, True, False])[None, None, None]
+    for attn_mask in (None, mask, torch.randn(1, 1, 5, 5)):
+        weights = attention_weights(q, k, attn_mask)
+        torch.testing.assert_close(weights @ v, F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask))
+    assert (attention_weights(q, k, mask)[..., ~mask[0, 0, 0]] == 0).all()
+
+
+def test_patch_grid() -> None:
+    assert patch_grid(1 + 14 * 14, (224, 224)) == (1, 14, 14)
+    assert patch_grid(2 + 24 * 32, (384, 512)) == (2, 24, 32)
+    assert patch_grid(4 + 16, (64, 64), num_prefix_tokens=4) == (4, 4, 4)

@@ -1,0 +1,146 @@
+"""Attention maps: the weights of any attention computed with ``F.scaled_dot_product_attention``,
+attention rollout (Abnar & Zuidema, 2020) and class-token maps for ViT/DeiT, and DETR's decoder
+cross-attention per detected object (the DETR paper's figure)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def attention_weights(q: Tensor, k: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
+                      scale: float | None = None) -> Tensor:
+    """``softmax(q k^T * scale + mask)`` in fp32, as ``F.scaled_dot_product_attention`` weighs the values:
+    ``q [..., Lq, d]``, ``k [..., Lk, d]``, a bool mask (True: attend) or an additive one -> ``[..., Lq, Lk]``."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = (q.float() @ k.float().transpose(-2, -1)) * scale
+    if is_causal:
+        scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask.float()
+    return scores.softmax(-1)
+
+
+@contextlib.contextmanager
+def record_attention(modules: Mapping[str, nn.Module]) -> Iterator[dict[str, list[Tensor]]]:
+    """Within the block, every ``F.scaled_dot_product_attention`` call made while one of ``modules``
+    runs its forward is computed explicitly and its weights ``[B, heads, Lq, Lk]`` (fp32, detached)
+    are appended to the list of that module's name (the innermost module when they nest).
+
+    Works on any attention module that calls ``torch.nn.functional.scaled_dot_product_attention``
+    (as ``F.scaled_dot_product_attention``); use it in eval mode (no attention dropout).
+    """
+    records: dict[str, list[Tensor]] = {name: [] for name in modules}
+    running: list[str] = []
+    original = F.scaled_dot_product_attention
+
+    def explicit(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                 is_causal: bool = False, scale: float | None = None, **kwargs: Any) -> Tensor:
+        if not running:
+            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+        if dropout_p:
+            raise RuntimeError("record_attention: attention dropout is on; put the model in eval mode")
+        weights = attention_weights(q, k, attn_mask, is_causal, scale)
+        records[running[-1]].append(weights.detach())
+        return weights.to(v.dtype) @ v
+
+    def leave(_module: nn.Module, _args: Any, _output: Any) -> None:
+        running.pop()
+
+    handles = []
+    for name, module in modules.items():
+        handles.append(module.register_forward_pre_hook(lambda _m, _a, name=name: running.append(name) and None))
+        handles.append(module.register_forward_hook(leave))
+    F.scaled_dot_product_attention = explicit
+    try:
+        yield records
+    finally:
+        F.scaled_dot_product_attention = original
+        for handle in handles:
+            handle.remove()
+
+
+def attention_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The innermost modules of ``model`` whose class name ends in ``Attention``, in order."""
+    found = {name: m for name, m in model.named_modules() if type(m).__name__.endswith("Attention")}
+    return {name: m for name, m in found.items() if not any(other.startswith(f"{name}.") for other in found)}
+
+
+def attention_rollout(attentions: Sequence[Tensor], residual: float = 0.5) -> Tensor:
+    """Attention rollout: ``[B, heads, N, N]`` per layer (first to last) -> ``[B, N, N]``, row ``i`` the
+    share of each input token in output token ``i``.
+
+    Each layer's heads are averaged, the residual connection added as ``residual * I + (1 - residual) * A``
+    with rows renormalised, and the layers multiplied: ``R = A_L ... A_2 A_1``.
+    """
+    rollout = None
+    for layer in attentions:
+        mixed = layer.to(torch.promote_types(layer.dtype, torch.float32)).mean(1)
+        eye = torch.eye(mixed.shape[-1], dtype=mixed.dtype, device=mixed.device)
+        mixed = residual * eye + (1 - residual) * mixed
+        mixed = mixed / mixed.sum(-1, keepdim=True)
+        rollout = mixed if rollout is None else mixed @ rollout
+    if rollout is None:
+        raise ValueError("attention_rollout: no attention layers")
+    return rollout
+
+
+def patch_grid(num_tokens: int, image_size: tuple[int, int], num_prefix_tokens: int | None = None) -> tuple[int, int, int]:
+    """``(prefix tokens, grid height, grid width)`` of a ViT's ``num_tokens`` on an ``image_size`` input:
+    ``num_prefix_tokens`` (class, distillation) if given, else the first of 1, 2, 0 for which the rest
+    form a grid of square patches that tile the image."""
+    height, width = image_size
+    for prefix in ((num_prefix_tokens,) if num_prefix_tokens is not None else (1, 2, 0)):
+        patches = num_tokens - prefix
+        if patches <= 0:
+            continue
+        patch = math.sqrt(height * width / patches)
+        grid = (round(height / patch), round(width / patch))
+        if grid[0] * grid[1] == patches:
+            return prefix, *grid
+    raise ValueError(f"{num_tokens} tokens do not form a patch grid of a {height}x{width} image")
+
+
+@torch.no_grad()
+def vit_attention_maps(model: nn.Module, images: Tensor, residual: float = 0.5) -> dict[str, Tensor]:
+    """For a ViT/DeiT classifier and normalised ``images [B,3,H,W]``: ``logits``, ``rollout`` ``[B,h,w]``
+    (the class token's row of :func:`attention_rollout` over the patches) and ``last_layer``
+    ``[B,heads,h,w]`` (the last layer's class-token attention per head), each map summing to 1 over
+    the patches it covers. The prefix tokens are ``model.num_prefix_tokens`` when the model says so."""
+    modules = attention_modules(model)
+    if not modules:
+        raise ValueError(f"{type(model).__name__} has no attention modules (classes named *Attention)")
+    with record_attention(modules) as records:
+        logits = model(images)
+    layers = [weights for name in modules for weights in records[name]]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: its attention modules do not call F.scaled_dot_product_attention")
+    if any(layer.shape[-1] != layers[0].shape[-1] for layer in layers):
+        raise ValueError("attention rollout needs one token set through all layers (a plain ViT), not windows or stages")
+    prefix, grid_h, grid_w = patch_grid(layers[0].shape[-1], images.shape[-2:], getattr(model, "num_prefix_tokens", None))
+    if prefix == 0:
+        raise ValueError("the model has no class token to follow")
+    rollout = attention_rollout(layers, residual)[:, 0, prefix:]
+    last = layers[-1][:, :, 0, prefix:]
+    return {
+        "logits": logits,
+        "rollout": (rollout / rollout.sum(-1, keepdim=True)).unflatten(-1, (grid_h, grid_w)),
+        "last_layer": (last / last.sum(-1, keepdim=True)).unflatten(-1, (grid_h, grid_w)),
+    }
+
+
+@torch.no_grad()
+def detr_cross_attention(model: nn.Module, images: Tensor, pixel_mask: Tensor | None = None) -> dict[str, Any]:
+    """DETR's outputs for ``images [B,3,H,W]`` and its last decoder layer's cross-attention,
+    averaged over heads: ``attention [B, queries, h, w]`` over the encoder's feature grid."""
+    cross = model.transformer.decoder.layers[-1].cross_attn
+    with record_attention({"cross": cross}) as records:
+        features = model.forward_features(images, pixel_mask)
+    outputs = model.predict(features.hidden)
+    weights = records["cross"][-1].mean(1)  # [B, Q, h*w]
+    return {"outputs": outputs, "attention": weights.unflatten(-1, features.mask.shape[-2:])}
