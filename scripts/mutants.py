@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 SWIN_TIMM = "tests/backbones/test_swin.py::test_timm_weights_give_timm_logits[swin_t]"
-NAT = "tests/backbones/test_nat.py"
+NAT = "tests/backbones/test_nat_official.py"  # the independent NAT reference (tests/backbones/nat_reference.py)
 NA2D = "tests/ops/test_na2d.py"
 RESNET = "tests/models/test_detr.py::test_resnet_reads_torchvision_weights"
 DETR = "tests/models/test_detr.py::test_outputs_and_loss_match_transformers"
