@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 SWIN_TIMM = "tests/backbones/test_swin.py::test_timm_weights_give_timm_logits[swin_t]"
-NAT = "tests/backbones/test_nat.py"
+NAT = "tests/backbones/test_nat_official.py"  # the independent NAT reference (tests/backbones/nat_reference.py)
 NA2D = "tests/ops/test_na2d.py"
 RESNET = "tests/models/test_detr.py::test_resnet_reads_torchvision_weights"
 DETR = "tests/models/test_detr.py::test_outputs_and_loss_match_transformers"
@@ -56,6 +56,9 @@ MUTANTS = [
            "return self.reduction(self.norm(x))", "return self.reduction(x)", (SWIN_TIMM,)),
     Mutant("swin: MLP GELU removed", "vision_tx/backbones/layers.py",
            'self.fc1 = Linear(dim, hidden, activation="gelu")', "self.fc1 = Linear(dim, hidden)", (SWIN_TIMM,)),
+    Mutant("swin: bf16 attention without its 1/sqrt(d) scale", "vision_tx/backbones/swin.py",
+           "scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-2, -1))", "scores = torch.matmul(q, k.transpose(-2, -1))",
+           ("tests/backbones/test_swin.py::test_bf16_autocast_stays_close_to_fp32",)),
     Mutant("swin: attention proj bias not loaded", "vision_tx/backbones/swin.py",
            'if key.endswith(("relative_position_index", "attn_mask")):',
            'if key.endswith(("relative_position_index", "attn_mask", "attn.proj.bias")):', (SWIN_TIMM,)),

@@ -190,5 +190,5 @@ def test_bf16_autocast_stays_close_to_fp32() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             actual = ours(images)
     assert actual.dtype == torch.bfloat16
-    # Measured 0.65% of the largest logit; an attention without its 1/sqrt(d) scale is 2.4% off.
-    assert (actual.float() - expected).abs().max() < 0.015 * expected.abs().max()
+    # Measured 0.46% of the largest logit (perturbed weights); an attention without its 1/sqrt(d) scale is 1.2% off.
+    assert (actual.float() - expected).abs().max() < 0.009 * expected.abs().max()

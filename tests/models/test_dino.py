@@ -15,9 +15,11 @@ from vision_tx.heads.detr import HungarianMatcher
 from vision_tx.heads.dino import DINOCriterion
 from vision_tx.models import DINO
 
+from tests.conftest import require_reference
 from tests.models.detr_helpers import padded_batch
+from tests.parity import perturb_
 
-transformers = pytest.importorskip("transformers")
+transformers = require_reference("transformers")
 
 NUM_CLASSES, DIM, QUERIES, LAYERS = 7, 64, 12, 2
 CHANNELS = (16, 32, 64)  # the stride 8, 16, 32 maps
@@ -64,19 +66,6 @@ class MapsBackbone(nn.Module):
 
     def forward(self, images: torch.Tensor) -> OrderedDict:
         return OrderedDict((f"res{i + 3}", m) for i, m in enumerate(self.maps))
-
-
-def perturb_(model: nn.Module) -> None:
-    """Moves every parameter off its initialisation (norm weights off 1, biases and zero-initialised
-    heads off 0) by amounts that keep activations well-scaled."""
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for tensor in model.state_dict().values():
-            noise = torch.rand(tensor.shape, generator=generator) - 0.5
-            if tensor.dim() == 1:
-                tensor.add_(0.4 * noise)
-            else:
-                tensor.add_(noise * 1.5 / tensor[0].numel() ** 0.5)
 
 
 def tiny_dino(maps: list[torch.Tensor], **overrides) -> DINO:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers.models.deformable_detr.modeling_deformable_detr import MultiScaleDeformableAttention
 
 from vision_tx.ops import ms_deform_attn
+
+from tests.conftest import require_reference
+
+MultiScaleDeformableAttention = require_reference("transformers.models.deformable_detr.modeling_deformable_detr").MultiScaleDeformableAttention
 
 SHAPES = [(13, 17), (7, 9), (4, 5), (2, 3)]
 HEADS, HEAD_DIM, POINTS = 2, 4, 3
