@@ -315,9 +315,10 @@ class SwinTransformer(StagedBackbone):
 
         Microsoft's ``layers.{i}.downsample`` ends stage ``i`` and becomes ``stages.{i+1}.downsample``
         here (timm's already starts stage ``i``); the final ``norm`` becomes the last stage's
-        ``out_norm``, the detection backbone's per-output ``norm{i}`` (Swin-Transformer-Object-Detection
-        and -Semantic-Segmentation, under ``backbone.``; their other modules are dropped) ``stages.{i}.out_norm``; the ``relative_position_index`` and ``attn_mask`` buffers are dropped. Bias tables
-        of another window size are resized bicubically on their ``(2M-1) x (2M-1)`` grid.
+        ``out_norm``; the detection backbone's per-output ``norm{i}`` (Swin-Transformer-Object-Detection
+        and -Semantic-Segmentation checkpoints, under ``backbone.``, whose other modules are dropped)
+        become ``stages.{i}.out_norm``; the ``relative_position_index`` and ``attn_mask`` buffers are
+        dropped. Bias tables of another window size are resized bicubically on their ``(2M-1) x (2M-1)`` grid.
         """
         if any(key.startswith("backbone.") for key in state_dict):  # mmdetection / mmsegmentation
             state_dict = {key[len("backbone."):]: value for key, value in state_dict.items() if key.startswith("backbone.")}
