@@ -299,9 +299,13 @@ class SwinTransformer(StagedBackbone):
 
         Microsoft's ``layers.{i}.downsample`` ends stage ``i`` and becomes ``stages.{i+1}.downsample``
         here (timm's already starts stage ``i``); the final ``norm`` becomes the last stage's
-        ``out_norm``; the ``relative_position_index`` and ``attn_mask`` buffers are dropped. Bias tables
-        of another window size are resized bicubically on their ``(2M-1) x (2M-1)`` grid.
+        ``out_norm``; the detection backbone's per-output ``norm{i}`` (Swin-Transformer-Object-Detection
+        and -Semantic-Segmentation checkpoints, under ``backbone.``, whose other modules are dropped)
+        become ``stages.{i}.out_norm``; the ``relative_position_index`` and ``attn_mask`` buffers are
+        dropped. Bias tables of another window size are resized bicubically on their ``(2M-1) x (2M-1)`` grid.
         """
+        if any(key.startswith("backbone.") for key in state_dict):  # mmdetection / mmsegmentation
+            state_dict = {key[len("backbone."):]: value for key, value in state_dict.items() if key.startswith("backbone.")}
         microsoft = any(re.match(r"layers\.0\.downsample\.", key) for key in state_dict)
         expected = self.state_dict()
         converted: dict[str, torch.Tensor] = {}
@@ -319,6 +323,7 @@ def _native_key(key: str, microsoft: bool, final_stage: int) -> str:
     key = re.sub(r"^patch_embed\.", "stem.", key)
     key = re.sub(r"^head\.fc\.", "head.", key)
     key = re.sub(r"^norm\.", f"stages.{final_stage}.out_norm.", key)
+    key = re.sub(r"^norm(\d+)\.", r"stages.\1.out_norm.", key)
     match = re.match(r"^layers\.(\d+)\.downsample\.", key)
     if match:
         stage = int(match.group(1)) + (1 if microsoft else 0)
