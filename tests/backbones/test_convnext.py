@@ -10,6 +10,7 @@ import torch
 
 from tests.backbones.family_parity import max_difference, params_and_gflops, timm_and_ours, within_published
 from vision_tx.backbones import build_backbone, build_classifier, load_weights
+from vision_tx.backbones.layers import drop_path
 
 # Measured largest difference against timm's logits (of about 2), over two seeds: 0.6-2e-6.
 TOLERANCE = 1e-5
@@ -96,3 +97,16 @@ def test_parameters_and_flops_match_the_paper(name: str) -> None:
     measured_params, measured_gflops, _ = params_and_gflops(name)
     assert within_published(measured_params, params, 1)
     assert abs(measured_gflops - gflops) <= 0.05 * gflops
+
+
+def test_training_applies_layer_scale_before_stochastic_depth() -> None:
+    block = build_classifier("convnext_tiny", depths=(1, 1, 1, 1), drop_path_rate=0.9).stages[3].blocks[0]
+    torch.nn.init.uniform_(block.gamma, 0.5, 1.5)
+    x = torch.randn(4, 5, 5, 768)
+    with torch.no_grad():
+        scaled_branch = block.eval()(x) - x
+        torch.manual_seed(3)
+        actual = block.train()(x)
+        torch.manual_seed(3)
+        expected = x + drop_path(scaled_branch, block.drop_path_rate, True)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
