@@ -144,3 +144,36 @@ def detr_cross_attention(model: nn.Module, images: Tensor, pixel_mask: Tensor | 
     outputs = model.predict(features.hidden)
     weights = records["cross"][-1].mean(1)  # [B, Q, h*w]
     return {"outputs": outputs, "attention": weights.unflatten(-1, features.mask.shape[-2:])}
+
+
+def attention_pictures(module: nn.Module, image: Tensor, datamodule: Any, score_threshold: float = 0.7) -> list[Tensor]:
+    """Pictures ``[3,H,W]`` uint8 of a trained task module's attention on ``image`` ``[3,H,W]`` uint8, after
+    the datamodule's validation transform: for a classifier the input, the rollout and the last layer's
+    class-token attention of each head; for a DETR detector each object scored above
+    ``score_threshold`` (the 4 best when none is) with its box and its decoder cross-attention."""
+    from torchvision import tv_tensors
+
+    from vision_tx.heads.detr import postprocess_detections
+    from vision_tx.lightning.detection import denormalize
+    from vision_tx.visualize import draw_detections, overlay_heatmap
+
+    device = next(module.parameters()).device
+    if hasattr(module.model, "transformer"):
+        height, width = image.shape[-2:]
+        target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(height, width))}
+        inputs, _ = datamodule.val_transform(tv_tensors.Image(image), target)
+        result = detr_cross_attention(module.model, inputs[None].to(device))
+        shown = denormalize(inputs)
+        detection = postprocess_detections(result["outputs"], torch.tensor([inputs.shape[-2:]], device=device))[0]
+        keep = (detection["scores"] >= score_threshold).nonzero()[:, 0]
+        if not len(keep):
+            keep = detection["scores"].topk(min(4, len(detection["scores"]))).indices
+        names = getattr(datamodule, "category_names", None)
+        pictures = [draw_detections(overlay_heatmap(shown, result["attention"][0, q]),
+                                    **{k: v[q : q + 1].cpu() for k, v in detection.items()}, category_names=names, score_threshold=0.0)
+                    for q in keep.tolist()]
+        return [shown, *pictures]
+    inputs = datamodule.val_transform(tv_tensors.Image(image))
+    maps = vit_attention_maps(module.model, inputs[None].to(device))
+    shown = denormalize(inputs)
+    return [shown, overlay_heatmap(shown, maps["rollout"][0]), *(overlay_heatmap(shown, m) for m in maps["last_layer"][0])]

@@ -145,3 +145,13 @@ def draw_confusion(confusion: Tensor, class_names: Sequence[str], count: int = 1
             shade = int(255 * (1 - fractions[i, j]))
             draw.rectangle([left + j * cell, top, left + (j + 1) * cell - 1, top + cell - 1], fill=(255, shade, shade), outline=(200, 200, 200))
     return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1)
+
+
+def overlay_heatmap(image: Tensor, heat: Tensor, alpha: float = 0.6) -> Tensor:
+    """``heat`` ``[h,w]`` scaled to its own range, resized to ``image`` ``[3,H,W]`` uint8 and blended
+    in as red (high) over blue (low); returns ``[3,H,W]`` uint8."""
+    heat = heat.float().cpu()
+    heat = (heat - heat.min()) / (heat.max() - heat.min()).clamp_min(1e-12)
+    heat = torch.nn.functional.interpolate(heat[None, None], size=image.shape[-2:], mode="bilinear", align_corners=False)[0, 0]
+    colour = torch.stack([heat, 0.2 * torch.ones_like(heat), 1 - heat]) * 255
+    return (image.float().cpu() * (1 - alpha) + colour * alpha).round().clamp(0, 255).to(torch.uint8)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from PIL import Image, ImageOps
@@ -25,11 +25,10 @@ def read_rgb_image(path: str | Path) -> torch.Tensor:
         raise SystemExit(f"error: {path}: cannot be read as an image ({err})") from err
 
 
-def infer_image(config_args: Sequence[str], ckpt: str | Path, image: str | Path, out: str | Path) -> Path:
-    """Loads the model of ``ckpt`` (its class from the config), predicts on ``image``, writes a PNG to ``out``.
+def load_trained(config_args: Sequence[str], ckpt: str | Path) -> tuple[Any, Any]:
+    """The trained module of ``ckpt`` (its class from the config, in eval mode) and the config's datamodule.
 
-    ``config_args`` are the usual ``--config NAME [--section.key value ...]``; the config's
-    datamodule supplies the validation resize and the class names.
+    ``config_args`` are the usual ``--config NAME [--section.key value ...]``.
     """
     from lightning.pytorch import LightningDataModule, LightningModule
 
@@ -37,8 +36,16 @@ def infer_image(config_args: Sequence[str], ckpt: str | Path, image: str | Path,
         LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
         run=False, save_config_callback=None, args=resolve_config_args(config_args),
     )
-    module = type(cli.model).load_from_checkpoint(ckpt, map_location="cpu").eval()
-    picture = module.draw_prediction(read_rgb_image(image), cli.datamodule)
+    return type(cli.model).load_from_checkpoint(ckpt, map_location="cpu").eval(), cli.datamodule
+
+
+def infer_image(config_args: Sequence[str], ckpt: str | Path, image: str | Path, out: str | Path) -> Path:
+    """Loads the model of ``ckpt`` (its class from the config), predicts on ``image``, writes a PNG to ``out``.
+
+    The config's datamodule supplies the validation resize and the class names.
+    """
+    module, datamodule = load_trained(config_args, ckpt)
+    picture = module.draw_prediction(read_rgb_image(image), datamodule)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_png(picture, str(out))
