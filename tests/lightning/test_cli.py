@@ -63,7 +63,7 @@ def test_unknown_option_lists_the_valid_ones(tiny_coco: Path, tmp_path: Path, ca
     with pytest.raises(SystemExit):
         run_cli("fit", _tiny_args(tiny_coco, tmp_path, "--model.lrr", "1e-4"))
     err = capsys.readouterr().err
-    assert "error: DetectionModule has no option 'lrr' (did you mean 'lr'?). Valid options: backbone, num_classes" in err
+    assert "error: DetectionModule has no option 'lrr' (did you mean 'lr'?). Valid options: backbone, detector, num_classes" in err
     misspelt = tmp_path / "misspelt.yaml"
     misspelt.write_text("data:\n  init_args:\n    batch_sise: 2\n")
     with pytest.raises(SystemExit):

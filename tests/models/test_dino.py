@@ -175,16 +175,16 @@ def test_label_noise_replaces_about_half_the_ratio() -> None:
     from vision_tx.heads.dino import ContrastiveDenoising
 
     torch.manual_seed(0)
-    denoising = ContrastiveDenoising(1000, 8, num_queries=20000, label_noise_ratio=0.5)
+    denoising = ContrastiveDenoising(1000, 8, num_queries=4000, label_noise_ratio=0.5)
     target = [{"labels": torch.tensor([3]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]])}]
     queries = denoising(target, num_matching=1)
     kept = (queries.content[0] == denoising.label_embed.weight[3]).all(-1).float().mean()
-    assert abs(kept - 0.75) < 0.02  # a quarter replaced (by another class 999 times in 1000)
+    assert abs(kept - 0.75) < 0.03  # a quarter replaced (by another class 999 times in 1000)
 
 
 def mixed_dino(batch) -> DINO:
     torch.manual_seed(0)
-    model = tiny_dino(batch[3], query_selection="mixed", num_denoising=24).train()
+    model = tiny_dino(batch[3], query_selection="mixed", num_denoising=12).train()
     perturb_(model)
     return model
 
@@ -195,7 +195,7 @@ def test_denoising_groups_see_no_other_group_and_matching_queries_see_none(batch
     targets = dino_targets()
     torch.manual_seed(1)
     queries = model.denoising(targets, QUERIES)
-    assert queries.num_groups == 4
+    assert queries.num_groups == 2
     group_queries = 2 * queries.group_size
     model.denoising.forward = lambda *args: queries
     with torch.no_grad():

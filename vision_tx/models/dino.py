@@ -24,6 +24,7 @@ from vision_tx.heads.dino.transformer import (
     box_sine_embedding,
     inverse_sigmoid,
 )
+from vision_tx.models.detr import checked_pixel_mask
 from vision_tx.necks.multiscale import MultiScaleLevels, MultiScaleProjection
 
 QUERY_SELECTIONS = ("mixed", "two_stage")
@@ -112,15 +113,7 @@ class DINO(nn.Module):
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (normalised,
         used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
         "aux_outputs", "enc_outputs"}`` and in training with targets ``"dn_outputs"``."""
-        if images.dim() != 4 or images.shape[1] != 3:
-            raise ValueError(f"vision_tx/models/dino.py: images must be [B,3,H,W], got {list(images.shape)}")
-        if pixel_mask is None:
-            pixel_mask = images.new_zeros(images.shape[0], *images.shape[2:], dtype=torch.bool)
-        elif pixel_mask.dtype != torch.bool or pixel_mask.shape != (images.shape[0], *images.shape[2:]):
-            raise ValueError(
-                f"vision_tx/models/dino.py: pixel_mask must be bool [B,H,W] = {[images.shape[0], *images.shape[2:]]}, "
-                f"got {pixel_mask.dtype} {list(pixel_mask.shape)}"
-            )
+        pixel_mask = checked_pixel_mask(images, pixel_mask, "vision_tx/models/dino.py")
         levels = self.neck(list(self.backbone(images).values()), pixel_mask)
         memory = self.encoder(levels.tokens, levels.position, levels.padding_mask, levels.shapes, levels.valid_ratios)
         return self.forward_decoder(memory, levels, targets if self.training else None)

@@ -10,24 +10,30 @@ from torchvision.ops import box_convert
 
 
 @torch.no_grad()
-def postprocess_detections(
-    outputs: dict, orig_sizes: torch.Tensor, scores_and_labels: tuple[torch.Tensor, torch.Tensor] | None = None
-) -> list[dict[str, torch.Tensor]]:
+def postprocess_detections(outputs: dict, orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
     """Scores, category ids and absolute xyxy boxes for every query of every image.
 
     ``outputs``: ``pred_logits [B,Q,C+1]`` (last class: no-object) and ``pred_boxes [B,Q,4]``
     (cxcywh, normalised to the unpadded image); ``orig_sizes [B,2]`` holds (h, w) of the original
     images. Each query keeps its most probable real class (softmax over all classes, no-object
     excluded from the max), as DETR scores its predictions for COCO evaluation. Returns per image
-    ``{"scores" [Q], "labels" [Q] int64, "boxes" [Q,4] xyxy pixels}``. ``scores_and_labels`` ``[B,Q]``
-    each, when given, replace those taken from the logits.
+    ``{"scores" [Q], "labels" [Q] int64, "boxes" [Q,4] xyxy pixels}``.
     """
-    logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
-    if orig_sizes.shape != (len(boxes), 2):
+    logits = outputs["pred_logits"]
+    _check_sizes(orig_sizes, len(logits))
+    scores, labels = logits.softmax(-1)[..., :-1].max(-1)
+    return _detections(scores, labels, outputs["pred_boxes"], orig_sizes)
+
+
+def _check_sizes(orig_sizes: torch.Tensor, batch: int) -> None:
+    if orig_sizes.shape != (batch, 2):
         raise ValueError(
-            f"vision_tx/heads/detr/postprocess.py: orig_sizes must be [B,2] = [{len(boxes)},2] (h, w), got {list(orig_sizes.shape)}"
+            f"vision_tx/heads/detr/postprocess.py: orig_sizes must be [B,2] = [{batch},2] (h, w), got {list(orig_sizes.shape)}"
         )
-    scores, labels = logits.softmax(-1)[..., :-1].max(-1) if scores_and_labels is None else scores_and_labels
+
+
+def _detections(scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    """Per image ``scores``, ``labels`` and ``boxes`` (normalised cxcywh ``[B,N,4]`` -> xyxy pixels of ``orig_sizes``)."""
     height, width = orig_sizes.to(boxes).unbind(1)
     scale = torch.stack([width, height, width, height], dim=1)[:, None, :]
     boxes = box_convert(boxes, "cxcywh", "xyxy") * scale
@@ -43,15 +49,12 @@ def postprocess_sigmoid_detections(outputs: dict, orig_sizes: torch.Tensor, num_
     ``pred_boxes`` and ``orig_sizes`` as in :func:`postprocess_detections`; returns the same keys.
     """
     logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
-    if orig_sizes.shape != (len(logits), 2):
-        raise ValueError(
-            f"vision_tx/heads/detr/postprocess.py: orig_sizes must be [B,2] = [{len(logits)},2] (h, w), got {list(orig_sizes.shape)}"
-        )
+    _check_sizes(orig_sizes, len(logits))
     num_classes = logits.shape[-1]
     scores, index = logits.sigmoid().flatten(1).topk(min(num_detections, logits.shape[1] * num_classes), dim=1)
     queries = torch.div(index, num_classes, rounding_mode="floor")
     picked = torch.gather(boxes, 1, queries[..., None].expand(-1, -1, 4))
-    return postprocess_detections({"pred_logits": None, "pred_boxes": picked}, orig_sizes, (scores, index % num_classes))
+    return _detections(scores, index % num_classes, picked, orig_sizes)
 
 
 @torch.no_grad()
