@@ -94,7 +94,7 @@ def test_validation_gives_the_same_pq_on_two_processes(
         out.mkdir()
         metrics, console = validate_checkpoint(ckpt, toy_cache, out, devices, config_args=SMALL)
         outputs[devices] = metrics, json.loads(next(out.rglob(f"{PREDICTIONS}.json")).read_text())
-        tables[devices] = re.search(r"^category .*?^Stuff .*?$", console, re.S | re.M).group(0)
+        tables[devices] = re.search(r"^category +\| +PQ .*?^Stuff .*?$", console, re.S | re.M).group(0)
     assert outputs[1] == outputs[2] and tables[1] == tables[2]
     assert len(outputs[2][1]["annotations"]) == 16
     # The barely trained model may match no segment (PQ 0), but every ground-truth segment of the
