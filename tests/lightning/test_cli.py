@@ -48,6 +48,8 @@ def test_eval_tool_prints_pycocotools_numbers(shared_data: Path, iou_type: str, 
     ).stdout
     assert "Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ]" in out
     assert expected in out
+    assert f"{iou_type} AP per category: the 10 lowest AP of 80 categories (all in metrics.json)" in out
+    assert "per_category" not in out
 
 
 @pytest.fixture(scope="module")

@@ -174,29 +174,28 @@ class TrainingMonitor(LearningRateMonitor):
 
     def __init__(self, logging_interval: Literal["step", "epoch"] | None = "step", **kwargs: Any) -> None:
         super().__init__(logging_interval=logging_interval, **kwargs)
-        self._batch_ends: deque[tuple[float, int]] = deque()
+        self._batch_starts: deque[tuple[float, int]] = deque()
 
     def on_train_start(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         if trainer.loggers:
             super().on_train_start(trainer, *args, **kwargs)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
-        self._batch_ends.clear()
+        self._batch_starts.clear()
         if trainer.loggers:
             super().on_train_epoch_start(trainer, *args, **kwargs)
 
-    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
-        if trainer.loggers:
-            super().on_train_batch_start(trainer, *args, **kwargs)
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.loggers:
-            self._batch_ends.append((time.perf_counter(), extract_batch_size(batch)))
-            while len(self._batch_ends) > max(trainer.log_every_n_steps, 1) + 1:
-                self._batch_ends.popleft()
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if not trainer.loggers:
+            return
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        images = len(batch["images"]) if isinstance(batch, dict) and "images" in batch else extract_batch_size(batch)
+        self._batch_starts.append((time.perf_counter(), images))
+        while len(self._batch_starts) > max(trainer.log_every_n_steps, 1) + 1:
+            self._batch_starts.popleft()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._batch_ends.clear()  # the time spent validating is no training time
+        self._batch_starts.clear()  # the time spent validating is no training time
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer) -> None:
         # Lightning clips after this hook: the gradients are the unclipped (and unscaled) ones.
@@ -206,9 +205,9 @@ class TrainingMonitor(LearningRateMonitor):
         stats = {"train/peak_memory_gib": peak_memory_gib(pl_module.device)}
         if gradients:
             stats["train/grad_norm"] = float(torch.nn.utils.get_total_norm(gradients))
-        if len(self._batch_ends) > 1:
-            (start, _), *rest = self._batch_ends
-            stats["train/images_per_second"] = trainer.world_size * sum(n for _, n in rest) / (rest[-1][0] - start)
+        if len(self._batch_starts) > 1:  # the batches started before this one, over the time they took
+            *done, (now, _) = self._batch_starts
+            stats["train/images_per_second"] = trainer.world_size * sum(n for _, n in done) / (now - done[0][0])
         pl_module.log_dict(stats, on_step=True, on_epoch=False)
 
 

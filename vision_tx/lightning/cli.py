@@ -68,6 +68,16 @@ def resolve_config_args(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def config_name(args: Sequence[str]) -> str:
+    """The name of the first ``--config`` file in ``args`` (as :func:`resolve_config_args` gives them), or ``run``."""
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            return Path(args[i + 1]).stem
+        if arg.startswith("--config="):
+            return Path(arg.split("=", 1)[1]).stem
+    return "run"
+
+
 def class_options(class_path: str) -> list[str]:
     """The constructor arguments of the class at ``class_path`` (``package.module.Class``), with those
     of the base classes its ``**kwargs`` are passed on to."""
@@ -155,6 +165,7 @@ def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
     # sys.argv stays as it is (DDP relaunches this script with it); the resolved arguments go in
     # ``args``, which LightningCLI would otherwise warn about when the process has arguments too.
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    args = resolve_config_args(argv)
     try:
         return VisionTxCLI(
             LightningModule,
@@ -163,7 +174,9 @@ def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
             subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
             parser_class=VisionTxArgumentParser,
-            args=[subcommand, *resolve_config_args(argv)],
+            # Logs, checkpoints and metrics of a config go to runs/<config name>/ unless it says otherwise.
+            trainer_defaults={"default_root_dir": str(Path("runs") / config_name(args))},
+            args=[subcommand, *args],
         )
     except Exception as err:
         user_error = input_error(err)
@@ -223,7 +236,8 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
         stats = evaluate_results_file(known.gt, known.results, iou_type=known.iou_type)
         print(f"{known.iou_type} stats (full precision):")
         for name, value in stats.items():
-            print(f"  {name:<5} {value!r}")
+            if name != "per_category":
+                print(f"  {name:<5} {value!r}")
     elif known.gt_panoptic or known.pred_panoptic:
         if not all((known.gt_panoptic, known.gt_folder, known.pred_panoptic, known.pred_folder)):
             parser.error("--gt-panoptic, --gt-folder, --pred-panoptic and --pred-folder go together")
