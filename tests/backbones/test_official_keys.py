@@ -11,6 +11,7 @@ import torch
 
 from tests.backbones.nat_reference import ReferenceNAT
 from vision_tx.backbones import build_backbone, build_classifier, load_weights
+from vision_tx.backbones.convert import build_for_conversion
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "official_keys"
 
@@ -31,6 +32,8 @@ MODELS = {
     "mask_rcnn_nat_tiny_3x_coco": ("nat_tiny", "backbone", {}),
     "upernet_nat_small_in1k_512x512": ("nat_small", "backbone", {}),
     "upernet_nat_base_in1k_512x512": ("nat_base", "backbone", {}),
+    "detr-r50-e632da11": ("detr_resnet50", "classifier", {}),
+    "detr-r50-panoptic-00ce5173": ("detr_panoptic_resnet50", "classifier", {}),
 }
 # Buffers of the official files that vision_tx recomputes instead of loading (documented in
 # SwinTransformer.convert_state_dict): they are dropped, never reported as unused.
@@ -55,7 +58,8 @@ def test_official_layout_lands_without_missing_unexpected_or_misshaped_keys(name
     arch, form, overrides = MODELS[name]
     layout = read_layout(name)
     with torch.device("meta"):
-        model = (build_classifier(arch, **overrides) if form == "classifier" else build_backbone(arch, **overrides))
+        model = (build_for_conversion(arch) if arch.startswith("detr") else
+                 build_classifier(arch, **overrides) if form == "classifier" else build_backbone(arch, **overrides))
         state = {key: torch.empty(shape, dtype=torch.long if key.endswith("index") else torch.float32)
                  for key, shape in layout.items()}
     checkpoint = {"state_dict": state} if form == "backbone" else {"model": state}
