@@ -11,6 +11,7 @@ import torch
 
 from tests.backbones.nat_reference import ReferenceNAT
 from vision_tx.backbones import build_backbone, build_classifier, load_weights
+from vision_tx.backbones.convert import build_for_conversion
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "official_keys"
 
@@ -31,6 +32,8 @@ MODELS = {
     "mask_rcnn_nat_tiny_3x_coco": ("nat_tiny", "backbone", {}),
     "upernet_nat_small_in1k_512x512": ("nat_small", "backbone", {}),
     "upernet_nat_base_in1k_512x512": ("nat_base", "backbone", {}),
+    "detr-r50-e632da11": ("detr_resnet50", "classifier", {}),
+    "detr-r50-panoptic-00ce5173": ("detr_panoptic_resnet50", "classifier", {}),
 }
 # Buffers of the official files that vision_tx recomputes instead of loading (documented in
 # SwinTransformer.convert_state_dict): they are dropped, never reported as unused.
@@ -55,7 +58,8 @@ def test_official_layout_lands_without_missing_unexpected_or_misshaped_keys(name
     arch, form, overrides = MODELS[name]
     layout = read_layout(name)
     with torch.device("meta"):
-        model = (build_classifier(arch, **overrides) if form == "classifier" else build_backbone(arch, **overrides))
+        model = (build_for_conversion(arch) if arch.startswith("detr") else
+                 build_classifier(arch, **overrides) if form == "classifier" else build_backbone(arch, **overrides))
         state = {key: torch.empty(shape, dtype=torch.long if key.endswith("index") else torch.float32)
                  for key, shape in layout.items()}
     checkpoint = {"state_dict": state} if form == "backbone" else {"model": state}
@@ -76,3 +80,41 @@ def test_the_nat_reference_has_the_official_layout(name: str) -> None:
                                  num_classes=1000 if classifier else None)
     prefix = "" if classifier else "backbone."
     assert {prefix + k: tuple(v.shape) for k, v in reference.state_dict().items()} == read_layout(name)
+
+
+def _random_values(layout: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Values well away from any initialisation at activation-preserving scales (float64): norm weights
+    in [0.5, 1.5], biases ~ N(0, 0.2), bias tables ~ N(0, 1), other weights uniform at the fan-in scale."""
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for key, shape in layout.items():
+        if key.endswith(RECOMPUTED):
+            state[key] = torch.zeros(shape, dtype=torch.long)  # ignored by both loaders
+        elif key.endswith("relative_position_bias_table"):
+            state[key] = torch.randn(shape, generator=generator, dtype=torch.float64)
+        elif key.endswith("bias"):
+            state[key] = 0.2 * torch.randn(shape, generator=generator, dtype=torch.float64)
+        elif len(shape) == 1:
+            state[key] = 0.5 + torch.rand(shape, generator=generator, dtype=torch.float64)
+        else:
+            fan_in = torch.Size(shape[1:]).numel()
+            state[key] = (2 * torch.rand(shape, generator=generator, dtype=torch.float64) - 1) * (3 / fan_in) ** 0.5
+    return state
+
+
+def test_microsoft_swin_checkpoint_gives_timms_logits() -> None:
+    # timm reads the same official dict through its own checkpoint filter: an independent loader.
+    import timm
+    from timm.models.swin_transformer import checkpoint_filter_fn
+
+    state = _random_values(read_layout("swin_tiny_patch4_window7_224"))
+    reference = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False).double().eval()
+    reference.load_state_dict(checkpoint_filter_fn(state, reference), strict=True)
+    model = build_classifier("swin_t").double().eval()
+    report = load_weights(model, {"model": state}, strict=True)
+    assert not report.missing_keys and not report.unexpected_keys
+    images = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        expected, actual = reference(images), model(images)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(actual, expected, rtol=0, atol=2e-14)  # measured 2.8e-15
