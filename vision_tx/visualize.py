@@ -66,15 +66,19 @@ def draw_panoptic(image: Tensor, segment_ids: Tensor, segment_classes: Mapping[i
     return draw_segmentation_masks(out, edges[None], alpha=1.0, colors=["white"])
 
 
-def save_grid(images: Sequence[Tensor], path: str | Path, nrow: int = 4) -> Path:
-    """Writes uint8 ``[3,H,W]`` images (padded to one size) side by side into a PNG."""
+def grid(images: Sequence[Tensor], nrow: int = 4) -> Tensor:
+    """uint8 ``[3,H,W]`` images (padded to one size) side by side, ``nrow`` to a row: one uint8 ``[3,H',W']`` image."""
     height = max(i.shape[1] for i in images)
     width = max(i.shape[2] for i in images)
     padded = [torch.nn.functional.pad(i, (0, width - i.shape[2], 0, height - i.shape[1])) for i in images]
-    grid = make_grid(torch.stack(padded), nrow=nrow, padding=2)
+    return make_grid(torch.stack(padded), nrow=nrow, padding=2)
+
+
+def save_grid(images: Sequence[Tensor], path: str | Path, nrow: int = 4) -> Path:
+    """Writes :func:`grid` of uint8 ``[3,H,W]`` images into a PNG."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_png(grid, str(path))
+    write_png(grid(images, nrow), str(path))
     return path
 
 

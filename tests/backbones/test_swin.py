@@ -6,13 +6,17 @@ import math
 import re
 
 import pytest
-import timm
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from vision_tx.backbones import build_backbone, build_classifier, load_weights
 from vision_tx.backbones.swin import SwinBlock, SwinTransformer, explicit_attention
+
+from tests.conftest import require_reference
+from tests.parity import perturb_
+
+timm = require_reference("timm")
 
 TIMM_NAMES = {
     "swin_t": "swin_tiny_patch4_window7_224",
@@ -22,7 +26,7 @@ TIMM_NAMES = {
 
 
 def _timm_and_ours(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
-    reference = timm.create_model(TIMM_NAMES[name], pretrained=False).eval()
+    reference = perturb_(timm.create_model(TIMM_NAMES[name], pretrained=False).eval())
     ours = build_classifier(name).eval()
     report = load_weights(ours, reference.state_dict(), strict=True)
     assert not report.missing_keys and not report.unexpected_keys
@@ -32,10 +36,14 @@ def _timm_and_ours(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
 @pytest.mark.parametrize("name", ["swin_t", "swin_s", "swin_b"])
 def test_timm_weights_give_timm_logits(name: str) -> None:
     reference, ours = _timm_and_ours(name)
-    images = torch.randn(3, 3, 224, 224)  # > 1 image: inference runs images and windows in chunks
+    # > 1 image: inference runs images and windows in chunks; the deeper and wider variants, whose
+    # layers swin_t already checks, with one image to keep the suite fast.
+    images = torch.randn(3 if name == "swin_t" else 1, 3, 224, 224, dtype=torch.float64)
     with torch.no_grad():
-        expected, actual = reference(images), ours(images)
-    assert (actual - expected).abs().max() < 1e-4
+        expected, actual = reference.double()(images), ours.double()(images)
+    assert expected.std() > 0.1  # the comparison is not between near-constant outputs
+    # float64, so that rounding does not hide a bug: measured agreement ~2e-15.
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-12)
 
 
 def _microsoft_layout(timm_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -56,15 +64,15 @@ def _microsoft_layout(timm_state: dict[str, torch.Tensor]) -> dict[str, torch.Te
 
 
 def test_microsoft_checkpoint_gives_timm_logits(tmp_path) -> None:
-    reference = timm.create_model(TIMM_NAMES["swin_t"], pretrained=False).eval()
+    reference = perturb_(timm.create_model(TIMM_NAMES["swin_t"], pretrained=False).eval()).double()
     path = tmp_path / "swin_tiny_patch4_window7_224.pth"
     torch.save({"model": _microsoft_layout(reference.state_dict())}, path)
-    official = build_classifier("swin_t").eval()
+    official = build_classifier("swin_t").eval().double()
     report = load_weights(official, path, strict=True)
     assert not report.missing_keys and not report.unexpected_keys
-    images = torch.randn(2, 3, 224, 224)
+    images = torch.randn(2, 3, 224, 224, dtype=torch.float64)
     with torch.no_grad():
-        assert (official(images) - reference(images)).abs().max() < 1e-4
+        torch.testing.assert_close(official(images), reference(images), rtol=0, atol=1e-12)
 
 
 def test_window_7_checkpoint_into_window_12_model() -> None:
@@ -182,5 +190,5 @@ def test_bf16_autocast_stays_close_to_fp32() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             actual = ours(images)
     assert actual.dtype == torch.bfloat16
-    # Measured 0.65% of the largest logit; an attention without its 1/sqrt(d) scale is 2.4% off.
-    assert (actual.float() - expected).abs().max() < 0.015 * expected.abs().max()
+    # Measured 0.46% of the largest logit (perturbed weights); an attention without its 1/sqrt(d) scale is 1.2% off.
+    assert (actual.float() - expected).abs().max() < 0.009 * expected.abs().max()

@@ -40,9 +40,12 @@ def test_keys_total_and_gradients() -> None:
     ]
     losses = SetCriterion(NUM_CLASSES)(out, targets)
     names = {f"loss_{kind}{suffix}" for kind in ("ce", "bbox", "giou") for suffix in ("", "_0", "_1")}
-    assert names | {"loss", "class_error", "cardinality_error"} == set(losses)
-    expected = sum((1 if "ce" in k else 5 if "bbox" in k else 2) * losses[k] for k in names)
+    assert names | {"loss", "loss_aux", "class_error", "cardinality_error"} == set(losses)
+    weight = {"ce": 1, "bbox": 5, "giou": 2}
+    expected = sum(weight[k.split("_")[1]] * losses[k] for k in names)
     torch.testing.assert_close(losses["loss"], expected)
+    auxiliary = sum(weight[k.split("_")[1]] * losses[k] for k in names if k[-2:] in ("_0", "_1"))
+    torch.testing.assert_close(losses["loss_aux"], auxiliary)
     losses["loss"].backward()
     for layer in [out, *out["aux_outputs"]]:
         assert layer["pred_logits"].grad.abs().sum() > 0 and layer["pred_boxes"].grad.abs().sum() > 0

@@ -10,14 +10,16 @@ import torch
 
 from vision_tx.heads.detr import AttentionMaps, MaskHead
 
-from tests.models.detr_helpers import heads_to_transformers, randomize_
+from tests.models.detr_helpers import heads_to_transformers
+from tests.conftest import require_reference
+from tests.parity import perturb_
 
-modeling_detr = pytest.importorskip("transformers.models.detr.modeling_detr")
+modeling_detr = require_reference("transformers.models.detr.modeling_detr")
 
 
 def test_attention_maps_match_transformers_and_ignore_padding() -> None:
     ours = AttentionMaps(64, 64, num_heads=8).eval()
-    randomize_(ours)
+    perturb_(ours)
     reference = modeling_detr.DetrMHAttentionMap(64, 8).eval()
     reference.load_state_dict(ours.state_dict())
     queries, memory = torch.randn(2, 5, 64), torch.randn(2, 64, 6, 7)
@@ -35,18 +37,18 @@ def test_attention_maps_match_transformers_and_ignore_padding() -> None:
 
 def test_mask_head_matches_transformers() -> None:
     # hidden 128 + 8 heads in; widths 128/2 .. 128/16; fpn maps at stride 16, 8, 4 of a 48x64 image.
-    ours = MaskHead(136, [24, 16, 8], 128).eval()
-    randomize_(ours)
-    reference = modeling_detr.DetrMaskHeadSmallConv(136, [24, 16, 8], 128).eval()
+    ours = perturb_(MaskHead(136, [24, 16, 8], 128).eval()).double()
+    reference = modeling_detr.DetrMaskHeadSmallConv(136, [24, 16, 8], 128).eval().double()
     state = heads_to_transformers({f"mask_head.{k}": v for k, v in ours.state_dict().items()})
     reference.load_state_dict({k.removeprefix("mask_head."): v for k, v in state.items()})
-    features, maps = torch.randn(2, 128, 2, 2), torch.rand(2, 3, 8, 2, 2)
-    fpn = [torch.randn(2, 24, 3, 4), torch.randn(2, 16, 6, 8), torch.randn(2, 8, 12, 16)]
+    features, maps = torch.randn(2, 128, 2, 2).double(), torch.rand(2, 3, 8, 2, 2).double()
+    fpn = [torch.randn(2, 24, 3, 4).double(), torch.randn(2, 16, 6, 8).double(), torch.randn(2, 8, 12, 16).double()]
 
     masks = ours(features, maps, fpn)
     expected = reference(features, maps, fpn)
     assert masks.shape == (2, 3, 12, 16)
-    torch.testing.assert_close(masks, expected.view(2, 3, 12, 16), rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+    # float64: measured ~1e-16 of the largest value.
+    torch.testing.assert_close(masks, expected.view(2, 3, 12, 16), rtol=0, atol=1e-12 * expected.abs().max().item())
 
 
 def test_mismatched_widths_are_named() -> None:

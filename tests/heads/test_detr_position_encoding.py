@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from vision_tx.heads.detr import SinePositionEncoding
 
-detr = pytest.importorskip("transformers.models.detr.modeling_detr")
+from tests.conftest import require_reference
+
+detr = require_reference("transformers.models.detr.modeling_detr")
 
 
 def test_matches_transformers() -> None:

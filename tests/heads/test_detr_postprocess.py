@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vision_tx.heads.detr import normalize_targets, postprocess_detections, postprocess_panoptic
+from vision_tx.heads.detr import normalize_targets, postprocess_detections, postprocess_panoptic, postprocess_sigmoid_detections
 
 
 def test_boxes_in_original_pixels_and_best_real_class() -> None:
@@ -98,3 +98,23 @@ def test_panoptic_bad_sizes_are_named() -> None:
         postprocess_panoptic(panoptic_outputs(), torch.tensor([12, 16]), torch.tensor([[24, 32]]), IS_THING)
     with pytest.raises(ValueError, match=r"postprocess.py: sizes \[20, 16\] exceed the padded input \[16, 24\]"):
         postprocess_panoptic(panoptic_outputs(), torch.tensor([[20, 16]]), torch.tensor([[24, 32]]), IS_THING)
+
+
+def test_sigmoid_detections_match_transformers_deformable_detr() -> None:
+    from types import SimpleNamespace
+
+    from transformers import DeformableDetrImageProcessor
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 40, 5, generator=generator) * 3  # 200 (query, class) pairs per image, 100 kept
+    boxes = 0.2 + 0.6 * torch.rand(2, 40, 4, generator=generator)
+    orig_sizes = torch.tensor([[480, 640], [100, 50]])
+    ours = postprocess_sigmoid_detections({"pred_logits": logits, "pred_boxes": boxes}, orig_sizes)
+    reference = DeformableDetrImageProcessor().post_process_object_detection(
+        SimpleNamespace(logits=logits, pred_boxes=boxes), threshold=0.0, target_sizes=orig_sizes, top_k=100
+    )
+    for mine, theirs in zip(ours, reference):
+        assert len(mine["scores"]) == 100
+        torch.testing.assert_close(mine["scores"], theirs["scores"])
+        assert mine["labels"].tolist() == theirs["labels"].tolist()
+        torch.testing.assert_close(mine["boxes"], theirs["boxes"])

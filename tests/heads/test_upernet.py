@@ -13,7 +13,10 @@ import torch
 from vision_tx.heads.fcn import FCNHead
 from vision_tx.heads.upernet import UperNetHead
 
-transformers = pytest.importorskip("transformers")
+from tests.conftest import require_reference
+from tests.parity import perturb_
+
+transformers = require_reference("transformers")
 from transformers import UperNetConfig  # noqa: E402
 from transformers.models.upernet.modeling_upernet import UperNetFCNHead, UperNetHead as HFUperNetHead  # noqa: E402
 
@@ -26,19 +29,8 @@ def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key.replace(".bn.", ".batch_norm."): value for key, value in state.items()}
 
 
-def randomize_(module: torch.nn.Module) -> None:
-    """Moves every weight and BatchNorm statistic off its initial value, so no mapping error hides."""
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, tensor in module.state_dict().items():
-            if name.endswith("num_batches_tracked"):
-                continue
-            noise = torch.rand(tensor.shape, generator=generator) if "running_var" in name else torch.randn(tensor.shape, generator=generator)
-            tensor.copy_(noise * 0.5 + (0.5 if "running_var" in name else 0.0))
-
-
 def features(batch: int = 2, size: int = 96) -> list[torch.Tensor]:
-    return [torch.randn(batch, c, size // s, size // s) for c, s in zip(IN_CHANNELS, (4, 8, 16, 32))]
+    return [torch.randn(batch, c, size // s, size // s, dtype=torch.float64) for c, s in zip(IN_CHANNELS, (4, 8, 16, 32))]
 
 
 @pytest.fixture
@@ -47,9 +39,8 @@ def config() -> UperNetConfig:
 
 
 def test_decode_head_matches_transformers(config: UperNetConfig) -> None:
-    ours = UperNetHead(IN_CHANNELS, NUM_CLASSES, channels=32).eval()
-    randomize_(ours)
-    reference = HFUperNetHead(config, in_channels=IN_CHANNELS).eval()
+    ours = perturb_(UperNetHead(IN_CHANNELS, NUM_CLASSES, channels=32).eval()).double()
+    reference = HFUperNetHead(config, in_channels=IN_CHANNELS).eval().double()
     result = reference.load_state_dict(to_transformers(ours.state_dict()), strict=True)
     assert not result.missing_keys and not result.unexpected_keys
     inputs = features()
@@ -57,17 +48,16 @@ def test_decode_head_matches_transformers(config: UperNetConfig) -> None:
         expected = reference(inputs)
         actual = ours(inputs)
     assert actual.shape == (2, NUM_CLASSES, 24, 24)
-    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-12)  # float64: measured ~1e-15
 
 
 def test_auxiliary_head_matches_transformers(config: UperNetConfig) -> None:
-    ours = FCNHead(IN_CHANNELS[2], NUM_CLASSES, channels=16).eval()
-    randomize_(ours)
-    reference = UperNetFCNHead(config, in_channels=IN_CHANNELS, in_index=2).eval()
+    ours = perturb_(FCNHead(IN_CHANNELS[2], NUM_CLASSES, channels=16).eval()).double()
+    reference = UperNetFCNHead(config, in_channels=IN_CHANNELS, in_index=2).eval().double()
     reference.load_state_dict(to_transformers(ours.state_dict()), strict=True)
     inputs = features()
     with torch.no_grad():
-        torch.testing.assert_close(ours(inputs[2]), reference(inputs), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ours(inputs[2]), reference(inputs), rtol=0, atol=1e-12)
 
 
 def test_head_works_on_odd_sizes_and_fewer_levels() -> None:
@@ -77,7 +67,7 @@ def test_head_works_on_odd_sizes_and_fewer_levels() -> None:
 
 
 def test_dropout_only_in_training() -> None:
-    head = UperNetHead(IN_CHANNELS, NUM_CLASSES, channels=16)
+    head = UperNetHead(IN_CHANNELS, NUM_CLASSES, channels=16).double()
     inputs = features()
     head.train()
     assert not torch.equal(head(inputs), head(inputs))  # Dropout2d draws new channels each call

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The toy DETR, shrunk: runs that stop on a bad input never get to train it.
 TINY = [
     "--config", "detr_swin_toy",
-    "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64}",
+    "--model.detector_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64}",
     "--data.num_workers", "0", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
     "--trainer.max_steps", "1", "--trainer.num_sanity_val_steps", "0", "--trainer.limit_val_batches", "0",
@@ -48,6 +48,8 @@ def test_eval_tool_prints_pycocotools_numbers(shared_data: Path, iou_type: str, 
     ).stdout
     assert "Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ]" in out
     assert expected in out
+    assert f"{iou_type} AP per category: the 10 lowest AP of 80 categories (all in metrics.json)" in out
+    assert "per_category" not in out
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,7 @@ def test_unknown_option_lists_the_valid_ones(tiny_coco: Path, tmp_path: Path, ca
     with pytest.raises(SystemExit):
         run_cli("fit", _tiny_args(tiny_coco, tmp_path, "--model.lrr", "1e-4"))
     err = capsys.readouterr().err
-    assert "error: DetectionModule has no option 'lrr' (did you mean 'lr'?). Valid options: backbone, num_classes" in err
+    assert "error: DetectionModule has no option 'lrr' (did you mean 'lr'?). Valid options: backbone, detector, num_classes" in err
     misspelt = tmp_path / "misspelt.yaml"
     misspelt.write_text("data:\n  init_args:\n    batch_sise: 2\n")
     with pytest.raises(SystemExit):

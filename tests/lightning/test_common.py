@@ -56,3 +56,12 @@ def test_param_groups_split_backbone_and_decay() -> None:
     assert set(by_setting) == {(1e-5, 0.05), (1e-5, 0.0), (1e-4, 0.05), (1e-4, 0.0)}
     assert sum(len(p) for p in by_setting.values()) == len(list(model.parameters()))
     assert model["head"].bias in [p for p in by_setting[(1e-4, 0.0)]]
+
+
+def test_vit_tokens_and_position_embeddings_are_not_decayed() -> None:
+    model = torch.nn.ModuleDict({"backbone": build_backbone("deit_tiny_distilled", depth=1)})
+    groups = param_groups(model, lr=1e-4, weight_decay=0.05, decay_norms_and_biases=False)
+    undecayed = [p for g in groups if g["weight_decay"] == 0.0 for p in g["params"]]
+    stem = model["backbone"].stem
+    assert all(any(p is q for q in undecayed) for p in (stem.cls_token, stem.dist_token, stem.pos_embed))
+    assert not any(stem.patch_embed.proj.weight is q for q in undecayed)

@@ -19,12 +19,16 @@ Validation metrics are exactly equal: every image is scored once, whatever the n
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 
-from tests.lightning.test_detection import SMALL, run_tool
+from tests.lightning.test_detection import ROOT, SMALL, run_tool, toy_cache, trained, validate_checkpoint  # noqa: F401 (fixtures)
 from tests.lightning.test_resume import SEGMENTATION, train
 from vision_tx.data.toy import make_toy_coco
 from vision_tx.data.toy_panoptic import make_toy_coco_panoptic
@@ -88,7 +92,7 @@ def assert_detr_trains_the_same(args: list[str], run_dir: Path, steps: int) -> d
 def test_detection_trains_the_same_on_two_processes(tmp_path: Path) -> None:
     root = make_toy_coco(tmp_path / "toy", num_train=12, num_val=3, min_side=64, max_side=64)
     detr = "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}"
-    assert_detr_trains_the_same([*SMALL, "--data.root", str(root), "--model.detr_kwargs", detr], tmp_path, steps=3)
+    assert_detr_trains_the_same([*SMALL, "--data.root", str(root), "--model.detector_kwargs", detr], tmp_path, steps=3)
 
 
 def test_panoptic_trains_the_same_on_two_processes(tmp_path: Path) -> None:
@@ -96,7 +100,7 @@ def test_panoptic_trains_the_same_on_two_processes(tmp_path: Path) -> None:
     args = [
         "--config", "detr_panoptic_swin_toy", "--data.root", str(root), "--data.num_workers", "0", "--trainer.accelerator", "cpu",
         "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
-        "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 128, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}",
+        "--model.detector_kwargs", "{num_queries: 5, hidden_dim: 128, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}",
     ]
     gradients = assert_detr_trains_the_same(args, tmp_path, steps=2)
     assert any(name.startswith("model.mask_head.") for name in gradients)  # the mask losses reach the head
@@ -126,3 +130,35 @@ def test_segmentation_trains_and_validates_the_same_on_two_processes(tmp_path: P
     one_metrics, two_metrics = (json.loads(next(d.rglob("metrics.json")).read_text())["segm_sem"] for d in (tmp_path / "one", out))
     assert one_metrics == two_metrics
     assert one_metrics["aAcc"] > 0  # the model gets some pixels right: the counts of every image matter
+
+
+def node_environment(node_rank: int, nodes: int, port: int) -> dict[str, str]:
+    """What ``torchrun --nnodes NODES --nproc_per_node 1 --node_rank NODE_RANK`` gives its one process."""
+    return {
+        **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(nodes),
+        "RANK": str(node_rank), "GROUP_RANK": str(node_rank), "NODE_RANK": str(node_rank),
+        "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "OMP_NUM_THREADS": "1",
+    }
+
+
+def test_two_nodes_validate_like_one_process(trained: Path, toy_cache: Path, tmp_path: Path) -> None:
+    """The README's several-machine command on localhost: 2 nodes of 1 process, started as torchrun starts
+    them (``--trainer.num_nodes 2``, gloo on CPU), give the metrics of 1 process."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    expected, _ = validate_checkpoint(trained, toy_cache, one, devices=1)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [
+        sys.executable, str(ROOT / "tools" / "eval.py"), *SMALL, "--data.batch_size", "1", "--ckpt", str(trained),
+        "--data.toy_cache_dir", str(toy_cache), "--trainer.num_nodes", "2", "--trainer.devices", "1",
+        "--trainer.strategy", "ddp", "--trainer.logger", "true", "--trainer.default_root_dir", str(two),
+    ]
+    nodes = [subprocess.Popen(command, cwd=two, env=node_environment(rank, 2, port), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs[1]  # the second node's process joined as rank 1 of 2
+    assert json.loads(next(two.rglob("metrics.json")).read_text()) == expected

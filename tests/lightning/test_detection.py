@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # A small DETR at toy resolution: what the tests train for a few steps.
 SMALL = [
     "--config", "detr_swin_toy",
-    "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64}",
+    "--model.detector_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64}",
     "--data.num_workers", "0",
     "--data.batch_size", "4",
     "--data.val_transform.init_args.size", "96",
@@ -48,7 +48,7 @@ def trained(tmp_path_factory, toy_cache) -> Path:
         cwd=run_dir,
     )
     metrics = json.loads(next(run_dir.rglob("metrics.json")).read_text())
-    assert set(metrics["bbox"]) == {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl"}
+    assert set(metrics["bbox"]) == {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl", "per_category"}
     assert list(run_dir.rglob("predictions_step*.png")) and list(run_dir.rglob("bbox_results.json"))
     return next(run_dir.rglob("last.ckpt"))
 

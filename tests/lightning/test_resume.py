@@ -32,7 +32,7 @@ KILL_AT_STEP_5 = "{class_path: tests.lightning.test_resume.KillAtStep, init_args
 DETECTION = [
     *SMALL,
     "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.1}",
-    "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.1}",
+    "--model.detector_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.1}",
     "--data.train_transform.init_args.scales", "[64, 80]", "--data.train_transform.init_args.max_size", "96",
     "--data.train_transform.init_args.crop_scales", "[64]", "--data.train_transform.init_args.crop_size", "[48, 64]",
     "--data.batch_size", "2",

@@ -41,7 +41,8 @@ def test_fit_and_validate_on_toy_set(tiny_backbone, monkeypatch, tmp_path) -> No
     assert module.hparams.num_classes == len(TOY_CLASSES)  # taken from the datamodule
     assert trainer.callback_metrics["train/loss"].isfinite()
     metrics = json.loads((Path(trainer.log_dir) / "metrics.json").read_text())["segm_sem"]
-    assert set(metrics) == {"mIoU", "mAcc", "aAcc", "per_class"} and list(metrics["per_class"]) == list(TOY_CLASSES)
+    assert set(metrics) == {"mIoU", "mAcc", "aAcc", "per_category"}
+    assert [row["name"] for row in metrics["per_category"]] == list(TOY_CLASSES)
     assert 0 <= metrics["aAcc"] <= 1 and trainer.callback_metrics["val/mIoU"] == pytest.approx(metrics["mIoU"])
 
     # The checkpoint rebuilds the same model with no datamodule: num_classes was recorded.

@@ -50,6 +50,7 @@ def test_results_file_gives_pycocotools_numbers(parity: Path, iou_type: str, cap
     gt_json, results_json = parity / "instances_val2014_100.json", parity / RESULT_FILES[iou_type]
     stats = evaluate_results_file(gt_json, results_json, iou_type=iou_type)
     assert "Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ]" in capsys.readouterr().out
+    assert stats.pop("per_category")  # checked below
     assert list(stats) == list(STAT_NAMES)
     # Bit for bit what pycocotools itself gives here...
     assert list(stats.values()) == _pycocotools_stats(gt_json, results_json, iou_type)
@@ -61,6 +62,57 @@ def test_results_file_gives_pycocotools_numbers(parity: Path, iou_type: str, cap
             assert math.isclose(got, expected, rel_tol=1e-15, abs_tol=0.0), (name, got, expected)
         else:
             assert got == expected, (name, got, expected)
+
+
+def _pycocotools_per_category(gt_json: Path, results_json: Path, iou_type: str) -> dict[int, list[float]]:
+    """Per category, the means of pycocotools' precision array ``[T, R, K, A, M]`` over its entries
+    above -1, at maxDets 100: AP (all IoUs), AP50, AP75 (area all), APs, APm, APl (all IoUs)."""
+    gt = COCO(str(gt_json))
+    evaluator = COCOeval(gt, gt.loadRes(str(results_json)), iou_type)
+    evaluator.evaluate()
+    evaluator.accumulate()
+    precision = evaluator.eval["precision"]
+    assert list(evaluator.params.iouThrs[[0, 5]]) == [0.5, 0.75] and evaluator.params.areaRngLbl == ["all", "small", "medium", "large"]
+
+    def mean(values: np.ndarray) -> float | None:
+        return float(values[values > -1].mean()) if (values > -1).any() else None
+
+    return {
+        category: [mean(precision[:, :, k, 0, 2]), mean(precision[0, :, k, 0, 2]), mean(precision[5, :, k, 0, 2]),
+                   mean(precision[:, :, k, 1, 2]), mean(precision[:, :, k, 2, 2]), mean(precision[:, :, k, 3, 2])]
+        for k, category in enumerate(evaluator.params.catIds)
+    }
+
+
+@pytest.mark.parametrize("iou_type", ["bbox", "segm"])
+def test_per_category_ap_is_pycocotools_precision_per_category(parity: Path, iou_type: str, capsys: pytest.CaptureFixture) -> None:
+    gt_json, results_json = parity / "instances_val2014_100.json", parity / RESULT_FILES[iou_type]
+    rows = evaluate_results_file(gt_json, results_json, iou_type=iou_type)["per_category"]
+    printed = capsys.readouterr().out
+    expected = _pycocotools_per_category(gt_json, results_json, iou_type)
+    names = {c["id"]: c["name"] for c in json.loads(gt_json.read_text())["categories"]}
+    assert [row["id"] for row in rows] == list(expected) and len(rows) == 80
+    for row in rows:
+        assert row["name"] == names[row["id"]]
+        assert [row[k] for k in ("AP", "AP50", "AP75", "APs", "APm", "APl")] == expected[row["id"]], row["name"]
+    # Categories without ground truth in these 100 images have no AP (None), not 0.
+    scored = [row for row in rows if row["AP"] is not None]
+    assert 0 < len(scored) < 80 and any(row["APs"] is None for row in scored)
+    # One category evaluated alone gives its row as COCOeval's own summary (independent of the slicing).
+    for row in (min(scored, key=lambda r: r["AP"]), max(scored, key=lambda r: r["AP"])):
+        gt = COCO(str(gt_json))
+        alone = COCOeval(gt, gt.loadRes(str(results_json)), iou_type)
+        alone.params.catIds = [row["id"]]
+        alone.evaluate()
+        alone.accumulate()
+        alone.summarize()
+        assert [row[k] for k in ("AP", "AP50", "AP75")] == pytest.approx(alone.stats[:3].tolist(), abs=1e-12)
+    # The printed table: the ten of lowest AP, lowest first.
+    table = printed[printed.index(f"{iou_type} AP per category"):].splitlines()
+    lowest = sorted(scored, key=lambda r: r["AP"])[:10]
+    assert table[0] == f"{iou_type} AP per category: the 10 lowest AP of 80 categories (all in metrics.json)"
+    assert [line.split()[0] for line in table[2:12]] == [row["name"].split()[0] for row in lowest]
+    assert table[2].split()[-6:] == [f"{100 * v:.1f}" if v is not None else "-" for v in (lowest[0][k] for k in ("AP", "AP50", "AP75", "APs", "APm", "APl"))]
 
 
 def _predictions(parity: Path, iou_type: str) -> tuple[COCO, list[dict]]:
@@ -103,9 +155,11 @@ def test_update_in_shuffled_duplicated_chunks_matches_file(parity: Path, iou_typ
     assert list(stats.values()) == _pycocotools_stats(parity / "instances_val2014_100.json", parity / RESULT_FILES[iou_type], iou_type)
 
     results_json = evaluator.write_results(tmp_path / "results.json")
-    assert evaluate_results_file(parity / "instances_val2014_100.json", results_json, iou_type) == stats
+    assert evaluate_results_file(parity / "instances_val2014_100.json", results_json, iou_type) == {
+        **stats, "per_category": evaluator.per_category
+    }
     evaluator.write_metrics(stats, tmp_path / "metrics.json")
-    assert json.loads((tmp_path / "metrics.json").read_text()) == {iou_type: stats}
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {iou_type: {**stats, "per_category": evaluator.per_category}}
 
 
 def test_only_seen_images_are_evaluated(parity: Path) -> None:

@@ -66,7 +66,7 @@ def test_ground_truth_against_itself_is_perfect(shared_data) -> None:
     summary = metric.summary()
     assert summary["mIoU"] == summary["mAcc"] == summary["aAcc"] == 1.0
     present = {ADE20K_CLASSES[c] for label in labels for c in label.unique().tolist() if c != 255}
-    assert {name for name, iou in summary["per_class"].items() if iou is not None} == present
+    assert {row["name"] for row in summary["per_category"] if row["IoU"] is not None} == present
     json.dumps(summary, allow_nan=False)  # absent classes are null, not NaN
     table = metric.table().splitlines()
     listed = {line.split("  ")[0].strip() for line in table[1:-2]}

@@ -1,6 +1,6 @@
 """Shared by the DETR tests: DETR and DETRPanoptic weights in transformers' and facebookresearch/detr's
-names, random perturbation so that no mapping error hides behind equal initial values, and a random
-padded batch with targets."""
+names, and a random padded batch with targets (weights are moved off their initial values by
+``tests.parity.perturb_``)."""
 
 from __future__ import annotations
 
@@ -90,22 +90,6 @@ def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             converted[key] = value
     return converted
-
-
-def randomize_(model: torch.nn.Module) -> None:
-    """Moves every weight off its initial value (LayerNorm and FrozenBN included) so no mapping error hides."""
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if not tensor.is_floating_point():
-                continue
-            noise = torch.rand(tensor.shape, generator=generator)
-            if name.endswith("running_var"):
-                tensor.copy_(0.5 + noise)
-            elif tensor.dim() == 1:
-                tensor.add_(0.2 * (noise - 0.5))
-            else:
-                tensor.add_(0.02 * (noise - 0.5))
 
 
 def to_official(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

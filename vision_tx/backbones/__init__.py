@@ -1,4 +1,4 @@
-"""Hierarchical backbones (Swin, NAT, ResNet) behind one factory.
+"""Backbones (Swin, NAT, ResNet, ConvNeXt, ViT/DeiT; MLP-Mixer as a classifier) behind one factory.
 
 >>> from vision_tx.backbones import build_backbone
 >>> m = build_backbone("swin_t")          # images [N,3,H,W] -> {"res2": ..., "res5": ...}

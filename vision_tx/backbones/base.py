@@ -42,10 +42,11 @@ class Backbone(nn.Module):
         Frozen parts stop needing gradients and stay in eval mode (no dropout, no BN updates); a
         later call with a smaller number unfreezes the rest.
         """
-        if not -1 <= num_stages <= len(self.stages):
-            raise ValueError(f"frozen_stages must be in -1..{len(self.stages)}, got {num_stages}")
+        parts = self.freezable_parts()
+        if not -1 <= num_stages < len(parts):
+            raise ValueError(f"frozen_stages must be in -1..{len(parts) - 1}, got {num_stages}")
         self.frozen_stages = num_stages
-        for index, module in enumerate([self.stem, *self.stages]):
+        for index, module in enumerate(parts):
             frozen = index <= num_stages
             for p in module.parameters():
                 p.requires_grad_(not frozen)
@@ -53,6 +54,10 @@ class Backbone(nn.Module):
 
     def train(self, mode: bool = True) -> "Backbone":
         super().train(mode)
-        for module in [self.stem, *self.stages][: self.frozen_stages + 1]:
+        for module in self.freezable_parts()[: self.frozen_stages + 1]:
             module.eval()
         return self
+
+    def freezable_parts(self) -> list[nn.Module]:
+        """What ``freeze_stages(n)`` freezes the first ``n + 1`` of, in input-to-output order: the stem and the stages."""
+        return [self.stem, *self.stages]

@@ -1,6 +1,6 @@
-"""Building blocks shared by the hierarchical transformer backbones (Swin, NAT).
+"""Building blocks shared by the backbones (Swin, NAT, ConvNeXt, ViT, Mixer).
 
-Both are a ``stem`` and ``stages`` of pre-norm blocks with MLPs, stochastic depth and the official
+Swin, NAT and ConvNeXt are a ``stem`` and ``stages`` of pre-norm blocks with MLPs, stochastic depth and the official
 truncated-normal initialisation, returning each requested stage through its own ``out_norm``; the
 classes here hold that common part and keep the modules' attribute (state-dict key) names.
 """
@@ -12,6 +12,7 @@ from collections import OrderedDict
 from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
@@ -69,6 +70,23 @@ def add_chunked(x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor],
     for chunk, out_chunk in zip(pieces.split(size), out.split(size)):
         torch.add(chunk, branch(chunk), out=out_chunk)
     return out.view(x.shape)
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping ``patch x patch`` convolution, then LayerNorm if ``norm_eps`` is given:
+    ``[N,3,H,W] -> [N, ceil(H/p), ceil(W/p), C]`` (the image zero-padded at the bottom/right)."""
+
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int, norm_eps: float | None = 1e-5) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if norm_eps is not None else nn.Identity()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        height, width = images.shape[-2:]
+        images = F.pad(images, (0, -width % self.patch_size, 0, -height % self.patch_size))
+        # A channels-last input makes the convolution write [N, H, W, C] directly, with no transposing copy.
+        return self.norm(self.proj(images.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1))
 
 
 class Mlp(nn.Module):

@@ -53,4 +53,4 @@ def build_classifier(name: str, num_classes: int = 1000, **kwargs) -> nn.Module:
 
 def _import_architectures() -> None:
     # Importing the architecture modules fills the tables; done lazily to avoid import cycles.
-    from vision_tx.backbones import nat, resnet, swin  # noqa: F401
+    from vision_tx.backbones import convnext, mixer, nat, resnet, swin, vit  # noqa: F401

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vision_tx.backbones.layers import ClassifierMixin, Mlp, Stage, StagedBackbone, add_chunked, drop_path, init_weights, register_variants
+from vision_tx.backbones.layers import ClassifierMixin, Mlp, PatchEmbed, Stage, StagedBackbone, add_chunked, drop_path, init_weights, register_variants
 from vision_tx.ops import Linear
 
 # embed_dim, depths, num_heads and window_size from the paper (Table 1); drop_path_rate is the
@@ -117,22 +117,6 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor, rows_per_sample: int) -> t
     if batch > 1:
         index = (torch.arange(batch, device=index.device)[:, None] * rows_per_sample + index).flatten()
     return x.reshape(-1, x.shape[-1]).index_select(0, index)
-
-
-class PatchEmbed(nn.Module):
-    """Non-overlapping ``patch x patch`` convolution + LayerNorm: ``[N,3,H,W] -> [N, ceil(H/p), ceil(W/p), C]``."""
-
-    def __init__(self, patch_size: int, in_chans: int, embed_dim: int) -> None:
-        super().__init__()
-        self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
-        self.norm = nn.LayerNorm(embed_dim)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        height, width = images.shape[-2:]
-        images = F.pad(images, (0, -width % self.patch_size, 0, -height % self.patch_size))
-        # A channels-last input makes the convolution write [N, H, W, C] directly, with no transposing copy.
-        return self.norm(self.proj(images.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1))
 
 
 class PatchMerging(nn.Module):
@@ -315,9 +299,13 @@ class SwinTransformer(StagedBackbone):
 
         Microsoft's ``layers.{i}.downsample`` ends stage ``i`` and becomes ``stages.{i+1}.downsample``
         here (timm's already starts stage ``i``); the final ``norm`` becomes the last stage's
-        ``out_norm``; the ``relative_position_index`` and ``attn_mask`` buffers are dropped. Bias tables
-        of another window size are resized bicubically on their ``(2M-1) x (2M-1)`` grid.
+        ``out_norm``; the detection backbone's per-output ``norm{i}`` (Swin-Transformer-Object-Detection
+        and -Semantic-Segmentation checkpoints, under ``backbone.``, whose other modules are dropped)
+        become ``stages.{i}.out_norm``; the ``relative_position_index`` and ``attn_mask`` buffers are
+        dropped. Bias tables of another window size are resized bicubically on their ``(2M-1) x (2M-1)`` grid.
         """
+        if any(key.startswith("backbone.") for key in state_dict):  # mmdetection / mmsegmentation
+            state_dict = {key[len("backbone."):]: value for key, value in state_dict.items() if key.startswith("backbone.")}
         microsoft = any(re.match(r"layers\.0\.downsample\.", key) for key in state_dict)
         expected = self.state_dict()
         converted: dict[str, torch.Tensor] = {}
@@ -335,6 +323,7 @@ def _native_key(key: str, microsoft: bool, final_stage: int) -> str:
     key = re.sub(r"^patch_embed\.", "stem.", key)
     key = re.sub(r"^head\.fc\.", "head.", key)
     key = re.sub(r"^norm\.", f"stages.{final_stage}.out_norm.", key)
+    key = re.sub(r"^norm(\d+)\.", r"stages.\1.out_norm.", key)
     match = re.match(r"^layers\.(\d+)\.downsample\.", key)
     if match:
         stage = int(match.group(1)) + (1 if microsoft else 0)

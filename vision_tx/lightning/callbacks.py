@@ -1,13 +1,22 @@
-"""Callbacks the command line adds to every task: the non-finite loss guard and the random state in checkpoints."""
+"""Callbacks the command line adds to every task: the non-finite loss guard, the random state in
+checkpoints, and what a logger shows of training (scalars) and of each validation (pictures, tables)."""
 
 from __future__ import annotations
 
 import math
+import sys
+import time
+from collections import deque
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.data import extract_batch_size
+
+from vision_tx.visualize import grid
 
 
 class NonFiniteLossError(RuntimeError):
@@ -139,3 +148,92 @@ class SharpnessAwareMinimization(pl.Callback):
             optimizer if isinstance(optimizer, SAM) else SAM.wrapping(optimizer, self.rho, self.adaptive)
             for optimizer in trainer.strategy.optimizers
         ]
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """The peak memory of ``device`` in GiB: CUDA's peak allocated memory, else the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+class TrainingMonitor(LearningRateMonitor):
+    """Lightning's ``LearningRateMonitor`` (the learning rate of every parameter group, ``lr-AdamW/pg1``
+    ..., at every logging step by default) plus, at every logging step:
+
+    - ``train/grad_norm``: the total 2-norm of the gradients before clipping (all-reduced under DDP);
+    - ``train/images_per_second``: images of all processes per second over the last
+      ``log_every_n_steps`` training batches (validation left out);
+    - ``train/peak_memory_gib``: the peak memory of the device (on CPU, of the process).
+
+    In a run without a logger it does nothing (where ``LearningRateMonitor`` raises).
+    """
+
+    def __init__(self, logging_interval: Literal["step", "epoch"] | None = "step", **kwargs: Any) -> None:
+        super().__init__(logging_interval=logging_interval, **kwargs)
+        self._batch_starts: deque[tuple[float, int]] = deque()
+
+    def on_train_start(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        if trainer.loggers:
+            super().on_train_start(trainer, *args, **kwargs)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        self._batch_starts.clear()
+        if trainer.loggers:
+            super().on_train_epoch_start(trainer, *args, **kwargs)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if not trainer.loggers:
+            return
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        images = len(batch["images"]) if isinstance(batch, dict) and "images" in batch else extract_batch_size(batch)
+        self._batch_starts.append((time.perf_counter(), images))
+        while len(self._batch_starts) > max(trainer.log_every_n_steps, 1) + 1:
+            self._batch_starts.popleft()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._batch_starts.clear()  # the time spent validating is no training time
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer) -> None:
+        # Lightning clips after this hook: the gradients are the unclipped (and unscaled) ones.
+        if not trainer.loggers or not trainer._logger_connector.should_update_logs:
+            return
+        gradients = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        stats = {"train/peak_memory_gib": peak_memory_gib(pl_module.device)}
+        if gradients:
+            stats["train/grad_norm"] = float(torch.nn.utils.get_total_norm(gradients))
+        if len(self._batch_starts) > 1:  # the batches started before this one, over the time they took
+            *done, (now, _) = self._batch_starts
+            stats["train/images_per_second"] = trainer.world_size * sum(n for _, n in done) / (now - done[0][0])
+        pl_module.log_dict(stats, on_step=True, on_epoch=False)
+
+
+class ValidationReport(pl.Callback):
+    """Shows each validation in TensorBoard, beside the scalars the module logs: the pictures of the
+    module's ``preview`` (its predictions drawn on the same validation images every time) as
+    ``val/predictions``, its ``preview_truth`` (the ground truth drawn on them) as ``val/ground_truth``
+    once, and its ``per_category_tables`` (``{tag: Markdown table}``) in the text tab. Other loggers
+    get the scalars only."""
+
+    def __init__(self, pictures_per_row: int = 4) -> None:
+        self.pictures_per_row = pictures_per_row
+        self._truth_shown = False
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        writers = [logger.experiment for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
+        preview, truth = getattr(pl_module, "preview", []), getattr(pl_module, "preview_truth", [])
+        step = trainer.global_step
+        for writer in writers:
+            if preview:
+                writer.add_image("val/predictions", grid(preview, self.pictures_per_row), step)
+            if truth and not self._truth_shown:
+                writer.add_image("val/ground_truth", grid(truth, self.pictures_per_row), step)
+            for tag, table in getattr(pl_module, "per_category_tables", {}).items():
+                writer.add_text(tag, table, step)
+            writer.flush()
+        self._truth_shown |= bool(writers and truth)

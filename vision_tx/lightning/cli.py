@@ -24,7 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from vision_tx.backbones import list_backbones
 from vision_tx.checkpoint import CheckpointError, read_training_checkpoint
 from vision_tx.data.invalid import InvalidDataError
-from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint
+from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint, TrainingMonitor, ValidationReport
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
 
 CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs")
@@ -66,6 +66,16 @@ def resolve_config_args(argv: Sequence[str]) -> list[str]:
         out.append(arg)
         i += 1
     return out
+
+
+def config_name(args: Sequence[str]) -> str:
+    """The name of the first ``--config`` file in ``args`` (as :func:`resolve_config_args` gives them), or ``run``."""
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            return Path(args[i + 1]).stem
+        if arg.startswith("--config="):
+            return Path(arg.split("=", 1)[1]).stem
+    return "run"
 
 
 def class_options(class_path: str) -> list[str]:
@@ -114,6 +124,10 @@ class VisionTxCLI(LightningCLI):
         # Always on, configured with --loss_guard.policy skip|stop and --loss_guard.max_consecutive_skips.
         parser.add_lightning_class_args(NonFiniteLossGuard, "loss_guard")
         parser.add_lightning_class_args(RandomStateCheckpoint, "random_state")
+        # What the logger (TensorBoard's unless --trainer.logger says otherwise) shows beside the
+        # module's own scalars: learning rates, gradient norm, speed, memory; pictures and tables.
+        parser.add_lightning_class_args(TrainingMonitor, "monitor")
+        parser.add_lightning_class_args(ValidationReport, "report")
 
     def before_subcommand(self) -> None:
         """Checks the backbone name before any data is read, and lets the checkpoint reader check a
@@ -151,6 +165,7 @@ def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
     # sys.argv stays as it is (DDP relaunches this script with it); the resolved arguments go in
     # ``args``, which LightningCLI would otherwise warn about when the process has arguments too.
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    args = resolve_config_args(argv)
     try:
         return VisionTxCLI(
             LightningModule,
@@ -159,7 +174,9 @@ def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
             subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
             parser_class=VisionTxArgumentParser,
-            args=[subcommand, *resolve_config_args(argv)],
+            # Logs, checkpoints and metrics of a config go to runs/<config name>/ unless it says otherwise.
+            trainer_defaults={"default_root_dir": str(Path("runs") / config_name(args))},
+            args=[subcommand, *args],
         )
     except Exception as err:
         user_error = input_error(err)
@@ -219,7 +236,8 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
         stats = evaluate_results_file(known.gt, known.results, iou_type=known.iou_type)
         print(f"{known.iou_type} stats (full precision):")
         for name, value in stats.items():
-            print(f"  {name:<5} {value!r}")
+            if name != "per_category":
+                print(f"  {name:<5} {value!r}")
     elif known.gt_panoptic or known.pred_panoptic:
         if not all((known.gt_panoptic, known.gt_folder, known.pred_panoptic, known.pred_folder)):
             parser.error("--gt-panoptic, --gt-folder, --pred-panoptic and --pred-folder go together")

@@ -16,8 +16,8 @@ from torch import nn
 
 from vision_tx.backbones import build_backbone, load_weights
 
-# Parameters that should not be decayed: normalisation layers, biases, position and bias tables.
-NO_DECAY_NAME_PARTS = ("relative_position_bias_table", "rpb", "pos_embed", "absolute_pos_embed")
+# Parameters that should not be decayed: normalisation layers, biases, position and bias tables, ViT/DeiT tokens.
+NO_DECAY_NAME_PARTS = ("relative_position_bias_table", "rpb", "pos_embed", "absolute_pos_embed", "cls_token", "dist_token")
 
 
 def _is_no_decay(name: str, param: nn.Parameter, norm_param_names: set[str]) -> bool:

@@ -1,4 +1,4 @@
-"""LightningModule for object detection: DETR on a named backbone, set loss, COCO evaluation."""
+"""LightningModule for object detection: a named detector (DETR, DINO) on a named backbone, COCO evaluation."""
 
 from __future__ import annotations
 
@@ -12,36 +12,41 @@ from torchvision import tv_tensors
 
 from vision_tx.backbones import load_weights
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from vision_tx.heads.detr import HungarianMatcher, SetCriterion, normalize_targets, postprocess_detections
+from vision_tx.heads.detr import HungarianMatcher, normalize_targets
 from vision_tx.lightning.common import build_task_backbone, is_fitting, param_groups
-from vision_tx.metrics.coco import CocoEvaluator
-from vision_tx.models import DETR
+from vision_tx.metrics.classwise import markdown_table
+from vision_tx.metrics.coco import CLASSWISE_COLUMNS, CocoEvaluator
+from vision_tx.models import DETECTORS
 from vision_tx.visualize import draw_detections, save_grid
 
 
 class DetectionModule(pl.LightningModule):
-    """DETR detection of the datamodule's categories on ``build_backbone(backbone, **backbone_kwargs)``.
+    """Detection of the datamodule's categories by ``detector`` (a name of ``vision_tx.models.DETECTORS``:
+    ``detr``, ``dino``) on ``build_backbone(backbone, **backbone_kwargs)``.
 
     ``num_classes=None`` takes the datamodule's number (largest category id + 1) when the model is
     built (``configure_model``) and records it, so a checkpoint rebuilds the same model.
     ``pretrained`` is a backbone checkpoint, ``weights`` a whole-model one (e.g. the official
     ``detr-r50-e632da11.pth``); both are read with ``load_weights`` when training starts.
-    ``detr_kwargs``, ``matcher_kwargs`` and ``criterion_kwargs`` go to ``DETR``, ``HungarianMatcher``
-    and ``SetCriterion`` (their signatures hold the paper's defaults). The optimiser is DETR's:
-    AdamW, the backbone at ``backbone_lr``, the learning rate divided by 10 after ``lr_drop_epochs``.
+    ``detector_kwargs``, ``matcher_kwargs`` and ``criterion_kwargs`` go to the detector, ``HungarianMatcher``
+    and the detector's criterion (``SetCriterion``, ``DINOCriterion``; their signatures hold the papers'
+    defaults). The model computes its loss and post-processing; this module only calls them. The
+    optimiser is DETR's: AdamW, the backbone at ``backbone_lr``, the learning rate divided by 10
+    after ``lr_drop_epochs``.
     """
 
     backbone_prefix = "backbone."  # where the backbone's parameters sit in ``self.model``
-    backbone_out_indices = (3,)  # DETR reads the last stage only
+    backbone_out_indices: tuple[int, ...] | None = None  # None: the stages the detector reads
 
     def __init__(
         self,
         backbone: str = "swin_t",
+        detector: str = "detr",
         num_classes: int | None = None,
         pretrained: str | None = None,
         weights: str | None = None,
         backbone_kwargs: dict[str, Any] | None = None,
-        detr_kwargs: dict[str, Any] | None = None,
+        detector_kwargs: dict[str, Any] | None = None,
         matcher_kwargs: dict[str, Any] | None = None,
         criterion_kwargs: dict[str, Any] | None = None,
         lr: float = 1e-4,
@@ -52,30 +57,44 @@ class DetectionModule(pl.LightningModule):
         visualize_score_threshold: float = 0.5,
     ) -> None:
         super().__init__()
+        if detector not in DETECTORS:
+            raise ValueError(f"DetectionModule: unknown detector {detector!r}; known: {', '.join(DETECTORS)}")
         self.save_hyperparameters()
-        self.model: DETR | None = None
-        self._preview: list[torch.Tensor] = []
+        self.model: torch.nn.Module | None = None
+        # The first validation images with the predictions drawn, with the ground truth, and the
+        # per-category tables: what ``ValidationReport`` shows.
+        self.preview: list[torch.Tensor] = []
+        self.preview_truth: list[torch.Tensor] = []
+        self.per_category_tables: dict[str, str] = {}
 
     def configure_model(self) -> None:
         if self.model is not None:
             return
         hp = self.hparams
-        self.model = self.build_model(build_task_backbone(self, self.backbone_out_indices))
-        self.criterion = SetCriterion(hp.num_classes, HungarianMatcher(**(hp.matcher_kwargs or {})), **(hp.criterion_kwargs or {}))
+        out_indices = self.backbone_out_indices or DETECTORS[hp.detector].backbone_out_indices
+        self.model = self.build_model(build_task_backbone(self, out_indices))
         if hp.weights and is_fitting(self):
             rank_zero_info(f"model weights: {load_weights(self.model, hp.weights)}")
 
     def build_model(self, backbone: torch.nn.Module) -> torch.nn.Module:
-        """The model around the task's backbone (here DETR with ``detr_kwargs``)."""
-        return DETR(backbone, self.hparams.num_classes, **(self.hparams.detr_kwargs or {}))
+        """The detector around the task's backbone, with its criterion."""
+        hp = self.hparams
+        detector = DETECTORS[hp.detector]
+        matcher = HungarianMatcher(**hp.matcher_kwargs) if hp.matcher_kwargs else None
+        criterion = detector.criterion_class(hp.num_classes, matcher, **(hp.criterion_kwargs or {}))
+        return detector(backbone, hp.num_classes, criterion=criterion, **(hp.detector_kwargs or {}))
 
-    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
-        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding) -> DETR's raw outputs."""
-        return self.model(images, pixel_mask)
+    def forward(
+        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
+    ) -> dict[str, Any]:
+        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), normalised ``targets`` (for
+        training-time queries such as DINO's denoising) -> the detector's raw outputs."""
+        return self.model(images, pixel_mask, targets)
 
     def training_step(self, batch: dict[str, Any], batch_index: int) -> torch.Tensor:
-        outputs = self(batch["images"], batch["pixel_mask"])
-        losses = self.criterion(outputs, normalize_targets(batch["targets"]))
+        targets = normalize_targets(batch["targets"])
+        outputs = self(batch["images"], batch["pixel_mask"], targets)
+        losses = self.model.loss(outputs, targets)
         batch_size = batch["images"].shape[0]
         self.log_dict({f"train/{k}": v for k, v in losses.items()}, batch_size=batch_size)
         self.log("loss", losses["loss"], prog_bar=True, logger=False, batch_size=batch_size)
@@ -83,45 +102,48 @@ class DetectionModule(pl.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self.evaluator = CocoEvaluator(self.trainer.datamodule.val_coco, "bbox")
-        self._preview = []
+        self.preview, self.preview_truth, self.per_category_tables = [], [], {}
 
     def validation_step(self, batch: dict[str, Any], batch_index: int) -> dict[str, Any]:
         """Scores the boxes of ``batch``; returns the model's outputs (for subclasses that score more)."""
         targets = batch["targets"]
         outputs = self(batch["images"], batch["pixel_mask"])
-        losses = self.criterion(outputs, normalize_targets(targets))
+        losses = self.model.loss(outputs, normalize_targets(targets))
         self.log("val/loss", losses["loss"], batch_size=len(targets), sync_dist=True)
         orig_sizes = torch.stack([t["orig_size"] for t in targets])
-        detections = postprocess_detections(outputs, orig_sizes)
+        detections = self.model.postprocess(outputs, orig_sizes)
         self.evaluator.update([{"image_id": int(t["image_id"]), **d} for t, d in zip(targets, detections)])
-        if len(self._preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
+        if len(self.preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
             self._add_preview(batch, outputs)
         return outputs
 
     def _add_preview(self, batch: dict[str, Any], outputs: dict[str, Any]) -> None:
         sizes = torch.stack([t["size"] for t in batch["targets"]])
         names = self.trainer.datamodule.category_names
-        for image, size, detection in zip(batch["images"], sizes, postprocess_detections(outputs, sizes)):
-            if len(self._preview) >= self.hparams.num_visualized:
+        for image, size, detection, target in zip(batch["images"], sizes, self.model.postprocess(outputs, sizes), batch["targets"]):
+            if len(self.preview) >= self.hparams.num_visualized:
                 break
             picture = denormalize(image[:, : size[0], : size[1]])
-            self._preview.append(
+            self.preview.append(
                 draw_detections(picture, **detection, category_names=names, score_threshold=self.hparams.visualize_score_threshold)
             )
+            self.preview_truth.append(draw_detections(picture, target["boxes"].cpu(), target["labels"].cpu(), category_names=names))
 
     def on_validation_epoch_end(self) -> None:
         stats = self.evaluator.compute()  # the same on every rank
         self.log_dict({f"val/{k}": v for k, v in stats.items() if k != "AP"})
         self.log("val/AP", stats["AP"], prog_bar=True)
+        self.per_category_tables["val/bbox_AP_per_category"] = markdown_table(self.evaluator.per_category, CLASSWISE_COLUMNS)
         log_dir = self.trainer.log_dir  # a collective call under DDP: every rank makes it
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or log_dir is None:
             return
         log_dir = Path(log_dir)
         self.evaluator.write_results(log_dir / "bbox_results.json")
         self.evaluator.write_metrics(stats, log_dir / "metrics.json")
-        picture = save_grid(self._preview, log_dir / f"predictions_step{self.global_step}.png") if self._preview else None
+        picture = save_grid(self.preview, log_dir / f"predictions_step{self.global_step}.png") if self.preview else None
         rank_zero_info(
             f"step {self.global_step}: COCO box AP {stats['AP']:.3f}, AP50 {stats['AP50']:.3f}, AP75 {stats['AP75']:.3f}\n"
+            f"{self.evaluator.table()}\n"
             f"metrics: {log_dir / 'metrics.json'}" + (f"\npredictions drawn in {picture}" if picture else "")
         )
 
@@ -145,7 +167,7 @@ class DetectionModule(pl.LightningModule):
     def draw_prediction(self, image: torch.Tensor, datamodule: pl.LightningDataModule) -> torch.Tensor:
         """Detects objects in ``image`` ``[3,H,W]`` uint8 (the datamodule's validation resize) and draws them."""
         outputs, _ = self.predict_image(image, datamodule)
-        detection = postprocess_detections(outputs, torch.tensor([image.shape[-2:]], device=self.device))[0]
+        detection = self.model.postprocess(outputs, torch.tensor([image.shape[-2:]], device=self.device))[0]
         return draw_detections(
             image, **{k: v.cpu() for k, v in detection.items()},
             category_names=datamodule.category_names, score_threshold=self.hparams.visualize_score_threshold,

@@ -132,7 +132,7 @@ def overfit_detr(
         batch_size=args.batch_size, num_workers=0,
     )
     module = module_class(
-        backbone="swin_t", backbone_kwargs=SMALL_SWIN, detr_kwargs=SMALL_DETR, lr=args.lr, backbone_lr=args.lr,
+        backbone="swin_t", backbone_kwargs=SMALL_SWIN, detector_kwargs=SMALL_DETR, lr=args.lr, backbone_lr=args.lr,
         lr_drop_epochs=args.max_steps, num_visualized=0,
     )
     return fit_until(

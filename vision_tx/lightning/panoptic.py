@@ -16,6 +16,7 @@ from vision_tx.data.coco_panoptic import rgb_to_id, write_panoptic_png, write_pa
 from vision_tx.heads.detr.postprocess import postprocess_panoptic
 from vision_tx.lightning.common import gather_by_image_id, merge_metrics_json
 from vision_tx.lightning.detection import DetectionModule, denormalize
+from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.panoptic import PanopticEvaluator
 from vision_tx.models import DETRPanoptic
 from vision_tx.visualize import draw_panoptic
@@ -92,17 +93,25 @@ class PanopticModule(DetectionModule):
 
     def _add_preview(self, batch: dict[str, Any], outputs: dict[str, Any]) -> None:
         sizes = torch.stack([t["size"] for t in batch["targets"]])
-        results = self._postprocess(outputs, sizes, sizes, self.trainer.datamodule.is_thing)
-        for image, (height, width), panoptic in zip(batch["images"], sizes.tolist(), results):
-            if len(self._preview) >= self.hparams.num_visualized:
+        datamodule = self.trainer.datamodule
+        results = self._postprocess(outputs, sizes, sizes, datamodule.is_thing)
+        for image, (height, width), panoptic, target in zip(batch["images"], sizes.tolist(), results, batch["targets"]):
+            if len(self.preview) >= self.hparams.num_visualized:
                 break
-            self._preview.append(self._draw(denormalize(image[:, :height, :width]), panoptic))
+            picture = denormalize(image[:, :height, :width])
+            self.preview.append(self._draw(picture, panoptic))
+            gt_ids, gt_segments = datamodule.val_dataset.ground_truth(int(target["image_id"]))
+            gt_ids = torch.nn.functional.interpolate(gt_ids[None, None].double(), (height, width), mode="nearest")[0, 0].long()
+            classes = {int(s["id"]): int(s["category_id"]) for s in gt_segments}
+            self.preview_truth.append(draw_panoptic(picture, gt_ids, classes, self.hparams.num_classes))
 
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()  # box AP, its files and the preview picture
         stats = self.panoptic_evaluator.compute()  # the same on every rank
         self.log_dict({f"val/{k}": v for k, v in stats.items() if k != "PQ"})
         self.log("val/PQ", stats["PQ"], prog_bar=True)
+        per_category = self.panoptic_evaluator.per_category()
+        self.per_category_tables["val/PQ_per_category"] = markdown_table(per_category, ("PQ", "SQ", "RQ", "TP", "FP", "FN"))
         predictions = gather_by_image_id(self._predictions)  # collective calls: every rank makes them
         log_dir = self.trainer.log_dir
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or log_dir is None:
@@ -112,9 +121,9 @@ class PanopticModule(DetectionModule):
         write_panoptic_predictions(
             log_dir / f"{PREDICTIONS}.json", log_dir / PREDICTIONS, _decoded(predictions), categories
         )
-        merge_metrics_json("panoptic", stats, log_dir / "metrics.json")
+        merge_metrics_json("panoptic", {**stats, "per_category": per_category}, log_dir / "metrics.json")
         rank_zero_info(
-            f"step {self.global_step}: panoptic quality over {len(predictions)} images\n{self.panoptic_evaluator.table()}\n"
+            f"step {self.global_step}: panoptic quality over {len(predictions)} images\n{self.panoptic_evaluator.table(count=10)}\n"
             f"predictions: {log_dir / PREDICTIONS}.json and {log_dir / PREDICTIONS}/"
         )
 

@@ -12,8 +12,11 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 
 from vision_tx.lightning.common import build_task_backbone, merge_metrics_json, param_groups
+from vision_tx.lightning.detection import denormalize
+from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.miou import MeanIoU
 from vision_tx.models.segmentor import UperNetSegmentor
+from vision_tx.visualize import draw_semantic
 
 
 def warmup_poly_factor(step: int, total_steps: int, warmup_steps: int, warmup_ratio: float, power: float) -> float:
@@ -32,7 +35,8 @@ class SegmentationModule(pl.LightningModule):
     and records it in the hyperparameters, so a checkpoint rebuilds the same model. ``pretrained``
     is a backbone checkpoint read with ``load_weights`` (official Swin/NAT layouts included).
     Validation runs ``inference_mode`` (``"whole"`` or ``"slide"`` with ``slide_crop_size``/``slide_stride``),
-    optionally over ``test_scales`` and flips, and scores at each label's original size.
+    optionally over ``test_scales`` and flips, and scores at each label's original size; the first
+    ``num_visualized`` validation images are drawn with their predicted and true classes.
     """
 
     def __init__(
@@ -57,10 +61,15 @@ class SegmentationModule(pl.LightningModule):
         slide_stride: tuple[int, int] = (341, 341),
         test_scales: tuple[float, ...] = (1.0,),
         test_flip: bool = False,
+        num_visualized: int = 8,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.model: UperNetSegmentor | None = None
+        # What ``ValidationReport`` shows: see DetectionModule.
+        self.preview: list[torch.Tensor] = []
+        self.preview_truth: list[torch.Tensor] = []
+        self.per_category_tables: dict[str, str] = {}
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -95,19 +104,32 @@ class SegmentationModule(pl.LightningModule):
         self.log("loss", losses["loss"], prog_bar=True, logger=False, batch_size=batch_size)
         return losses["loss"]
 
+    def on_validation_epoch_start(self) -> None:
+        self.preview, self.preview_truth, self.per_category_tables = [], [], {}
+
     def validation_step(self, batch: dict[str, Any], batch_index: int) -> None:
         scores = self(batch["images"])
-        for score, (height, width), label, (label_h, label_w) in zip(
-            scores, batch["image_sizes"].tolist(), batch["labels"], batch["label_sizes"].tolist()
+        for image, score, (height, width), label, (label_h, label_w) in zip(
+            batch["images"], scores, batch["image_sizes"].tolist(), batch["labels"], batch["label_sizes"].tolist()
         ):
+            if len(self.preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
+                self._add_preview(denormalize(image[:, :height, :width]), score[:, :height, :width], label[:label_h, :label_w])
             score = F.interpolate(score[None, :, :height, :width], (label_h, label_w), mode="bilinear", align_corners=False)
             self.val_miou.update(score[0].argmax(0), label[:label_h, :label_w])
 
+    def _add_preview(self, picture: torch.Tensor, score: torch.Tensor, label: torch.Tensor) -> None:
+        """Draws ``score`` ``[C, h, w]``'s classes and ``label`` (resized to ``h, w``) on ``picture``."""
+        label = F.interpolate(label[None, None].float(), score.shape[-2:], mode="nearest")[0, 0].long().cpu()
+        num_classes, ignore_index = self.hparams.num_classes, self.model.ignore_index
+        self.preview.append(draw_semantic(picture, score.argmax(0).cpu(), num_classes, ignore_index=ignore_index))
+        self.preview_truth.append(draw_semantic(picture, label, num_classes, ignore_index=ignore_index))
+
     def on_validation_epoch_end(self) -> None:
         summary = self.val_miou.summary()  # synchronised over processes by torchmetrics
-        table = self.val_miou.table()
+        table = self.val_miou.table(count=10)
         self.val_miou.reset()
         self.log_dict({f"val/{k}": summary[k] for k in ("mIoU", "mAcc", "aAcc")}, prog_bar=True)
+        self.per_category_tables["val/IoU_per_class"] = markdown_table(summary["per_category"], ("IoU", "Acc"))
         log_dir = self.trainer.log_dir  # a collective call under DDP: every rank makes it
         if self.trainer.sanity_checking or not self.trainer.is_global_zero:
             return

@@ -20,12 +20,14 @@ from pycocotools.cocoeval import COCOeval
 
 from vision_tx.data.coco import load_coco
 from vision_tx.lightning.common import gather_by_image_id, merge_metrics_json, write_json_atomic
+from vision_tx.metrics.classwise import coco_per_category, format_table, worst_table
 
 logger = logging.getLogger(__name__)
 
 # The order of COCOeval.stats.
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 IOU_TYPES = ("bbox", "segm")
+CLASSWISE_COLUMNS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
 
 def _results_coco(coco_gt: COCO, results: list[dict[str, Any]]) -> COCO:
@@ -42,13 +44,11 @@ def _results_coco(coco_gt: COCO, results: list[dict[str, Any]]) -> COCO:
     return coco_dt
 
 
-def coco_stats(
+def run_cocoeval(
     coco_gt: COCO, results: list[dict[str, Any]], iou_type: str = "bbox", image_ids: Sequence[int] | None = None
-) -> tuple[dict[str, float], str]:
-    """Runs COCOeval on ``results`` (COCO results dicts), over ``image_ids`` (default: every image).
-
-    Returns the 12 stats by name (``STAT_NAMES``) and pycocotools' printed summary table.
-    """
+) -> tuple[COCOeval, str]:
+    """Runs COCOeval (evaluate, accumulate, summarize) on ``results`` (COCO results dicts), over
+    ``image_ids`` (default: every image); returns the evaluator and pycocotools' printed summary table."""
     if iou_type not in IOU_TYPES:
         raise ValueError(f"iou_type must be one of {IOU_TYPES}, got {iou_type!r}")
     if not results:
@@ -63,13 +63,26 @@ def coco_stats(
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
-    return {name: float(value) for name, value in zip(STAT_NAMES, evaluator.stats)}, printed.getvalue()
+    return evaluator, printed.getvalue()
+
+
+def coco_stats(
+    coco_gt: COCO, results: list[dict[str, Any]], iou_type: str = "bbox", image_ids: Sequence[int] | None = None
+) -> tuple[dict[str, float], str]:
+    """The 12 stats of :func:`run_cocoeval` by name (``STAT_NAMES``) and pycocotools' printed summary table."""
+    evaluator, summary = run_cocoeval(coco_gt, results, iou_type, image_ids)
+    return _stats(evaluator), summary
+
+
+def _stats(evaluator: COCOeval) -> dict[str, float]:
+    return {name: float(value) for name, value in zip(STAT_NAMES, evaluator.stats)}
 
 
 def evaluate_results_file(
     gt_json: str | os.PathLike, results_json: str | os.PathLike, iou_type: str = "bbox"
-) -> dict[str, float]:
-    """Scores a COCO results file against a ground-truth file; prints pycocotools' summary, returns the stats."""
+) -> dict[str, Any]:
+    """Scores a COCO results file against a ground-truth file; prints pycocotools' summary and the ten
+    categories of lowest AP, returns the stats with ``"per_category"`` (:func:`coco_per_category`)."""
     results_json = Path(results_json)
     try:
         results = json.loads(results_json.read_text())
@@ -83,9 +96,11 @@ def evaluate_results_file(
     unknown = {r.get("image_id") for r in results} - set(coco_gt.getImgIds())
     if unknown:
         raise ValueError(f"{results_json}: image ids {sorted(unknown, key=str)[:5]} are not in {gt_json}")
-    stats, summary = coco_stats(coco_gt, results, iou_type)
+    evaluator, summary = run_cocoeval(coco_gt, results, iou_type)
+    per_category = coco_per_category(evaluator)
     print(summary, end="")
-    return stats
+    print(worst_table(per_category, "AP", CLASSWISE_COLUMNS, f"{iou_type} AP per category"))
+    return {**_stats(evaluator), "per_category": per_category}
 
 
 def _to_results(prediction: dict[str, Any], iou_type: str) -> list[dict[str, Any]]:
@@ -112,6 +127,7 @@ class CocoEvaluator:
     "scores" [K], "labels" [K] category ids}`` (``"masks"`` ``[K, H, W]`` bool for ``iou_type="segm"``).
     ``compute`` gathers every process's predictions, keeps one per image id (the distributed sampler
     repeats samples to even out the shards) and evaluates over the images seen; call it on every rank.
+    It also sets ``per_category`` (:func:`coco_per_category`) on every rank.
     """
 
     def __init__(self, coco_gt: COCO, iou_type: str = "bbox"):
@@ -120,6 +136,7 @@ class CocoEvaluator:
         self.coco_gt = coco_gt
         self.iou_type = iou_type
         self.summary = ""
+        self.per_category: list[dict[str, Any]] = []
         self.reset()
 
     def reset(self) -> None:
@@ -140,18 +157,25 @@ class CocoEvaluator:
         stats: dict[str, float] | None = None
         if not distributed or dist.get_rank() == 0:
             self.merged_results = [r for image_id in sorted(results) for r in results[image_id]]
-            stats, self.summary = coco_stats(self.coco_gt, self.merged_results, self.iou_type, image_ids=list(results))
+            evaluator, self.summary = run_cocoeval(self.coco_gt, self.merged_results, self.iou_type, image_ids=list(results))
+            stats, self.per_category = _stats(evaluator), coco_per_category(evaluator)
             logger.info("COCO %s evaluation over %d images:\n%s", self.iou_type, len(results), self.summary)
         if distributed and dist.get_world_size() > 1:
-            box = [stats]
+            box = [(stats, self.per_category)]
             dist.broadcast_object_list(box, src=0)
-            stats = box[0]
+            stats, self.per_category = box[0]
         return stats
+
+    def table(self, count: int | None = 10) -> str:
+        """The ``count`` categories of lowest AP (every category with ``None``) of the last ``compute``, in %."""
+        if count is None:
+            return format_table(self.per_category, CLASSWISE_COLUMNS, title=f"{self.iou_type} AP per category")
+        return worst_table(self.per_category, "AP", CLASSWISE_COLUMNS, f"{self.iou_type} AP per category", count)
 
     def write_results(self, path: str | os.PathLike) -> Path:
         """Writes the merged predictions of the last ``compute`` as a COCO results JSON (rank 0 has them)."""
         return write_json_atomic(self.merged_results, path)
 
     def write_metrics(self, stats: dict[str, float], path: str | os.PathLike) -> Path:
-        """Adds ``{iou_type: stats}`` to ``metrics.json`` (other sections kept)."""
-        return merge_metrics_json(self.iou_type, stats, path)
+        """Adds ``{iou_type: {**stats, "per_category": [...]}}`` to ``metrics.json`` (other sections kept)."""
+        return merge_metrics_json(self.iou_type, {**stats, "per_category": self.per_category}, path)

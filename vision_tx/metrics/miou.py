@@ -14,6 +14,8 @@ from typing import Sequence
 import torch
 from torchmetrics import Metric
 
+from vision_tx.metrics.classwise import format_table, worst
+
 
 class MeanIoU(Metric):
     """Accumulates ``update(preds, target)`` with class-index maps of one shape (``[B, H, W]`` or ``[H, W]``).
@@ -64,28 +66,35 @@ class MeanIoU(Metric):
             "Acc": acc,
         }
 
-    def summary(self) -> dict[str, object]:
-        """The ``metrics.json`` section: ``{"mIoU", "mAcc", "aAcc", "per_class": {name: IoU or None}}``."""
+    def per_category(self) -> list[dict[str, object]]:
+        """``[{"id", "name", "IoU", "Acc"}]`` per class (None where undefined)."""
         result = self.compute()
-        per_class = {name: None if math.isnan(v) else v for name, v in zip(self.class_names, result["IoU"].tolist())}
-        return {"mIoU": result["mIoU"], "mAcc": result["mAcc"], "aAcc": result["aAcc"], "per_class": per_class}
+        return [
+            {"id": index, "name": name, "IoU": None if math.isnan(iou) else iou, "Acc": None if math.isnan(acc) else acc}
+            for index, (name, iou, acc) in enumerate(zip(self.class_names, result["IoU"].tolist(), result["Acc"].tolist()))
+        ]
 
-    def table(self) -> str:
-        """Per-class IoU and accuracy (in %), one line per class, then the means, as a printable table.
+    def summary(self) -> dict[str, object]:
+        """The ``metrics.json`` section: ``{"mIoU", "mAcc", "aAcc", "per_category": per_category()}``."""
+        result = self.compute()
+        return {"mIoU": result["mIoU"], "mAcc": result["mAcc"], "aAcc": result["aAcc"], "per_category": self.per_category()}
+
+    def table(self, count: int | None = None) -> str:
+        """Per-class IoU and accuracy (in %), one line per class (the ``count`` of lowest IoU, lowest
+        first, when given), then the means, as a printable table.
 
         Classes in neither the ground truth nor the predictions (IoU undefined, left out of the means)
         are counted in one line instead of listed.
         """
         result = self.compute()
-        width = max(len("class"), *(len(n) for n in self.class_names))
-        lines = [f"{'class':<{width}}  {'IoU':>6}  {'Acc':>6}"]
-        absent = 0
-        for name, iou, acc in zip(self.class_names, result["IoU"].tolist(), result["Acc"].tolist()):
-            if math.isnan(iou):
-                absent += 1
-                continue
-            lines.append(f"{name:<{width}}  {iou * 100:6.2f}  {acc * 100:6.2f}")
-        lines.append(f"{'mean':<{width}}  {result['mIoU'] * 100:6.2f}  {result['mAcc'] * 100:6.2f}   aAcc {result['aAcc'] * 100:.2f}")
+        rows = [row for row in self.per_category() if row["IoU"] is not None]
+        absent = len(self.class_names) - len(rows)
+        title = ""
+        if count is not None:
+            rows = worst(rows, "IoU", count)
+            title = f"the {len(rows)} classes of lowest IoU of {len(self.class_names)} (all in metrics.json)"
+        lines = [format_table(rows, ("IoU", "Acc"), title=title)]
+        lines.append(f"mean IoU {result['mIoU'] * 100:.2f}  mean Acc {result['mAcc'] * 100:.2f}  aAcc {result['aAcc'] * 100:.2f}")
         if absent:
             lines.append(f"({absent} of {len(self.class_names)} classes are in neither the ground truth nor the predictions: not listed)")
         return "\n".join(lines)

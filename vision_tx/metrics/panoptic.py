@@ -25,6 +25,7 @@ import torch
 
 from vision_tx.data.coco_panoptic import load_panoptic_json, read_panoptic_png, segment_index
 from vision_tx.lightning.common import gather_by_image_id, merge_metrics_json
+from vision_tx.metrics.classwise import worst
 
 VOID = 0
 SUMMARY_KEYS = ("PQ", "SQ", "RQ", "PQ_th", "SQ_th", "RQ_th", "PQ_st", "SQ_st", "RQ_st")
@@ -190,22 +191,36 @@ class PanopticEvaluator:
             for key, value in zip(("PQ", "SQ", "RQ"), values)
         }
 
-    def table(self) -> str:
-        """Per-category PQ, SQ, RQ (in %) with TP, FP, FN, then panopticapi's All / Things / Stuff lines."""
-        names = {int(c["id"]): c.get("name", str(c["id"])) for c in self.categories}
-        width = max([len(n) for n in names.values()] + [10])
+    def per_category(self) -> list[dict[str, Any]]:
+        """``[{"id", "name", "isthing", "PQ", "SQ", "RQ", "TP", "FP", "FN"}]`` for the categories with any count."""
+        categories = {int(c["id"]): c for c in self.categories}
+        return [
+            {"id": category, "name": categories[category].get("name", str(category)),
+             "isthing": bool(categories[category].get("isthing", 0)), **row}
+            for category, row in self.per_class().items()
+        ]
+
+    def table(self, count: int | None = None) -> str:
+        """Per-category PQ, SQ, RQ (in %) with TP, FP, FN (the ``count`` of lowest PQ, lowest first,
+        when given), then panopticapi's All / Things / Stuff lines."""
+        rows = self.per_category()
+        title = []
+        if count is not None:
+            rows = worst(rows, "PQ", count)
+            title = [f"the {len(rows)} categories of lowest PQ of {len(self.per_class())} seen (all in metrics.json)"]
+        width = max([len(c.get("name", str(c["id"]))) for c in self.categories] + [10])
         lines = [f"{'category':{width}s} | {'PQ':>5s} {'SQ':>5s} {'RQ':>5s} | {'TP':>5s} {'FP':>5s} {'FN':>5s}"]
         lines.append("-" * len(lines[0]))
-        for category, r in self.per_class().items():
+        for r in rows:
             lines.append(
-                f"{names[category]:{width}s} | {100 * r['PQ']:5.1f} {100 * r['SQ']:5.1f} {100 * r['RQ']:5.1f} | "
+                f"{r['name']:{width}s} | {100 * r['PQ']:5.1f} {100 * r['SQ']:5.1f} {100 * r['RQ']:5.1f} | "
                 f"{r['TP']:5d} {r['FP']:5d} {r['FN']:5d}"
             )
         lines.append("-" * len(lines[0]))
         for label, suffix in (("All", ""), ("Things", "_th"), ("Stuff", "_st")):
             pq, sq, rq, n = self._averages()[suffix]
             lines.append(f"{label:{width}s} | {100 * pq:5.1f} {100 * sq:5.1f} {100 * rq:5.1f} | N = {n}")
-        return "\n".join(lines)
+        return "\n".join([*title, *lines])
 
 
 def evaluate_panoptic_files(
@@ -215,10 +230,12 @@ def evaluate_panoptic_files(
     pred_folder: str | os.PathLike,
     metrics_json: str | os.PathLike | None = None,
 ) -> dict[str, float]:
-    """Scores COCO panoptic prediction files against ground-truth files and prints the table.
+    """Scores COCO panoptic prediction files against ground-truth files and prints the table (the ten
+    categories of lowest PQ, then the averages).
 
-    Every ground-truth image needs a prediction. With ``metrics_json`` the results are merged into
-    that file as ``{"panoptic": {...}}`` (atomically).
+    Every ground-truth image needs a prediction. With ``metrics_json`` the results, with
+    ``"per_category"`` (:meth:`PanopticEvaluator.per_category`), are merged into that file as
+    ``{"panoptic": {...}}`` (atomically).
     """
     gt_data, pred_data = load_panoptic_json(gt_json), load_panoptic_json(pred_json, keys=("annotations",))
     gt_folder, pred_folder = Path(gt_folder), Path(pred_folder)
@@ -235,8 +252,8 @@ def evaluate_panoptic_files(
             evaluator.update(image_id, gt_ids, gt_ann["segments_info"], pred_ids, pred_ann["segments_info"])
         except ValueError as err:
             raise ValueError(f"{gt_png} vs {pred_png} ({gt_json} vs {pred_json}): {err}") from err
-    print(evaluator.table())
+    print(evaluator.table(count=10))
     results = evaluator.compute()
     if metrics_json is not None:
-        merge_metrics_json("panoptic", results, metrics_json)
+        merge_metrics_json("panoptic", {**results, "per_category": evaluator.per_category()}, metrics_json)
     return results

@@ -9,22 +9,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vision_tx.heads.detr.criterion import SetCriterion
+from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.position_encoding import SinePositionEncoding
+from vision_tx.heads.detr.postprocess import postprocess_detections
 from vision_tx.heads.detr.transformer import Transformer
 
 
-class MLP(nn.Module):
-    """Linear layers with ReLU between them: ``[..., in_dim] -> [..., out_dim]``."""
-
-    def __init__(self, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int) -> None:
-        super().__init__()
-        dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers[:-1]:
-            x = F.relu(layer(x))
-        return self.layers[-1](x)
+def checked_pixel_mask(images: torch.Tensor, pixel_mask: torch.Tensor | None, where: str) -> torch.Tensor:
+    """``pixel_mask`` (all False when None) after checking ``images [B,3,H,W]`` and ``pixel_mask`` bool
+    ``[B,H,W]``; errors name ``where``."""
+    if images.dim() != 4 or images.shape[1] != 3:
+        raise ValueError(f"{where}: images must be [B,3,H,W], got {list(images.shape)}")
+    if pixel_mask is None:
+        return images.new_zeros(images.shape[0], *images.shape[2:], dtype=torch.bool)
+    if pixel_mask.dtype != torch.bool or pixel_mask.shape != (images.shape[0], *images.shape[2:]):
+        raise ValueError(
+            f"{where}: pixel_mask must be bool [B,H,W] = {[images.shape[0], *images.shape[2:]]}, "
+            f"got {pixel_mask.dtype} {list(pixel_mask.shape)}"
+        )
+    return pixel_mask
 
 
 @dataclass
@@ -44,8 +48,12 @@ class DETR(nn.Module):
     ``num_classes`` follows DETR: labels are the dataset's category ids, so the class head has
     ``num_classes`` real classes (``max_id + 1``, 91 for COCO) plus a last no-object class.
     ``backbone`` is any module returning an ordered dict of feature maps with ``out_channels``;
-    DETR uses its last (lowest-resolution) map.
+    DETR uses its last (lowest-resolution) map. ``criterion`` (default ``SetCriterion(num_classes)``)
+    is what :meth:`loss` computes.
     """
+
+    backbone_out_indices = (3,)  # the last stage only
+    criterion_class = SetCriterion
 
     def __init__(
         self,
@@ -59,9 +67,11 @@ class DETR(nn.Module):
         dim_feedforward: int = 2048,
         dropout: float = 0.1,
         aux_loss: bool = True,
+        criterion: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.backbone = backbone
+        self.criterion = SetCriterion(num_classes) if criterion is None else criterion
         self.num_classes = num_classes
         self.aux_loss = aux_loss
         self.input_proj = nn.Conv2d(backbone.out_channels[-1], hidden_dim, kernel_size=1)
@@ -73,25 +83,26 @@ class DETR(nn.Module):
         self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
         self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, num_layers=3)
 
-    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict:
+    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` bool (True on padding; None: no padding) ->
         ``{"pred_logits": [B,Q,C+1], "pred_boxes": [B,Q,4] normalised cxcywh, "aux_outputs": [...]}``.
 
         ``aux_outputs`` (with ``aux_loss``) holds the same two keys for each earlier decoder layer.
+        ``targets`` is accepted as every detector's is, and unused: DETR's queries do not depend on them.
         """
         return self.predict(self.forward_features(images, pixel_mask).hidden)
 
+    def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The criterion's losses for the outputs of :meth:`forward` (normalised ``targets``)."""
+        return self.criterion(outputs, targets)
+
+    def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
+        return postprocess_detections(outputs, image_sizes)
+
     def forward_features(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> DETRFeatures:
         """Backbone, input projection and transformer: everything before the prediction heads."""
-        if images.dim() != 4 or images.shape[1] != 3:
-            raise ValueError(f"vision_tx/models/detr.py: images must be [B,3,H,W], got {list(images.shape)}")
-        if pixel_mask is None:
-            pixel_mask = images.new_zeros(images.shape[0], *images.shape[2:], dtype=torch.bool)
-        elif pixel_mask.dtype != torch.bool or pixel_mask.shape != (images.shape[0], *images.shape[2:]):
-            raise ValueError(
-                f"vision_tx/models/detr.py: pixel_mask must be bool [B,H,W] = {[images.shape[0], *images.shape[2:]]}, "
-                f"got {pixel_mask.dtype} {list(pixel_mask.shape)}"
-            )
+        pixel_mask = checked_pixel_mask(images, pixel_mask, "vision_tx/models/detr.py")
         backbone_maps = list(self.backbone(images).values())
         mask = F.interpolate(pixel_mask[None].float(), size=backbone_maps[-1].shape[-2:])[0].bool()
         projected = self.input_proj(backbone_maps[-1])

@@ -50,7 +50,7 @@ class DETRPanoptic(nn.Module):
         self.bbox_attention = AttentionMaps(hidden_dim, hidden_dim, num_attention_heads)
         self.mask_head = MaskHead(hidden_dim + num_attention_heads, channels[2::-1], hidden_dim)
 
-    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict:
+    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` bool (True on padding) -> DETR's outputs plus
         ``"pred_masks"``: mask logits ``[B,Q,H/4,W/4]`` of the last decoder layer's queries."""
         detr_learns = torch.is_grad_enabled() and any(p.requires_grad for p in self.detr.parameters())
@@ -61,6 +61,14 @@ class DETRPanoptic(nn.Module):
         stride16, stride8, stride4 = features.backbone_maps[2::-1]
         outputs["pred_masks"] = self.mask_head(features.projected, attention_maps, [stride16, stride8, stride4])
         return outputs
+
+    def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """DETR's criterion, which adds the mask losses when ``outputs`` and ``targets`` hold masks."""
+        return self.detr.loss(outputs, targets)
+
+    def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """DETR's box detections (the panoptic segments come from ``postprocess_panoptic``)."""
+        return self.detr.postprocess(outputs, image_sizes)
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads facebookresearch/detr panoptic checkpoints (``detr-r50-panoptic-*.pth``); native keys pass.

@@ -1,5 +1,6 @@
 """Necks: feature pyramids over backbone stages."""
 
 from vision_tx.necks.fpn import BackboneWithFPN
+from vision_tx.necks.multiscale import MultiScaleLevels, MultiScaleProjection
 
-__all__ = ["BackboneWithFPN"]
+__all__ = ["BackboneWithFPN", "MultiScaleLevels", "MultiScaleProjection"]

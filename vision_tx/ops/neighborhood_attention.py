@@ -155,7 +155,8 @@ def _tiled_attention(
         extra = extra + bias.permute(0, 1, 4, 2, 5, 3, 6)
     scores = q_tiles @ k_tiles.transpose(1, 2)
     scores = (scores.view(batch, heads, *extra.shape[-6:]) + extra).view_as(scores)
-    attn = scores.softmax(-1, dtype=torch.float32).to(v_tiles.dtype)
+    # Half-precision scores are normalised in fp32; fp32 and fp64 in their own precision.
+    attn = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v_tiles.dtype)
     out = attn @ v_tiles  # [B * heads * tiles, tile_r * tile_c, head_dim_v]
     out = out.view(batch, heads, row_tiles, col_tiles, row_tile, col_tile, -1).permute(0, 2, 4, 3, 5, 1, 6)
     out = out.reshape(batch, row_tiles * row_tile, col_tiles * col_tile, heads, -1)

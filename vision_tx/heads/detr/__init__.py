@@ -4,13 +4,15 @@ and the panoptic mask head."""
 from vision_tx.heads.detr.criterion import SetCriterion, normalize_targets
 from vision_tx.heads.detr.mask_head import AttentionMaps, MaskHead
 from vision_tx.heads.detr.matcher import HungarianMatcher
+from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.position_encoding import SinePositionEncoding
-from vision_tx.heads.detr.postprocess import postprocess_detections, postprocess_panoptic
+from vision_tx.heads.detr.postprocess import postprocess_detections, postprocess_panoptic, postprocess_sigmoid_detections
 from vision_tx.heads.detr.transformer import Transformer
 
 __all__ = [
     "AttentionMaps",
     "HungarianMatcher",
+    "MLP",
     "MaskHead",
     "SetCriterion",
     "SinePositionEncoding",
@@ -18,4 +20,5 @@ __all__ = [
     "normalize_targets",
     "postprocess_detections",
     "postprocess_panoptic",
+    "postprocess_sigmoid_detections",
 ]

@@ -28,13 +28,33 @@ def normalize_targets(targets: list[dict[str, torch.Tensor]]) -> list[dict[str, 
     return model_targets
 
 
+def num_boxes_in_batch(targets: list[dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """The number of target boxes per process of the whole (distributed) batch, at least 1: the loss normaliser."""
+    num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(num_boxes)
+        num_boxes = num_boxes / dist.get_world_size()
+    return num_boxes.clamp(min=1)
+
+
+def box_losses(boxes: torch.Tensor, target_boxes: torch.Tensor, num_boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """L1 and GIoU losses of matched pairs ``boxes [..., M, 4]`` / ``target_boxes`` (cxcywh), summed
+    over the pairs (the last two dims) and divided by ``num_boxes``: two tensors of shape ``[...]``."""
+    target_boxes = target_boxes.to(boxes.dtype)
+    loss_bbox = F.l1_loss(boxes, target_boxes, reduction="none").sum((-2, -1)) / num_boxes
+    loss_giou = generalized_box_iou_loss(
+        box_convert(boxes, "cxcywh", "xyxy"), box_convert(target_boxes, "cxcywh", "xyxy")
+    ).sum(-1) / num_boxes
+    return loss_bbox, loss_giou
+
+
 class SetCriterion(nn.Module):
     """Loss of DETR outputs against targets, on the last decoder layer and on every auxiliary one.
 
     ``forward(outputs, targets)`` takes the model's ``{"pred_logits" [B,Q,C+1], "pred_boxes" [B,Q,4],
     "aux_outputs": [...]}`` and per image ``{"labels" [K], "boxes" [K,4] normalised cxcywh}``; it
-    returns ``loss_ce``, ``loss_bbox``, ``loss_giou`` (and ``loss_ce_i`` ... for auxiliary layer ``i``),
-    the weighted total ``loss``, and, without gradient, ``class_error`` (%) and
+    returns ``loss_ce``, ``loss_bbox``, ``loss_giou`` (and ``loss_ce_i`` ... for auxiliary layer ``i``,
+    with their weighted sum ``loss_aux``), the weighted total ``loss``, and, without gradient, ``class_error`` (%) and
     ``cardinality_error`` of the last layer. Box losses are averaged over the number of target
     boxes of the whole (distributed) batch.
 
@@ -93,12 +113,9 @@ class SetCriterion(nn.Module):
 
         # Every layer matches the same number of pairs, so matched pairs reshape to [L, M].
         matched_boxes = boxes[image_index, query_index].view(num_layers, -1, 4)
-        matched_target_boxes = matched_target_boxes.to(matched_boxes.dtype).view(num_layers, -1, 4)
-        num_boxes = self._num_boxes(targets, logits.device)
-        loss_bbox = F.l1_loss(matched_boxes, matched_target_boxes, reduction="none").sum((1, 2)) / num_boxes
-        loss_giou = generalized_box_iou_loss(
-            box_convert(matched_boxes, "cxcywh", "xyxy"), box_convert(matched_target_boxes, "cxcywh", "xyxy")
-        ).sum(1) / num_boxes
+        matched_target_boxes = matched_target_boxes.view(num_layers, -1, 4)
+        num_boxes = num_boxes_in_batch(targets, logits.device)
+        loss_bbox, loss_giou = box_losses(matched_boxes, matched_target_boxes, num_boxes)
 
         losses = {}
         for layer in range(num_layers):
@@ -108,6 +125,8 @@ class SetCriterion(nn.Module):
             losses[f"loss_giou{suffix}"] = loss_giou[layer]
         weighted = self.weights["loss_ce"] * loss_ce + self.weights["loss_bbox"] * loss_bbox + self.weights["loss_giou"] * loss_giou
         losses["loss"] = weighted.sum()
+        if num_layers > 1:
+            losses["loss_aux"] = weighted[:-1].sum()
         if "pred_masks" in outputs and all("masks" in t for t in targets):
             mask_losses = self._mask_losses(outputs["pred_masks"], targets, indices[-batch:], num_boxes)
             losses.update(mask_losses)
@@ -138,14 +157,6 @@ class SetCriterion(nn.Module):
         prob = predicted.sigmoid()
         dice = 1 - (2 * (prob * expected).sum(1) + 1) / (prob.sum(1) + expected.sum(1) + 1)
         return {"loss_mask": focal.sum() / num_boxes, "loss_dice": dice.sum() / num_boxes}
-
-    @staticmethod
-    def _num_boxes(targets: list[dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
-        num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(num_boxes)
-            num_boxes = num_boxes / dist.get_world_size()
-        return num_boxes.clamp(min=1)
 
     @torch.no_grad()
     def _errors(

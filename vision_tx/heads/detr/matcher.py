@@ -12,23 +12,35 @@ class HungarianMatcher(nn.Module):
     """Finds the one-to-one assignment of queries to targets with the lowest total cost.
 
     cost = ``cost_class`` * (-p(target class)) + ``cost_bbox`` * L1(cxcywh) + ``cost_giou`` * (-GIoU).
+    With ``focal_alpha`` set, the logits are per-class sigmoid logits ``[B,Q,C]`` (no no-object
+    class) and the class cost is the sigmoid focal loss of calling the query positive minus that of
+    calling it negative (Deformable DETR, DINO), the same terms the focal classification loss uses.
     The costs of the whole batch are computed in one pass (every query against every target of
     the batch), moved to the CPU once and cut into one block per image for ``linear_sum_assignment``.
     """
 
-    def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0) -> None:
+    def __init__(
+        self,
+        cost_class: float = 1.0,
+        cost_bbox: float = 5.0,
+        cost_giou: float = 2.0,
+        focal_alpha: float | None = None,
+        focal_gamma: float = 2.0,
+    ) -> None:
         super().__init__()
         if cost_class == cost_bbox == cost_giou == 0:
             raise ValueError("vision_tx/heads/detr/matcher.py: all matching costs are 0")
         self.cost_class = cost_class
         self.cost_bbox = cost_bbox
         self.cost_giou = cost_giou
+        self.focal_alpha = focal_alpha
+        self.focal_gamma = focal_gamma
 
     @torch.no_grad()
     def forward(
         self, pred_logits: torch.Tensor, pred_boxes: torch.Tensor, targets: list[dict[str, torch.Tensor]]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Matches ``pred_logits [B,Q,C+1]`` and ``pred_boxes [B,Q,4]`` (normalised cxcywh) to ``targets``.
+        """Matches ``pred_logits [B,Q,C+1]`` (``[B,Q,C]`` with ``focal_alpha``) and ``pred_boxes [B,Q,4]`` (normalised cxcywh) to ``targets``.
 
         ``targets[b]`` holds ``labels`` int64 ``[K_b]`` and ``boxes [K_b,4]`` (normalised cxcywh).
         Returns per image ``(query_indices, target_indices)``, int64 CPU tensors of length
@@ -44,10 +56,9 @@ class HungarianMatcher(nn.Module):
         labels = torch.cat([t["labels"] for t in targets])
         boxes = torch.cat([t["boxes"] for t in targets]).to(pred_boxes.dtype)
 
-        prob = pred_logits.flatten(0, 1).softmax(-1)
         out_boxes = pred_boxes.flatten(0, 1)
         cost = (
-            -self.cost_class * prob[:, labels]
+            self.cost_class * self._class_cost(pred_logits.flatten(0, 1), labels)
             + self.cost_bbox * torch.cdist(out_boxes, boxes, p=1)
             - self.cost_giou
             * generalized_box_iou(box_convert(out_boxes, "cxcywh", "xyxy"), box_convert(boxes, "cxcywh", "xyxy"))
@@ -63,3 +74,13 @@ class HungarianMatcher(nn.Module):
             rows, cols = linear_sum_assignment(block[image].numpy())
             indices.append((torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)))
         return indices
+
+    def _class_cost(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``[N, K]``: the cost of giving each of the ``N`` predictions the class of each of the ``K`` targets."""
+        if self.focal_alpha is None:
+            return -logits.softmax(-1)[:, labels]
+        prob = logits.sigmoid()[:, labels]
+        alpha, gamma, eps = self.focal_alpha, self.focal_gamma, 1e-8
+        positive = alpha * (1 - prob) ** gamma * -(prob + eps).log()
+        negative = (1 - alpha) * prob**gamma * -(1 - prob + eps).log()
+        return positive - negative

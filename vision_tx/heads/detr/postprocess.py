@@ -19,16 +19,42 @@ def postprocess_detections(outputs: dict, orig_sizes: torch.Tensor) -> list[dict
     excluded from the max), as DETR scores its predictions for COCO evaluation. Returns per image
     ``{"scores" [Q], "labels" [Q] int64, "boxes" [Q,4] xyxy pixels}``.
     """
-    logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
-    if orig_sizes.shape != (len(logits), 2):
-        raise ValueError(
-            f"vision_tx/heads/detr/postprocess.py: orig_sizes must be [B,2] = [{len(logits)},2] (h, w), got {list(orig_sizes.shape)}"
-        )
+    logits = outputs["pred_logits"]
+    _check_sizes(orig_sizes, len(logits))
     scores, labels = logits.softmax(-1)[..., :-1].max(-1)
+    return _detections(scores, labels, outputs["pred_boxes"], orig_sizes)
+
+
+def _check_sizes(orig_sizes: torch.Tensor, batch: int) -> None:
+    if orig_sizes.shape != (batch, 2):
+        raise ValueError(
+            f"vision_tx/heads/detr/postprocess.py: orig_sizes must be [B,2] = [{batch},2] (h, w), got {list(orig_sizes.shape)}"
+        )
+
+
+def _detections(scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    """Per image ``scores``, ``labels`` and ``boxes`` (normalised cxcywh ``[B,N,4]`` -> xyxy pixels of ``orig_sizes``)."""
     height, width = orig_sizes.to(boxes).unbind(1)
     scale = torch.stack([width, height, width, height], dim=1)[:, None, :]
     boxes = box_convert(boxes, "cxcywh", "xyxy") * scale
     return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]
+
+
+@torch.no_grad()
+def postprocess_sigmoid_detections(outputs: dict, orig_sizes: torch.Tensor, num_detections: int = 100) -> list[dict[str, torch.Tensor]]:
+    """The ``num_detections`` best (query, class) pairs of each image, for sigmoid classifiers (Deformable
+    DETR, DINO): ``pred_logits [B,Q,C]`` hold one independent logit per category id, no no-object class.
+
+    A query may give several detections with different classes, as in Deformable DETR's evaluation.
+    ``pred_boxes`` and ``orig_sizes`` as in :func:`postprocess_detections`; returns the same keys.
+    """
+    logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
+    _check_sizes(orig_sizes, len(logits))
+    num_classes = logits.shape[-1]
+    scores, index = logits.sigmoid().flatten(1).topk(min(num_detections, logits.shape[1] * num_classes), dim=1)
+    queries = torch.div(index, num_classes, rounding_mode="floor")
+    picked = torch.gather(boxes, 1, queries[..., None].expand(-1, -1, 4))
+    return _detections(scores, index % num_classes, picked, orig_sizes)
 
 
 @torch.no_grad()

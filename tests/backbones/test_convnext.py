@@ -1,0 +1,112 @@
+"""ConvNeXt against timm and the official layouts: logits, key mapping, dense form, paper tables."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from tests.backbones.family_parity import max_difference, params_and_gflops, timm_and_ours, within_published
+from vision_tx.backbones import build_backbone, build_classifier, load_weights
+from vision_tx.backbones.layers import drop_path
+
+# Measured largest difference against timm's logits (of about 2), over two seeds: 0.6-2e-6.
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny_pair() -> tuple[torch.nn.Module, torch.nn.Module]:
+    return timm_and_ours("convnext_tiny", "convnext_tiny")
+
+
+def test_timm_weights_give_timm_logits(tiny_pair) -> None:
+    reference, ours = tiny_pair
+    assert max_difference(reference, ours, torch.randn(1, 3, 224, 224)) < TOLERANCE
+
+
+def _official_layout(timm_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """facebookresearch/ConvNeXt's classification keys: ``downsample_layers.{i}`` (0: the stem), blocks
+    ``stages.{i}.{j}`` with ``dwconv``, ``pwconv1``, ``pwconv2``, ``gamma``, then ``norm`` and ``head``."""
+    state = {}
+    for key, value in timm_state.items():
+        key = re.sub(r"^stem\.", "downsample_layers.0.", key)
+        key = re.sub(r"^stages\.(\d+)\.downsample\.", r"downsample_layers.\1.", key)
+        key = re.sub(r"^stages\.(\d+)\.blocks\.(\d+)\.", r"stages.\1.\2.", key)
+        key = key.replace(".conv_dw.", ".dwconv.").replace(".mlp.fc1.", ".pwconv1.").replace(".mlp.fc2.", ".pwconv2.")
+        key = key.replace("head.norm.", "norm.").replace("head.fc.", "head.")
+        state[key] = value
+    return state
+
+
+def test_official_checkpoint_gives_timm_logits(tiny_pair, tmp_path) -> None:
+    reference, _ = tiny_pair
+    path = tmp_path / "convnext_tiny_1k_224_ema.pth"
+    state = _official_layout(reference.state_dict())
+    assert {"downsample_layers.0.0.weight", "stages.2.8.pwconv2.weight", "norm.weight", "head.weight"} <= set(state)
+    torch.save({"model": state}, path)
+    official = build_classifier("convnext_tiny").eval()
+    report = load_weights(official, path, strict=True)
+    assert not report.missing_keys and not report.unexpected_keys
+    assert max_difference(reference, official, torch.randn(1, 3, 224, 224)) < TOLERANCE
+
+
+def test_official_segmentation_checkpoint_fills_the_output_norms(tiny_pair) -> None:
+    """The official UperNet checkpoints hold ``backbone.`` (classification keys without the final norm and
+    head, plus ``norm{i}`` for each output) and ``decode_head.``/``auxiliary_head.`` weights."""
+    reference, _ = tiny_pair
+    state = {f"backbone.{k}": v for k, v in _official_layout(reference.state_dict()).items() if not k.startswith(("norm.", "head."))}
+    for i, dim in enumerate((96, 192, 384, 768)):
+        state[f"backbone.norm{i}.weight"] = torch.full((dim,), 1.0 + i)
+        state[f"backbone.norm{i}.bias"] = torch.zeros(dim)
+    state["decode_head.conv_seg.weight"] = torch.zeros(150, 512, 1, 1)
+    backbone = build_backbone("convnext_tiny")
+    report = load_weights(backbone, state, strict=True)
+    assert not report.missing_keys and not report.unexpected_keys
+    assert torch.equal(backbone.stages[3].out_norm.weight, torch.full((768,), 4.0))
+    torch.testing.assert_close(backbone.stages[2].blocks[8].mlp.fc2.weight, reference.stages[2].blocks[8].mlp.fc2.weight)
+
+
+@pytest.mark.parametrize("size", [(512, 683), (64, 64)])
+def test_dense_forward_backward_at_strides_4_to_32(size: tuple[int, int]) -> None:
+    model = build_backbone("convnext_tiny", depths=(1, 1, 1, 1))  # full widths; one block per stage keeps it cheap
+    feats = model(torch.randn(1, 3, *size))
+    assert list(feats) == ["res2", "res3", "res4", "res5"] and model.strides == [4, 8, 16, 32]
+    for feat, channels, stride in zip(feats.values(), (96, 192, 384, 768), model.strides):
+        assert feat.shape == (1, channels, math.ceil(size[0] / stride), math.ceil(size[1] / stride))
+    sum(f.mean() for f in feats.values()).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_stochastic_depth_and_layer_scale_defaults() -> None:
+    model = build_classifier("convnext_tiny")
+    blocks = [block for stage in model.stages for block in stage.blocks]
+    assert blocks[0].drop_path_rate == 0.0 and blocks[-1].drop_path_rate == pytest.approx(0.1)
+    assert torch.all(blocks[5].gamma == 1e-6)
+    assert build_classifier("convnext_tiny", layer_scale=None).stages[0].blocks[0].gamma is None
+
+
+# The ConvNeXt paper's Table 1 (ImageNet-1K, 224x224): parameters in whole millions, GFLOPs (multiply-adds).
+PAPER = {"convnext_tiny": (29, 4.5), "convnext_small": (50, 8.7), "convnext_base": (89, 15.4), "convnext_large": (198, 34.4)}
+
+
+@pytest.mark.parametrize("name", list(PAPER))
+def test_parameters_and_flops_match_the_paper(name: str) -> None:
+    params, gflops = PAPER[name]
+    measured_params, measured_gflops, _ = params_and_gflops(name)
+    assert within_published(measured_params, params, 1)
+    assert abs(measured_gflops - gflops) <= 0.05 * gflops
+
+
+def test_training_applies_layer_scale_before_stochastic_depth() -> None:
+    block = build_classifier("convnext_tiny", depths=(1, 1, 1, 1), drop_path_rate=0.9).stages[3].blocks[0]
+    torch.nn.init.uniform_(block.gamma, 0.5, 1.5)
+    x = torch.randn(4, 5, 5, 768)
+    with torch.no_grad():
+        scaled_branch = block.eval()(x) - x
+        torch.manual_seed(3)
+        actual = block.train()(x)
+        torch.manual_seed(3)
+        expected = x + drop_path(scaled_branch, block.drop_path_rate, True)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,78 @@
+"""Every released checkpoint layout in ``tests/fixtures/official_keys`` (names and shapes written from
+the official model definitions, see ``generate.py`` there) lands in its vision_tx model through
+``load_weights``: no missing, unexpected or mis-shaped key. Checked on the ``meta`` device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.backbones.nat_reference import ReferenceNAT
+from vision_tx.backbones import build_backbone, build_classifier, load_weights
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "official_keys"
+
+# fixture -> (vision_tx architecture, form, keyword overrides)
+MODELS = {
+    "swin_tiny_patch4_window7_224": ("swin_t", "classifier", {}),
+    "swin_small_patch4_window7_224": ("swin_s", "classifier", {}),
+    "swin_base_patch4_window7_224": ("swin_b", "classifier", {}),
+    "swin_base_patch4_window12_384": ("swin_b", "classifier", {"window_size": 12}),
+    "swin_large_patch4_window12_384_22kto1k": ("swin_l", "classifier", {}),
+    "mask_rcnn_swin_tiny_patch4_window7": ("swin_t", "backbone", {}),
+    "upernet_swin_base_patch4_window7_512x512": ("swin_b", "backbone", {}),
+    "nat_mini": ("nat_mini", "classifier", {}),
+    "nat_tiny": ("nat_tiny", "classifier", {}),
+    "nat_small": ("nat_small", "classifier", {}),
+    "nat_base": ("nat_base", "classifier", {}),
+    "mask_rcnn_nat_mini_3x_coco": ("nat_mini", "backbone", {}),
+    "mask_rcnn_nat_tiny_3x_coco": ("nat_tiny", "backbone", {}),
+    "upernet_nat_small_in1k_512x512": ("nat_small", "backbone", {}),
+    "upernet_nat_base_in1k_512x512": ("nat_base", "backbone", {}),
+}
+# Buffers of the official files that vision_tx recomputes instead of loading (documented in
+# SwinTransformer.convert_state_dict): they are dropped, never reported as unused.
+RECOMPUTED = ("relative_position_index", "attn_mask")
+
+
+def read_layout(name: str) -> dict[str, tuple[int, ...]]:
+    """``name shape`` lines -> ``{name: shape}``."""
+    layout = {}
+    for line in (FIXTURES / f"{name}.txt").read_text().splitlines():
+        key, shape = line.split()
+        layout[key] = tuple(int(size) for size in shape.split("x"))
+    return layout
+
+
+def test_every_fixture_is_tested() -> None:
+    assert sorted(p.stem for p in FIXTURES.glob("*.txt")) == sorted(MODELS)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_official_layout_lands_without_missing_unexpected_or_misshaped_keys(name: str) -> None:
+    arch, form, overrides = MODELS[name]
+    layout = read_layout(name)
+    with torch.device("meta"):
+        model = (build_classifier(arch, **overrides) if form == "classifier" else build_backbone(arch, **overrides))
+        state = {key: torch.empty(shape, dtype=torch.long if key.endswith("index") else torch.float32)
+                 for key, shape in layout.items()}
+    checkpoint = {"state_dict": state} if form == "backbone" else {"model": state}
+    report = load_weights(model, checkpoint, strict=True)  # raises on a shape mismatch
+    assert not report.missing_keys and not report.unexpected_keys
+    kept = [key for key in layout if not key.endswith(RECOMPUTED)]
+    assert len(report.loaded_keys) == len(kept) == len(model.state_dict())
+
+
+@pytest.mark.parametrize("name", ["nat_small", "mask_rcnn_nat_tiny_3x_coco"])
+def test_the_nat_reference_has_the_official_layout(name: str) -> None:
+    # The reference that test_nat_official loads vision_tx from must itself be the official layout.
+    embed_dim, depths, heads, mlp_ratio = {"nat_small": (96, (3, 4, 18, 5), (3, 6, 12, 24), 2.0),
+                                           "mask_rcnn_nat_tiny_3x_coco": (64, (3, 4, 18, 5), (2, 4, 8, 16), 3.0)}[name]
+    classifier = name == "nat_small"
+    with torch.device("meta"):
+        reference = ReferenceNAT(embed_dim, depths, heads, mlp_ratio, layer_scale=1e-5 if classifier else None,
+                                 num_classes=1000 if classifier else None)
+    prefix = "" if classifier else "backbone."
+    assert {prefix + k: tuple(v.shape) for k, v in reference.state_dict().items()} == read_layout(name)

@@ -1,0 +1,248 @@
+"""DINO against transformers' DeformableDetrForObjectDetection (two-stage, box refinement) on the same
+backbone maps and weights, and the contract of its contrastive denoising."""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vision_tx.heads.detr import HungarianMatcher
+from vision_tx.heads.dino import DINOCriterion
+from vision_tx.models import DINO
+
+from tests.conftest import require_reference
+from tests.models.detr_helpers import padded_batch
+from tests.parity import perturb_
+
+transformers = require_reference("transformers")
+
+NUM_CLASSES, DIM, QUERIES, LAYERS = 7, 64, 12, 2
+CHANNELS = (16, 32, 64)  # the stride 8, 16, 32 maps
+IMAGE_SIZE = (80, 112)
+
+# vision_tx name -> transformers name, applied in order (self-attention q/k/v rows are split separately).
+_TO_TRANSFORMERS = [
+    (r"^neck\.input_proj\.", "model.input_proj."),
+    (r"^neck\.level_embed$", "model.level_embed"),
+    (r"^(encoder|decoder)\.", r"model.\1."),
+    (r"^(enc_output|enc_output_norm|pos_trans|pos_trans_norm)\.", r"model.\1."),
+    (r"\.ffn\.linear(\d)\.", r".mlp.fc\1."),
+    (r"\.ffn\.norm\.", ".final_layer_norm."),
+    (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
+    (r"\.cross_attn\.", ".encoder_attn."),
+    (r"(decoder\.layers\.\d+)\.norm2\.", r"\1.encoder_attn_layer_norm."),
+    (r"\.norm1\.", ".self_attn_layer_norm."),
+]
+
+
+def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    converted = {}
+    for key, value in state.items():
+        for pattern, replacement in _TO_TRANSFORMERS:
+            key = re.sub(pattern, replacement, key)
+        if key.endswith(("in_proj_weight", "in_proj_bias")):
+            prefix, kind = key.rsplit(".in_proj_", 1)
+            for name, part in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3)):
+                converted[f"{prefix}.{name}.{kind}"] = part
+        elif key.startswith(("class_embed.", "bbox_embed.")):  # tied to the decoder's copies
+            converted[key] = converted[f"model.decoder.{key}"] = value
+        else:
+            converted[key] = value
+    return converted
+
+
+class MapsBackbone(nn.Module):
+    """Returns the given maps whatever the images: both models read the same backbone features."""
+
+    def __init__(self, maps: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.maps = maps
+        self.out_channels = [m.shape[1] for m in maps]
+
+    def forward(self, images: torch.Tensor) -> OrderedDict:
+        return OrderedDict((f"res{i + 3}", m) for i, m in enumerate(self.maps))
+
+
+def tiny_dino(maps: list[torch.Tensor], **overrides) -> DINO:
+    kwargs = dict(
+        num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_encoder_layers=LAYERS, num_decoder_layers=LAYERS,
+        dim_feedforward=96, num_points=3, query_selection="two_stage", num_denoising=0,
+    )
+    return DINO(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides})
+
+
+@pytest.fixture(scope="module")
+def batch():
+    images, pixel_mask, targets = padded_batch(IMAGE_SIZE, (56, 72), (3, 2), NUM_CLASSES)
+    generator = torch.Generator().manual_seed(3)
+    maps = []
+    for stride, channels in zip((8, 16, 32), CHANNELS):
+        maps.append(torch.randn(2, channels, IMAGE_SIZE[0] // stride, IMAGE_SIZE[1] // stride, generator=generator))
+    return images, pixel_mask, targets, maps
+
+
+@pytest.fixture(scope="module")
+def models(batch):
+    images, pixel_mask, _, maps = batch
+    torch.manual_seed(0)
+    ours = tiny_dino(maps).eval()
+    perturb_(ours)
+    config = transformers.DeformableDetrConfig(
+        use_timm_backbone=False, use_pretrained_backbone=False,
+        backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], hidden_sizes=[8, *CHANNELS], embedding_size=8, depths=[1, 1, 1, 1]),
+        num_labels=NUM_CLASSES, d_model=DIM, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, encoder_n_points=3, decoder_n_points=3,
+        num_queries=QUERIES, two_stage_num_proposals=QUERIES, two_stage=True, with_box_refine=True,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, auxiliary_loss=True, class_cost=2,
+    )
+    reference = transformers.DeformableDetrForObjectDetection(config).eval()
+    state = to_transformers(ours.state_dict())
+    backbone_keys = {k for k in reference.state_dict() if k.startswith("model.backbone.")}
+    assert set(state) == set(reference.state_dict()) - backbone_keys
+    reference.load_state_dict(state, strict=False)
+
+    def backbone_maps(pixel_values, pixel_mask):
+        return [(m, F.interpolate(pixel_mask[None].float(), size=m.shape[-2:])[0].bool()) for m in maps]
+
+    reference.model.backbone.forward = backbone_maps
+    return ours, reference
+
+
+def test_outputs_and_loss_match_transformers(models, batch) -> None:
+    ours, reference = models
+    images, pixel_mask, targets, _ = batch
+    with torch.no_grad():
+        out = ours(images, pixel_mask)
+        ref = reference(images, pixel_mask=(~pixel_mask).long(), labels=[
+            {"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets
+        ])
+    torch.testing.assert_close(out["pred_logits"], ref.logits, rtol=0, atol=1e-4)
+    torch.testing.assert_close(out["pred_boxes"], ref.pred_boxes, rtol=0, atol=1e-4)
+    for layer, aux in enumerate(out["aux_outputs"]):
+        torch.testing.assert_close(aux["pred_boxes"], ref.auxiliary_outputs[layer]["pred_boxes"], rtol=0, atol=1e-4)
+    assert ref.logits.std() > 0.3 and ref.pred_boxes.std() > 0.05  # not near-constant outputs
+    assert (out["pred_boxes"] - out["aux_outputs"][0]["pred_boxes"]).abs().mean() > 0.003  # the last layer refines
+
+    decoder_outputs = {k: v for k, v in out.items() if k != "enc_outputs"}  # transformers leaves the encoder's loss out
+    losses = ours.loss(decoder_outputs, targets)
+    compared = [k for k in ref.loss_dict if k.startswith("loss_")]
+    assert len(compared) == 3 * LAYERS
+    for key in compared:
+        torch.testing.assert_close(losses[key], ref.loss_dict[key], rtol=0, atol=1e-4, msg=key)
+    torch.testing.assert_close(losses["loss"], ref.loss, rtol=0, atol=1e-4)
+
+
+def dino_targets() -> list[dict[str, torch.Tensor]]:
+    return [
+        {"labels": torch.tensor([1, 4, 2]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1], [0.6, 0.4, 0.3, 0.2]])},
+        {"labels": torch.tensor([6]), "boxes": torch.tensor([[0.45, 0.55, 0.25, 0.15]])},
+    ]
+
+
+def test_denoising_positives_lie_within_the_noise_scale_and_negatives_beyond() -> None:
+    from vision_tx.heads.dino import ContrastiveDenoising
+
+    torch.manual_seed(0)
+    scale = 0.4  # small enough that no noised edge leaves the image (no clamping)
+    denoising = ContrastiveDenoising(NUM_CLASSES, DIM, num_queries=60, label_noise_ratio=0.0, box_noise_scale=scale)
+    targets = dino_targets()
+    queries = denoising(targets, num_matching=QUERIES)
+    assert queries.num_groups == 60 // (2 * 3) and queries.group_size == 3
+    corners = lambda b: torch.cat([b[..., :2] - b[..., 2:] / 2, b[..., :2] + b[..., 2:] / 2], -1)  # noqa: E731
+    for image, target in enumerate(targets):
+        count = len(target["labels"])
+        half_size = (target["boxes"][:, 2:] / 2).repeat(1, 2)
+        for group in range(queries.num_groups):
+            start = group * 2 * queries.group_size
+            for offset, is_positive in ((0, True), (queries.group_size, False)):
+                slots = slice(start + offset, start + offset + count)
+                moved = (corners(queries.boxes[image, slots]) - corners(target["boxes"])).abs() / (half_size * scale)
+                assert (moved < 1).all() if is_positive else ((moved >= 1) & (moved <= 2 + 1e-5)).all()
+                expected = denoising.label_embed(target["labels"])  # no label noise
+                torch.testing.assert_close(queries.content[image, slots], expected)
+            padding = slice(start + count, start + queries.group_size)
+            assert (queries.content[image, padding] == 0).all()
+    positives = queries.positive_indices(targets)
+    assert positives[1][0].tolist() == [g * 6 for g in range(queries.num_groups)]
+
+
+def test_label_noise_replaces_about_half_the_ratio() -> None:
+    from vision_tx.heads.dino import ContrastiveDenoising
+
+    torch.manual_seed(0)
+    denoising = ContrastiveDenoising(1000, 8, num_queries=4000, label_noise_ratio=0.5)
+    target = [{"labels": torch.tensor([3]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]])}]
+    queries = denoising(target, num_matching=1)
+    kept = (queries.content[0] == denoising.label_embed.weight[3]).all(-1).float().mean()
+    assert abs(kept - 0.75) < 0.03  # a quarter replaced (by another class 999 times in 1000)
+
+
+def mixed_dino(batch) -> DINO:
+    torch.manual_seed(0)
+    model = tiny_dino(batch[3], query_selection="mixed", num_denoising=12).train()
+    perturb_(model)
+    return model
+
+
+def test_denoising_groups_see_no_other_group_and_matching_queries_see_none(batch) -> None:
+    images, pixel_mask, _, _ = batch
+    model = mixed_dino(batch)
+    targets = dino_targets()
+    torch.manual_seed(1)
+    queries = model.denoising(targets, QUERIES)
+    assert queries.num_groups == 2
+    group_queries = 2 * queries.group_size
+    model.denoising.forward = lambda *args: queries
+    with torch.no_grad():
+        reference = model(images, pixel_mask, targets)
+        for group in range(queries.num_groups):
+            changed = slice(group * group_queries, (group + 1) * group_queries)
+            content, boxes = queries.content.clone(), queries.boxes.clone()
+            queries.content[:, changed] += torch.randn_like(queries.content[:, changed])
+            queries.boxes[:, changed] = torch.rand_like(queries.boxes[:, changed]) * 0.5 + 0.25
+            out = model(images, pixel_mask, targets)
+            queries.content, queries.boxes = content, boxes
+            torch.testing.assert_close(out["pred_logits"], reference["pred_logits"], rtol=0, atol=0)
+            torch.testing.assert_close(out["pred_boxes"], reference["pred_boxes"], rtol=0, atol=0)
+            dn, dn_reference = out["dn_outputs"]["pred_logits"], reference["dn_outputs"]["pred_logits"]
+            others = torch.ones(dn.shape[2], dtype=torch.bool)
+            others[changed] = False
+            torch.testing.assert_close(dn[:, :, others], dn_reference[:, :, others], rtol=0, atol=0)
+            assert not torch.allclose(dn[:, :, changed], dn_reference[:, :, changed])
+
+
+def test_without_denoising_the_training_loss_is_the_set_loss(batch) -> None:
+    images, pixel_mask, _, _ = batch
+    model = mixed_dino(batch)
+    targets = dino_targets()
+    with torch.no_grad():
+        with_denoising = model.loss(model(images, pixel_mask, targets), targets)
+        model.denoising = None
+        plain = model.loss(model(images, pixel_mask, targets), targets)
+    assert any("_dn" in key for key in with_denoising) and not any("_dn" in key for key in plain)
+    set_terms = {k: v for k, v in with_denoising.items() if k.startswith("loss_") and "_dn" not in k}
+    assert set(set_terms) == {k for k in plain if k.startswith("loss_")}
+    for key, value in set_terms.items():
+        torch.testing.assert_close(plain[key], value, rtol=0, atol=1e-6, msg=key)
+    weights = {"ce": 1.0, "bbox": 5.0, "giou": 2.0}
+    torch.testing.assert_close(plain["loss"], sum(weights[k.split("_")[1]] * v for k, v in set_terms.items()))
+    assert with_denoising["loss"] > plain["loss"]
+
+
+def test_trains_on_images_without_objects(batch) -> None:
+    images, pixel_mask, _, _ = batch
+    model = mixed_dino(batch)
+    empty = [{"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4)}] * 2
+    losses = model.loss(model(images, pixel_mask, empty), empty)
+    assert torch.isfinite(losses["loss"]) and losses["loss_bbox"] == 0
+    losses["loss"].backward()
+
+
+def test_matcher_rejects_softmax_costs_for_sigmoid_logits() -> None:
+    with pytest.raises(ValueError, match="focal_alpha"):
+        DINOCriterion(NUM_CLASSES, HungarianMatcher())

@@ -1,0 +1,151 @@
+"""Deformable DETR's encoder and decoder (post-norm layers), the decoder refining its boxes layer by layer."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vision_tx.heads.detr.mlp import MLP
+from vision_tx.heads.detr.position_encoding import sine_embedding
+from vision_tx.heads.dino.deformable_attention import MultiScaleDeformableAttention
+
+
+def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """``log(x / (1 - x))`` with ``x`` clamped to ``[eps, 1 - eps]``-safe values."""
+    x = x.clamp(0, 1)
+    return torch.log(x.clamp(min=eps) / (1 - x).clamp(min=eps))
+
+
+def box_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:
+    """``boxes [..., 4]`` in [0, 1] -> ``[..., 4 * num_feats]``: a sine embedding of each coordinate in turn."""
+    return sine_embedding(boxes * (2 * math.pi), num_feats, temperature).flatten(-2)
+
+
+class FeedForward(nn.Module):
+    """``x + linear2(dropout(relu(linear1(x))))``, then LayerNorm: the post-norm FFN block."""
+
+    def __init__(self, dim: int, hidden_dim: int, dropout: float) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(dim, hidden_dim)
+        self.linear2 = nn.Linear(hidden_dim, dim)
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.dropout(self.linear2(self.dropout(F.relu(self.linear1(x))))))
+
+
+class DeformableEncoderLayer(nn.Module):
+    """Deformable self-attention over the levels' tokens, then the FFN."""
+
+    def __init__(self, dim: int, num_heads: int, num_levels: int, num_points: int, dim_feedforward: int, dropout: float) -> None:
+        super().__init__()
+        self.self_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points)
+        self.norm1 = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(dropout)
+        self.ffn = FeedForward(dim, dim_feedforward, dropout)
+
+    def forward(self, x, position, reference, shapes, padding_mask) -> torch.Tensor:
+        x = self.norm1(x + self.dropout(self.self_attn(x + position, reference, x, shapes, padding_mask)))
+        return self.ffn(x)
+
+
+class DeformableEncoder(nn.Module):
+    """``num_layers`` encoder layers; each token's reference point is its own pixel centre."""
+
+    def __init__(self, layer: DeformableEncoderLayer, num_layers: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
+
+    def forward(self, tokens, position, padding_mask, shapes, valid_ratios) -> torch.Tensor:
+        """``tokens``, ``position [B,S,D]``, ``padding_mask [B,S]``, ``valid_ratios [B,L,2]`` -> ``[B,S,D]``."""
+        reference = self.reference_points(shapes, valid_ratios)
+        for layer in self.layers:
+            tokens = layer(tokens, position, reference, shapes, padding_mask)
+        return tokens
+
+    @staticmethod
+    def reference_points(shapes: list[tuple[int, int]], valid_ratios: torch.Tensor) -> torch.Tensor:
+        """``[B,S,L,2]``: every token's pixel centre, relative to its level's unpadded area, seen on every level."""
+        points = []
+        for level, (height, width) in enumerate(shapes):
+            y, x = torch.meshgrid(
+                torch.arange(height, dtype=valid_ratios.dtype, device=valid_ratios.device) + 0.5,
+                torch.arange(width, dtype=valid_ratios.dtype, device=valid_ratios.device) + 0.5,
+                indexing="ij",
+            )
+            ratio = valid_ratios[:, None, level]  # [B,1,2] (width, height)
+            points.append(torch.stack([x.flatten()[None] / (ratio[..., 0] * width), y.flatten()[None] / (ratio[..., 1] * height)], -1))
+        return torch.cat(points, 1)[:, :, None] * valid_ratios[:, None]
+
+
+class DeformableDecoderLayer(nn.Module):
+    """Self-attention among the queries (``attn_mask`` True where a query may not look), deformable
+    cross-attention to the encoder's tokens around each query's box, then the FFN."""
+
+    def __init__(self, dim: int, num_heads: int, num_levels: int, num_points: int, dim_feedforward: int, dropout: float) -> None:
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True)
+        self.norm1 = nn.LayerNorm(dim)
+        self.cross_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points)
+        self.norm2 = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(dropout)
+        self.ffn = FeedForward(dim, dim_feedforward, dropout)
+
+    def forward(self, queries, query_pos, reference, memory, shapes, padding_mask, attn_mask=None) -> torch.Tensor:
+        q = k = queries + query_pos
+        attended = self.self_attn(q, k, queries, attn_mask=attn_mask, need_weights=False)[0]
+        queries = self.norm1(queries + self.dropout(attended))
+        attended = self.cross_attn(queries + query_pos, reference, memory, shapes, padding_mask)
+        queries = self.norm2(queries + self.dropout(attended))
+        return self.ffn(queries)
+
+
+class DeformableDecoder(nn.Module):
+    """``num_layers`` decoder layers with iterative box refinement.
+
+    Layer ``i`` reads around its input boxes (the previous layer's, detached) and predicts a box as
+    ``sigmoid(bbox_embed[i](hidden) + inverse_sigmoid(previous box))``. With ``look_forward_twice``
+    (DINO) that previous box keeps its gradient, so layer ``i``'s loss also trains layer ``i - 1``'s
+    box head. Without a fixed ``query_pos``, each layer's query position is ``ref_point_head`` of
+    a sine embedding of its input boxes (DINO).
+    """
+
+    def __init__(self, layer: DeformableDecoderLayer, num_layers: int, dim: int, query_pos_from_boxes: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
+        self.ref_point_head = MLP(2 * dim, dim, dim, 2) if query_pos_from_boxes else None
+        self.dim = dim
+
+    def forward(
+        self,
+        queries: torch.Tensor,
+        boxes: torch.Tensor,
+        memory: torch.Tensor,
+        shapes: list[tuple[int, int]],
+        padding_mask: torch.Tensor,
+        valid_ratios: torch.Tensor,
+        bbox_embed: nn.ModuleList,
+        query_pos: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        look_forward_twice: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``queries [B,Q,D]``, initial ``boxes [B,Q,4]`` (cxcywh in [0, 1], no gradient), the encoder's
+        ``memory [B,S,D]`` -> every layer's ``hidden [L,B,Q,D]`` and ``boxes [L,B,Q,4]``."""
+        hidden, predicted = [], []
+        previous = boxes
+        for layer, box_head in zip(self.layers, bbox_embed):
+            reference = previous.detach()
+            level_reference = reference[:, :, None] * valid_ratios.repeat(1, 1, 2)[:, None]
+            if self.ref_point_head is not None:
+                query_pos = self.ref_point_head(box_sine_embedding(level_reference[:, :, 0], self.dim // 2))
+            queries = layer(queries, query_pos, level_reference, memory, shapes, padding_mask, attn_mask)
+            previous = (box_head(queries) + inverse_sigmoid(previous if look_forward_twice else reference)).sigmoid()
+            hidden.append(queries)
+            predicted.append(previous)
+        return torch.stack(hidden), torch.stack(predicted)
+

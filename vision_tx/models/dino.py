@@ -1,0 +1,192 @@
+"""DINO (Zhang et al., 2022): a backbone, a multi-scale neck and a deformable transformer whose queries
+start from the encoder's best proposals, trained with contrastive denoising.
+
+With ``query_selection="two_stage"`` and ``num_denoising=0`` it is Deformable DETR (Zhu et al., 2021)
+with two-stage proposals and iterative box refinement.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from vision_tx.heads.detr.mlp import MLP
+from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections
+from vision_tx.heads.dino.criterion import DINOCriterion
+from vision_tx.heads.dino.denoising import ContrastiveDenoising
+from vision_tx.heads.dino.transformer import (
+    DeformableDecoder,
+    DeformableDecoderLayer,
+    DeformableEncoder,
+    DeformableEncoderLayer,
+    box_sine_embedding,
+    inverse_sigmoid,
+)
+from vision_tx.models.detr import checked_pixel_mask
+from vision_tx.necks.multiscale import MultiScaleLevels, MultiScaleProjection
+
+QUERY_SELECTIONS = ("mixed", "two_stage")
+
+
+class DINO(nn.Module):
+    """Detector over the backbone's maps (e.g. strides 8, 16, 32) and ``num_levels`` levels in all.
+
+    ``num_classes`` sigmoid logits per query (labels are category ids, so ``max_id + 1``; no
+    no-object class). The encoder scores every token as a proposal box around its pixel; the
+    ``num_queries`` best become the decoder's initial boxes. ``query_selection``: ``"mixed"`` (DINO)
+    takes the content of the queries from a learned embedding and their position from their boxes
+    at every layer; ``"two_stage"`` (Deformable DETR) takes both from the proposals' boxes, ranked
+    by a class-agnostic score. In training, ``num_denoising`` queries (at most) reconstruct noised
+    targets; ``look_forward_twice`` lets each layer's box loss reach the previous layer's box head.
+    Defaults: DINO's 4-scale setting.
+    """
+
+    backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
+    criterion_class = DINOCriterion
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        num_classes: int,
+        num_queries: int = 900,
+        hidden_dim: int = 256,
+        num_heads: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.0,
+        num_levels: int = 4,
+        num_points: int = 4,
+        query_selection: str = "mixed",
+        num_denoising: int = 100,
+        label_noise_ratio: float = 0.5,
+        box_noise_scale: float = 1.0,
+        look_forward_twice: bool = True,
+        criterion: nn.Module | None = None,
+        num_detections: int = 100,
+    ) -> None:
+        super().__init__()
+        if query_selection not in QUERY_SELECTIONS:
+            raise ValueError(f"vision_tx/models/dino.py: query_selection must be one of {QUERY_SELECTIONS}, got {query_selection!r}")
+        if query_selection == "two_stage" and num_denoising:
+            raise ValueError("vision_tx/models/dino.py: denoising needs query_selection='mixed' (set num_denoising=0)")
+        self.backbone = backbone
+        self.num_classes = num_classes
+        self.num_queries = num_queries
+        self.query_selection = query_selection
+        self.look_forward_twice = look_forward_twice
+        self.num_detections = num_detections
+        self.neck = MultiScaleProjection(backbone.out_channels, hidden_dim, num_levels)
+        self.encoder = DeformableEncoder(
+            DeformableEncoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout), num_encoder_layers
+        )
+        self.decoder = DeformableDecoder(
+            DeformableDecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout),
+            num_decoder_layers, hidden_dim, query_pos_from_boxes=query_selection == "mixed",
+        )
+        # One class and box head per decoder layer, and a last one for the encoder's proposals.
+        self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_decoder_layers + 1))
+        self.bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_decoder_layers + 1))
+        self.enc_output = nn.Linear(hidden_dim, hidden_dim)
+        self.enc_output_norm = nn.LayerNorm(hidden_dim)
+        if query_selection == "two_stage":
+            self.pos_trans = nn.Linear(2 * hidden_dim, 2 * hidden_dim)
+            self.pos_trans_norm = nn.LayerNorm(2 * hidden_dim)
+        else:
+            self.query_embed = nn.Embedding(num_queries, hidden_dim)
+        self.denoising = (
+            ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale) if num_denoising else None
+        )
+        self.criterion = DINOCriterion(num_classes) if criterion is None else criterion
+        prior = -math.log((1 - 0.01) / 0.01)  # every class starts at probability 0.01 (focal loss)
+        for head in self.class_embed:
+            nn.init.constant_(head.bias, prior)
+        for head in self.bbox_embed:
+            nn.init.zeros_(head.layers[-1].weight)
+            nn.init.zeros_(head.layers[-1].bias)
+
+    def forward(
+        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
+    ) -> dict:
+        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (normalised,
+        used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
+        "aux_outputs", "enc_outputs"}`` and in training with targets ``"dn_outputs"``."""
+        pixel_mask = checked_pixel_mask(images, pixel_mask, "vision_tx/models/dino.py")
+        levels = self.neck(list(self.backbone(images).values()), pixel_mask)
+        memory = self.encoder(levels.tokens, levels.position, levels.padding_mask, levels.shapes, levels.valid_ratios)
+        return self.forward_decoder(memory, levels, targets if self.training else None)
+
+    def forward_decoder(self, memory: torch.Tensor, levels: MultiScaleLevels, targets: list[dict] | None = None) -> dict:
+        """Query selection from the encoder's ``memory [B,S,D]``, the decoder and the heads."""
+        proposals, proposal_logits, proposal_boxes = self._select_proposals(memory, levels)
+        boxes = proposal_boxes.detach()
+        query_pos = None
+        if self.query_selection == "two_stage":
+            query_pos, queries = self.pos_trans_norm(self.pos_trans(box_sine_embedding(boxes, memory.shape[-1] // 2))).chunk(2, -1)
+        else:
+            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(len(boxes), -1, -1)
+        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
+        attn_mask = None
+        if denoising is not None:
+            queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
+            boxes = torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)
+            attn_mask = denoising.attn_mask
+        hidden, layer_boxes = self.decoder(
+            queries, boxes, memory, levels.shapes, levels.padding_mask, levels.valid_ratios, self.bbox_embed,
+            query_pos, attn_mask, self.look_forward_twice and self.training,
+        )
+        logits = torch.stack([head(h) for head, h in zip(self.class_embed, hidden)])
+        enc_logits = proposal_logits[..., :1] if self.query_selection == "two_stage" else proposal_logits
+        outputs = {"enc_outputs": {"pred_logits": enc_logits, "pred_boxes": proposal_boxes}}
+        if denoising is not None:
+            split = denoising.content.shape[1]
+            outputs["dn_outputs"] = {"pred_logits": logits[:, :, :split], "pred_boxes": layer_boxes[:, :, :split], "queries": denoising}
+            logits, layer_boxes = logits[:, :, split:], layer_boxes[:, :, split:]
+        outputs.update({"pred_logits": logits[-1], "pred_boxes": layer_boxes[-1]})
+        outputs["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], layer_boxes[:-1])]
+        return outputs
+
+    def _select_proposals(self, memory: torch.Tensor, levels: MultiScaleLevels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The encoder's ``num_queries`` best proposals: their indices ``[B,K]``, class logits ``[B,K,C]``
+        and boxes ``[B,K,4]`` (with gradient), ``K = min(num_queries, S)``."""
+        anchors, valid = proposal_anchors(levels)
+        features = memory.masked_fill(~valid[..., None], 0.0)
+        features = self.enc_output_norm(self.enc_output(features))
+        logits = self.class_embed[-1](features)
+        box_logits = self.bbox_embed[-1](features) + anchors
+        score = logits[..., 0] if self.query_selection == "two_stage" else logits.max(-1).values
+        top = score.topk(min(self.num_queries, score.shape[1]), dim=1).indices
+        picked_logits = torch.gather(logits, 1, top[..., None].expand(-1, -1, logits.shape[-1]))
+        picked_boxes = torch.gather(box_logits, 1, top[..., None].expand(-1, -1, 4)).sigmoid()
+        return top, picked_logits, picked_boxes
+
+    def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The criterion's losses for the outputs of :meth:`forward` (normalised ``targets``)."""
+        return self.criterion(outputs, targets)
+
+    def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
+        return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections)
+
+
+def proposal_anchors(levels: MultiScaleLevels) -> tuple[torch.Tensor, torch.Tensor]:
+    """One anchor box per token: centred on its pixel (relative to the level's unpadded area), of
+    side 0.05 * 2**level. Returns their inverse-sigmoid ``[B,S,4]`` (inf where invalid) and
+    ``valid [B,S]``: not padding and strictly inside (0.01, 0.99)."""
+    anchors, start = [], 0
+    batch = levels.tokens.shape[0]
+    dtype, device = levels.tokens.dtype, levels.tokens.device
+    for level, (height, width) in enumerate(levels.shapes):
+        padding = levels.padding_mask[:, start : start + height * width].view(batch, height, width)
+        start += height * width
+        valid_size = torch.stack([(~padding[:, 0, :]).sum(1), (~padding[:, :, 0]).sum(1)], -1).to(dtype)  # (w, h)
+        y, x = torch.meshgrid(torch.arange(height, dtype=dtype, device=device), torch.arange(width, dtype=dtype, device=device), indexing="ij")
+        centres = (torch.stack([x, y], -1).flatten(0, 1)[None] + 0.5) / valid_size[:, None]
+        sizes = torch.full_like(centres, 0.05 * 2.0**level)
+        anchors.append(torch.cat([centres, sizes], -1))
+    anchors = torch.cat(anchors, 1)
+    valid = ((anchors > 0.01) & (anchors < 0.99)).all(-1) & ~levels.padding_mask
+    logits = torch.log(anchors / (1 - anchors)).masked_fill(~valid[..., None], float("inf"))
+    return logits, valid

@@ -1,0 +1,77 @@
+"""The multi-scale input projection of Deformable DETR and DINO: backbone maps -> levels of one width."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vision_tx.heads.detr.position_encoding import SinePositionEncoding
+
+
+@dataclass
+class MultiScaleLevels:
+    """The levels of a feature pyramid, highest resolution first, flattened for a deformable transformer."""
+
+    tokens: torch.Tensor  # [B,S,D] every level's tokens, concatenated (S = sum of h*w)
+    position: torch.Tensor  # [B,S,D] sine position encoding plus the level embedding
+    padding_mask: torch.Tensor  # [B,S] bool, True on padding
+    shapes: list[tuple[int, int]]  # the levels' (h, w)
+    valid_ratios: torch.Tensor  # [B,L,2] the unpadded fraction of each level, (width, height)
+
+
+class MultiScaleProjection(nn.Module):
+    """Projects backbone maps ``in_channels`` (e.g. strides 8, 16, 32) to ``dim`` channels by 1x1 conv +
+    GroupNorm, and adds ``num_levels - len(in_channels)`` lower-resolution levels, each a 3x3 stride-2
+    conv + GroupNorm of the previous one (the first of the last backbone map).
+
+    Every level gets a sine position encoding of its padding mask (positions at pixel centres) plus a
+    learned level embedding.
+    """
+
+    def __init__(self, in_channels: Sequence[int], dim: int = 256, num_levels: int = 4, num_groups: int = 32) -> None:
+        super().__init__()
+        if num_levels < len(in_channels):
+            raise ValueError(
+                f"vision_tx/necks/multiscale.py: num_levels={num_levels} is below the {len(in_channels)} backbone maps given"
+            )
+        projections = [nn.Sequential(nn.Conv2d(c, dim, 1), nn.GroupNorm(num_groups, dim)) for c in in_channels]
+        extra_in = in_channels[-1]
+        for _ in range(num_levels - len(in_channels)):
+            projections.append(nn.Sequential(nn.Conv2d(extra_in, dim, 3, stride=2, padding=1), nn.GroupNorm(num_groups, dim)))
+            extra_in = dim
+        self.input_proj = nn.ModuleList(projections)
+        self.level_embed = nn.Parameter(torch.empty(num_levels, dim).normal_())
+        self.position_encoding = SinePositionEncoding(dim // 2, offset=-0.5)
+        self.num_backbone_levels = len(in_channels)
+        for projection in self.input_proj:
+            nn.init.xavier_uniform_(projection[0].weight)
+            nn.init.zeros_(projection[0].bias)
+
+    def forward(self, maps: Sequence[torch.Tensor], pixel_mask: torch.Tensor) -> MultiScaleLevels:
+        """``maps``: ``[B,C_i,h_i,w_i]`` highest resolution first; ``pixel_mask [B,H,W]`` True on padding."""
+        if len(maps) != self.num_backbone_levels:
+            raise ValueError(
+                f"vision_tx/necks/multiscale.py: {len(maps)} backbone maps given, built for {self.num_backbone_levels}"
+            )
+        levels = [projection(x) for projection, x in zip(self.input_proj, maps)]
+        source = maps[-1]
+        for projection in self.input_proj[len(maps):]:
+            source = projection(source)
+            levels.append(source)
+        tokens, positions, masks, ratios = [], [], [], []
+        for level, x in enumerate(levels):
+            mask = F.interpolate(pixel_mask[None].float(), size=x.shape[-2:])[0].bool()
+            position = self.position_encoding(mask).to(x.dtype) + self.level_embed[level]
+            tokens.append(x.flatten(2).transpose(1, 2))
+            positions.append(position.flatten(1, 2))
+            masks.append(mask.flatten(1))
+            valid = ~mask
+            ratios.append(torch.stack([valid[:, 0, :].sum(1) / mask.shape[2], valid[:, :, 0].sum(1) / mask.shape[1]], -1))
+        return MultiScaleLevels(
+            torch.cat(tokens, 1), torch.cat(positions, 1), torch.cat(masks, 1),
+            [tuple(x.shape[-2:]) for x in levels], torch.stack(ratios, 1).to(levels[0].dtype),
+        )
