@@ -106,3 +106,27 @@ def test_patch_grid() -> None:
     assert patch_grid(1 + 14 * 14, (224, 224)) == (1, 14, 14)
     assert patch_grid(2 + 24 * 32, (384, 512)) == (2, 24, 32)
     assert patch_grid(4 + 16, (64, 64), num_prefix_tokens=4) == (4, 4, 4)
+
+
+def test_pictures_for_a_classifier_and_a_detector(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from vision_tx.attention import attention_pictures
+    from vision_tx.data.imagefolder import val_transforms
+    from vision_tx.data.transforms import DetrValTransform
+    from vision_tx.lightning.detection import DetectionModule
+
+    torch.manual_seed(0)
+    image = torch.randint(0, 256, (3, 40, 48), dtype=torch.uint8)
+    classifier = SimpleNamespace(model=TinyViT().eval(), parameters=lambda: iter([torch.zeros(1)]))
+    pictures = attention_pictures(classifier, image, SimpleNamespace(val_transform=val_transforms(8, 1.0)))
+    assert len(pictures) == 1 + 1 + 2 and all(p.shape == (3, 8, 8) and p.dtype == torch.uint8 for p in pictures)
+
+    detr = {"num_queries": 5, "hidden_dim": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64}
+    detector = DetectionModule(num_classes=4, backbone_kwargs={"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 4, 8]},
+                               detr_kwargs=detr)
+    detector.configure_model()
+    detector.eval()
+    datamodule = SimpleNamespace(val_transform=DetrValTransform(size=64, max_size=96), category_names={1: "a", 2: "b", 3: "c"})
+    pictures = attention_pictures(detector, image, datamodule, score_threshold=2.0)  # none above: the 4 best
+    assert len(pictures) == 1 + 4 and pictures[0].shape[0] == 3
