@@ -90,3 +90,34 @@ def test_checkpoint_reloads_and_draws(trained: Path, toy_cache: Path, tmp_path: 
     assert out.is_file() and out.stat().st_size > 0 and "wrote" in result.stdout
     with torch.no_grad():
         assert module(torch.zeros(1, 3, 64, 64))["pred_logits"].shape == (1, 5, 5)
+
+
+# A small DINO at toy resolution: the same module, data, evaluation and tools, another detector.
+SMALL_DINO = [
+    "--config", "dino_swin_toy",
+    "--model.detector_kwargs", "{num_queries: 6, hidden_dim: 64, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 64, num_denoising: 6}",
+    *SMALL[4:],
+]
+
+
+def test_dino_trains_validates_reloads_and_draws(toy_cache: Path, tmp_path: Path) -> None:
+    run_tool(
+        "train.py", *SMALL_DINO, "--data.toy_cache_dir", str(toy_cache),
+        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "2",
+        "--trainer.check_val_every_n_epoch", "1", "--trainer.val_check_interval", "2", "--trainer.num_sanity_val_steps", "0",
+        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "true",
+        cwd=tmp_path,
+    )
+    metrics = json.loads(next(tmp_path.rglob("metrics.json")).read_text())
+    assert 0 <= metrics["bbox"]["AP50"] <= 1 and list(tmp_path.rglob("bbox_results.json"))
+    checkpoint = next(tmp_path.rglob("last.ckpt"))
+    module = DetectionModule.load_from_checkpoint(checkpoint, map_location="cpu")
+    assert module.hparams.detector == "dino" and type(module.model).__name__ == "DINO"
+    image = next(toy_cache.rglob("val2017/*.png"))
+    out = tmp_path / "pred.png"
+    run_tool("infer.py", *SMALL_DINO, "--data.toy_cache_dir", str(toy_cache), "--ckpt", str(checkpoint),
+             "--image", str(image), "--out", str(out), cwd=tmp_path)
+    assert out.is_file() and out.stat().st_size > 0
+    with torch.no_grad():
+        detections = module.model.postprocess(module(torch.zeros(1, 3, 64, 64)), torch.tensor([[64, 64]]))
+    assert detections[0]["boxes"].shape == (24, 4)  # every (query, class) pair: 6 queries x 4 classes
