@@ -10,7 +10,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
 from vision_tx.backbones import build_backbone, save_weights
-from vision_tx.lightning.common import build_task_backbone, param_groups
+from vision_tx.lightning.common import build_task_backbone, param_groups, sync_batchnorm_where_supported
 
 SMALL = {"embed_dim": 16, "depths": (1, 1, 1, 1), "num_heads": (1, 1, 1, 1)}
 
@@ -56,3 +56,14 @@ def test_param_groups_split_backbone_and_decay() -> None:
     assert set(by_setting) == {(1e-5, 0.05), (1e-5, 0.0), (1e-4, 0.05), (1e-4, 0.0)}
     assert sum(len(p) for p in by_setting.values()) == len(list(model.parameters()))
     assert model["head"].bias in [p for p in by_setting[(1e-4, 0.0)]]
+
+
+@pytest.mark.parametrize(("world_size", "device", "synced"), [(2, "cuda", True), (2, "cpu", False), (1, "cuda", False)])
+def test_batchnorm_is_synced_only_over_several_gpu_processes(world_size: int, device: str, synced: bool) -> None:
+    module = _Task()
+    module._trainer = SimpleNamespace(world_size=world_size, strategy=SimpleNamespace(root_device=torch.device(device)))
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
+
+    assert isinstance(sync_batchnorm_where_supported(module, model())[1], torch.nn.SyncBatchNorm) is synced
+    assert not isinstance(sync_batchnorm_where_supported(_Task(), model())[1], torch.nn.SyncBatchNorm)  # no trainer
