@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vision_tx.data.toy import make_toy_coco
-from vision_tx.lightning.cli import available_configs, eval_main, resolve_config, run_cli
+from vision_tx.lightning.cli import available_configs, eval_main, resolve_config, run_cli, worker_message
 
 ROOT = Path(__file__).resolve().parents[2]
 # The toy DETR, shrunk: runs that stop on a bad input never get to train it.
@@ -133,3 +133,19 @@ def test_bad_data_root_stops_with_the_expected_layout(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=rf"(?s)^error: {tmp_path}: not a COCO detection root, .*Expected the layout\n"
                                          rf"  {tmp_path}/val2017/\*\.jpg\n  {tmp_path}/annotations/instances_val2017\.json"):
         run_cli("fit", _tiny_args(tmp_path, tmp_path))
+
+
+def test_an_error_from_a_loader_worker_is_its_own_message() -> None:
+    from torch._utils import ExceptionWrapper
+
+    from vision_tx.data.invalid import InvalidDataError
+
+    try:
+        raise InvalidDataError("train2017/1.jpg: truncated image (image id 1, annotations/instances_train2017.json)")
+    except InvalidDataError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(InvalidDataError) as caught:
+        wrapped.reraise()
+    assert "Traceback" in str(caught.value)
+    assert worker_message(caught.value) == "train2017/1.jpg: truncated image (image id 1, annotations/instances_train2017.json)"
+    assert worker_message(InvalidDataError("plain")) == "plain"

@@ -10,7 +10,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
 from vision_tx.backbones import build_backbone, save_weights
-from vision_tx.lightning.common import build_task_backbone, param_groups
+from vision_tx.lightning.common import build_task_backbone, param_groups, sync_batchnorm_where_supported
 
 SMALL = {"embed_dim": 16, "depths": (1, 1, 1, 1), "num_heads": (1, 1, 1, 1)}
 
@@ -65,3 +65,13 @@ def test_vit_tokens_and_position_embeddings_are_not_decayed() -> None:
     stem = model["backbone"].stem
     assert all(any(p is q for q in undecayed) for p in (stem.cls_token, stem.dist_token, stem.pos_embed))
     assert not any(stem.patch_embed.proj.weight is q for q in undecayed)
+
+@pytest.mark.parametrize(("world_size", "device", "synced"), [(2, "cuda", True), (2, "cpu", False), (1, "cuda", False)])
+def test_batchnorm_is_synced_only_over_several_gpu_processes(world_size: int, device: str, synced: bool) -> None:
+    module = _Task()
+    module._trainer = SimpleNamespace(world_size=world_size, strategy=SimpleNamespace(root_device=torch.device(device)))
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
+
+    assert isinstance(sync_batchnorm_where_supported(module, model())[1], torch.nn.SyncBatchNorm) is synced
+    assert not isinstance(sync_batchnorm_where_supported(_Task(), model())[1], torch.nn.SyncBatchNorm)  # no trainer

@@ -11,7 +11,7 @@ from torch import nn
 class ConvBNReLU(nn.Sequential):
     """``conv (no bias) -> BatchNorm -> ReLU`` with "same" padding; submodules ``conv``, ``bn``, ``act``.
 
-    Under DDP, ``Trainer(sync_batchnorm=True)`` swaps the BatchNorm for ``SyncBatchNorm``.
+    On several GPUs, ``SegmentationModule(sync_batchnorm=True)`` swaps the BatchNorm for ``SyncBatchNorm``.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 1) -> None:

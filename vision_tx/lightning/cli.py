@@ -182,7 +182,7 @@ def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
         user_error = input_error(err)
         if user_error is None:
             raise
-        raise SystemExit(f"error: {user_error}") from err
+        raise SystemExit(f"error: {worker_message(user_error)}") from err
 
 
 def input_error(err: BaseException | None) -> BaseException | None:
@@ -193,6 +193,17 @@ def input_error(err: BaseException | None) -> BaseException | None:
             return err
         err = err.__cause__ or err.__context__
     return None
+
+
+def worker_message(err: BaseException) -> str:
+    """``err``'s own message: an error raised in a DataLoader worker comes back wrapped in torch's
+    ``Caught ... in DataLoader worker process N.`` and the worker's traceback, whose last part is
+    ``module.Class: message``."""
+    message = str(err)
+    if not message.startswith("Caught ") or "DataLoader worker process" not in message.split("\n", 1)[0]:
+        return message
+    prefix = f"\n{type(err).__module__}.{type(err).__qualname__}: "
+    return message.rpartition(prefix)[2].strip() if prefix in message else message
 
 
 def show_library_log() -> None:

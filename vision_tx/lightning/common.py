@@ -80,6 +80,17 @@ def build_task_backbone(module: pl.LightningModule, out_indices: Sequence[int] =
     return backbone
 
 
+def sync_batchnorm_where_supported(module: pl.LightningModule, model: nn.Module) -> nn.Module:
+    """``model`` with its BatchNorm layers turned into ``SyncBatchNorm`` when ``module``'s trainer runs
+    several processes on GPUs (or other accelerators); unchanged on one process or on CPUs, where torch's
+    DDP refuses ``SyncBatchNorm``. Called from ``configure_model``, before the strategy wraps the model."""
+    trainer = module._trainer
+    if trainer is None or trainer.world_size == 1 or trainer.strategy.root_device.type == "cpu":
+        return model
+    rank_zero_info("BatchNorm layers synchronised over the processes (SyncBatchNorm)")
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
 def gather_by_image_id(records: dict[int, Any]) -> dict[int, Any]:
     """Every process's ``{image_id: record}`` merged, on every rank (a collective call under DDP).
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 
-from vision_tx.lightning.common import build_task_backbone, merge_metrics_json, param_groups
+from vision_tx.lightning.common import build_task_backbone, merge_metrics_json, param_groups, sync_batchnorm_where_supported
 from vision_tx.lightning.detection import denormalize
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.miou import MeanIoU
@@ -37,6 +37,8 @@ class SegmentationModule(pl.LightningModule):
     Validation runs ``inference_mode`` (``"whole"`` or ``"slide"`` with ``slide_crop_size``/``slide_stride``),
     optionally over ``test_scales`` and flips, and scores at each label's original size; the first
     ``num_visualized`` validation images are drawn with their predicted and true classes.
+    With ``sync_batchnorm`` the BatchNorm layers normalise over the global batch when training runs
+    on several GPUs (SyncBatchNorm); on one device or on CPUs they stay per-process BatchNorm.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class SegmentationModule(pl.LightningModule):
         test_scales: tuple[float, ...] = (1.0,),
         test_flip: bool = False,
         num_visualized: int = 8,
+        sync_batchnorm: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -87,6 +90,8 @@ class SegmentationModule(pl.LightningModule):
             dropout=hp.dropout,
             ignore_index=getattr(datamodule, "ignore_index", 255),
         )
+        if hp.sync_batchnorm:
+            self.model = sync_batchnorm_where_supported(self, self.model)
         class_names = getattr(datamodule, "class_names", None)
         if class_names is not None and len(class_names) != hp.num_classes:
             class_names = None
