@@ -124,7 +124,7 @@ def test_pictures_for_a_classifier_and_a_detector(tmp_path) -> None:
 
     detr = {"num_queries": 5, "hidden_dim": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64}
     detector = DetectionModule(num_classes=4, backbone_kwargs={"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 4, 8]},
-                               detr_kwargs=detr)
+                               detector_kwargs=detr)
     detector.configure_model()
     detector.eval()
     datamodule = SimpleNamespace(val_transform=DetrValTransform(size=64, max_size=96), category_names={1: "a", 2: "b", 3: "c"})

@@ -29,7 +29,7 @@ TINY_DETR = {
 }
 SMALL = [
     "--config", "detr_panoptic_swin_toy",
-    "--model.detr_kwargs", json.dumps(TINY_DETR),
+    "--model.detector_kwargs", json.dumps(TINY_DETR),
     "--model.postprocess_kwargs", "{threshold: 0.0}",
     "--data.num_workers", "0",
     "--data.batch_size", "4",
@@ -124,11 +124,11 @@ def test_second_stage_trains_the_mask_head_on_a_frozen_detector(toy_cache: Path,
         toy_cache_dir=str(toy_cache), train_transform=resize, val_transform=resize, batch_size=2, num_workers=0
     )
     detection = DetectionModule(backbone_kwargs={"embed_dim": 32, "depths": [2, 2, 2, 2], "num_heads": [1, 2, 4, 8]},
-                                num_classes=data.num_classes, detr_kwargs=TINY_DETR)
+                                num_classes=data.num_classes, detector_kwargs=TINY_DETR)
     detection.configure_model()
     save_weights(detection.model, tmp_path / "detection.pth")
     module = PanopticModule(
-        backbone_kwargs=detection.hparams.backbone_kwargs, detr_kwargs=TINY_DETR, weights=str(tmp_path / "detection.pth"),
+        backbone_kwargs=detection.hparams.backbone_kwargs, detector_kwargs=TINY_DETR, weights=str(tmp_path / "detection.pth"),
         panoptic_kwargs={"freeze_detr": True}, lr=1e-3,
     )
     trainer = pl.Trainer(max_steps=1, limit_val_batches=0, accelerator="cpu", logger=False, enable_checkpointing=False,
@@ -146,4 +146,4 @@ def test_second_stage_trains_the_mask_head_on_a_frozen_detector(toy_cache: Path,
 def test_cli_lists_the_options_panoptic_module_passes_on() -> None:
     """A misspelt option's message lists PanopticModule's own options and DetectionModule's, which it takes through ``**kwargs``."""
     options = class_options("vision_tx.lightning.panoptic.PanopticModule")
-    assert options[:2] == ["panoptic_kwargs", "postprocess_kwargs"] and {"lr", "detr_kwargs", "weights"} <= set(options)
+    assert options[:2] == ["panoptic_kwargs", "postprocess_kwargs"] and {"lr", "detector_kwargs", "weights"} <= set(options)

@@ -17,13 +17,13 @@ from tests.lightning.test_resume import SEGMENTATION
 # Each task: its arguments, its loss terms, its validation metrics, its per-category table.
 TASKS = {
     "detection": (
-        [*DETECTION, "--model.detr_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 64}"],
+        [*DETECTION, "--model.detector_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 64}"],
         ["loss", "loss_ce", "loss_bbox", "loss_giou", "loss_aux", "loss_ce_0"],
         ["AP", "AP50", "AP75", "APs", "APm", "APl"],
         "val/bbox_AP_per_category",
     ),
     "panoptic": (
-        [*PANOPTIC, "--model.detr_kwargs", "{num_queries: 8, hidden_dim: 128, num_heads: 4, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 128}"],
+        [*PANOPTIC, "--model.detector_kwargs", "{num_queries: 8, hidden_dim: 128, num_heads: 4, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 128}"],
         ["loss", "loss_ce", "loss_bbox", "loss_giou", "loss_mask", "loss_dice", "loss_aux"],
         ["PQ", "SQ", "RQ", "PQ_th", "SQ_th", "RQ_th", "PQ_st", "SQ_st", "RQ_st", "AP"],
         "val/PQ_per_category",
