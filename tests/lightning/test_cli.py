@@ -3,6 +3,7 @@ for bad configs and bad checkpoints (which stop the run before training starts).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from vision_tx.data.toy import make_toy_coco
-from vision_tx.lightning.cli import available_configs, eval_main, resolve_config, run_cli, worker_message
+from vision_tx.lightning.cli import available_configs, eval_main, latest_last_checkpoint, resolve_config, run_cli, worker_message
 
 ROOT = Path(__file__).resolve().parents[2]
 # The toy DETR, shrunk: runs that stop on a bad input never get to train it.
@@ -149,3 +150,14 @@ def test_an_error_from_a_loader_worker_is_its_own_message() -> None:
     assert "Traceback" in str(caught.value)
     assert worker_message(caught.value) == "train2017/1.jpg: truncated image (image id 1, annotations/instances_train2017.json)"
     assert worker_message(InvalidDataError("plain")) == "plain"
+
+
+def test_ckpt_path_last_finds_the_newest_last_checkpoint_of_any_version(tmp_path: Path) -> None:
+    # Each run logs into a new version folder: "last" must look in the earlier ones.
+    assert latest_last_checkpoint(tmp_path) == "last" and latest_last_checkpoint(None) == "last"
+    older, newer = (tmp_path / "lightning_logs" / f"version_{i}" / "checkpoints" / "last.ckpt" for i in (1, 0))
+    for age, path in ((100, older), (10, newer)):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"")
+        os.utime(path, (path.stat().st_atime, path.stat().st_mtime - age))
+    assert latest_last_checkpoint(tmp_path) == str(newer)

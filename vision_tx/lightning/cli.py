@@ -151,9 +151,20 @@ class VisionTxCLI(LightningCLI):
         # file is read whole twice after this, by LightningCLI and by the restore).
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path == "last":
+            ckpt_path = self.config[subcommand]["ckpt_path"] = latest_last_checkpoint(self.config[subcommand]["trainer"]["default_root_dir"])
         if ckpt_path and Path(ckpt_path).is_file():
             read_training_checkpoint(ckpt_path, mmap=True)
         super()._parse_ckpt_path()
+
+
+def latest_last_checkpoint(root_dir: str | Path | None) -> str:
+    """The newest ``last.ckpt`` under ``root_dir`` (any logger version), or ``"last"`` when there is none.
+
+    Every run opens a new logger version folder, so Lightning's own ``ckpt_path="last"`` would look
+    in the new, empty one; a resumed run writes its checkpoints (and logs) in the new folder."""
+    candidates = list(Path(root_dir).glob("**/last.ckpt")) if root_dir else []
+    return str(max(candidates, key=lambda path: path.stat().st_mtime)) if candidates else "last"
 
 
 def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
