@@ -12,9 +12,9 @@ import re
 
 import torch
 
-# Learned tables that start near zero and carry position: moved by O(1) so that a transposed,
+# Learned tables and tokens that start near zero and carry position or a role: moved by O(1) so that a transposed,
 # flipped or unloaded table is visible in the output.
-TABLES = re.compile(r"relative_position_bias_table|(^|\.)rpb$|pos_embed|position_embedding|query_embed|level_embed")
+TABLES = re.compile(r"relative_position_bias_table|(^|\.)rpb$|pos_embed|position_embedding|query_embed|level_embed|cls_token|dist_token")
 # Float buffers that are derived, not learned (masks, index grids): never touched.
 DERIVED = re.compile(r"attn_mask$|_index$|relative_coords_table$")
 
@@ -28,7 +28,8 @@ def perturb_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     - ``running_var``: uniform in [0.5, 1.5]; ``running_mean``, norm weights and biases, biases and
       layer scales (every other 1-D tensor): each element moved by 0.1 to 0.3 in a random direction,
       so norm weights end in [0.7, 0.9] or [1.1, 1.3] and biases and layer scales are never ~0;
-    - relative-position bias tables and position / query / level embeddings: plus N(0, 0.5^2) each;
+    - relative-position bias tables, position / query / level embeddings and class / distillation
+      tokens (timm draws tokens at std 1e-6): plus N(0, 0.5^2) each;
     - every other tensor (linear and conv weights): each element scaled by a factor in [0.8, 1.2] plus
       noise at a tenth of the tensor's spread, so that activations keep their scale;
     - masks and index buffers (``attn_mask``, ``*_index``) are left alone.

@@ -2,37 +2,15 @@
 
 from __future__ import annotations
 
-import re
-
-import timm
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vision_tx.backbones import build_classifier, load_weights
 
-# Learned embeddings that start near zero (timm draws class tokens at std 1e-6): moved by O(1).
-_TABLES = re.compile(r"pos_embed|cls_token|dist_token")
+from tests.conftest import require_reference
+from tests.parity import perturb_
 
-
-def perturb_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Moves every floating parameter of ``model`` off its initialisation, in place, keeping activations' scale:
-    1-D tensors (norm weights and biases, biases, layer scales) by 0.1 to 0.3 either way, position
-    embeddings and class/distillation tokens by N(0, 0.5^2), other weights scaled by [0.8, 1.2] plus a tenth of their spread as noise."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in model.state_dict(keep_vars=True).items():
-            if not tensor.is_floating_point():
-                continue
-            values = tensor.data
-            uniform = torch.rand(values.shape, generator=generator)
-            if _TABLES.search(name):
-                values.add_(torch.randn(values.shape, generator=generator), alpha=0.5)
-            elif values.dim() <= 1:
-                values.add_(torch.where(uniform < 0.5, -1.0, 1.0) * (0.1 + 0.2 * uniform))
-            else:
-                spread = float(values.std()) if values.numel() > 1 and float(values.std()) > 0 else 0.02
-                values.mul_(uniform.mul_(0.4).add_(0.8)).add_(torch.randn(values.shape, generator=generator), alpha=0.1 * spread)
-    return model
+timm = require_reference("timm")
 
 
 def timm_and_ours(name: str, timm_name: str, **timm_kwargs) -> tuple[torch.nn.Module, torch.nn.Module]:
