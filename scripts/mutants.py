@@ -89,9 +89,10 @@ MUTANTS = [
     Mutant("detr converter: cross-attention read into self-attention", "vision_tx/models/detr.py",
            'converted[key.replace(".multihead_attn.", ".cross_attn.")] = value',
            'converted[key.replace(".multihead_attn.", ".self_attn.")] = value', (DETR,)),
-    Mutant("detr converter: mask-head adapters read in reverse", "vision_tx/models/detr_panoptic.py",
-           'lambda m: f"mask_head.adapters.{int(m[1]) - 1}."', 'lambda m: f"mask_head.adapters.{3 - int(m[1])}."',
-           (DETR_PANOPTIC,)),
+    Mutant("detr converter: packed q/k/v rows read in k/v/q order", "vision_tx/models/detr.py",
+           'converted[key.replace(".multihead_attn.", ".cross_attn.")] = value',
+           'converted[key.replace(".multihead_attn.", ".cross_attn.")] = value.roll(-value.shape[0] // 3, 0) if "in_proj" in key else value',
+           (DETR, DETR_PANOPTIC)),
     Mutant("detr mask head: ReLU after GroupNorm removed", "vision_tx/heads/detr/mask_head.py",
            "nn.GroupNorm(GROUPS, out_channels), nn.ReLU())", "nn.GroupNorm(GROUPS, out_channels))", (MASK_HEAD,)),
     # UperNet
