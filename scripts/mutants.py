@@ -86,6 +86,13 @@ MUTANTS = [
            "return self.norm2(src + self.dropout(self.linear2(self.dropout(self.linear1(src)))))", (DETR,)),
     Mutant("detr: decoder output norm dropped", "vision_tx/heads/detr/transformer.py",
            "return self.norm(torch.stack(outputs))", "return torch.stack(outputs)", (DETR,)),
+    Mutant("detr converter: cross-attention read into self-attention", "vision_tx/models/detr.py",
+           'converted[key.replace(".multihead_attn.", ".cross_attn.")] = value',
+           'converted[key.replace(".multihead_attn.", ".self_attn.")] = value', (DETR,)),
+    Mutant("detr converter: packed q/k/v rows read in k/v/q order", "vision_tx/models/detr.py",
+           'converted[key.replace(".multihead_attn.", ".cross_attn.")] = value',
+           'converted[key.replace(".multihead_attn.", ".cross_attn.")] = value.roll(-value.shape[0] // 3, 0) if "in_proj" in key else value',
+           (DETR, DETR_PANOPTIC)),
     Mutant("detr mask head: ReLU after GroupNorm removed", "vision_tx/heads/detr/mask_head.py",
            "nn.GroupNorm(GROUPS, out_channels), nn.ReLU())", "nn.GroupNorm(GROUPS, out_channels))", (MASK_HEAD,)),
     # UperNet

@@ -29,9 +29,9 @@ def test_timm_checkpoint_converts_to_a_native_file(tmp_path) -> None:
 
 
 def test_official_detr_panoptic_checkpoint_converts_to_a_native_file(tmp_path) -> None:
-    from tests.backbones.test_official_keys import _random_values, read_layout
+    from tests.official_layout import random_state, read_layout
 
-    official = {k: v.float() if v.is_floating_point() else v for k, v in _random_values(read_layout("detr-r50-panoptic-00ce5173")).items()}
+    official = {k: v.float() if v.is_floating_point() else v for k, v in random_state(read_layout("detr-r50-panoptic-00ce5173")).items()}
     torch.save({"model": official}, tmp_path / "detr-r50-panoptic.pth")
     report = convert_checkpoint("detr_panoptic_resnet50", tmp_path / "detr-r50-panoptic.pth", tmp_path / "native.pth", strict=True)
     assert not report.missing_keys and not report.unexpected_keys

@@ -4,16 +4,13 @@ the official model definitions, see ``generate.py`` there) lands in its vision_t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from tests.backbones.nat_reference import ReferenceNAT
+from tests.official_layout import FIXTURES, RECOMPUTED, random_state, read_layout
 from vision_tx.backbones import build_backbone, build_classifier, load_weights
 from vision_tx.backbones.convert import build_for_conversion
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "official_keys"
 
 # fixture -> (vision_tx architecture, form, keyword overrides)
 MODELS = {
@@ -35,18 +32,6 @@ MODELS = {
     "detr-r50-e632da11": ("detr_resnet50", "classifier", {}),
     "detr-r50-panoptic-00ce5173": ("detr_panoptic_resnet50", "classifier", {}),
 }
-# Buffers of the official files that vision_tx recomputes instead of loading (documented in
-# SwinTransformer.convert_state_dict): they are dropped, never reported as unused.
-RECOMPUTED = ("relative_position_index", "attn_mask")
-
-
-def read_layout(name: str) -> dict[str, tuple[int, ...]]:
-    """``name shape`` lines -> ``{name: shape}``."""
-    layout = {}
-    for line in (FIXTURES / f"{name}.txt").read_text().splitlines():
-        key, shape = line.split()
-        layout[key] = tuple(int(size) for size in shape.split("x"))
-    return layout
 
 
 def test_every_fixture_is_tested() -> None:
@@ -82,32 +67,12 @@ def test_the_nat_reference_has_the_official_layout(name: str) -> None:
     assert {prefix + k: tuple(v.shape) for k, v in reference.state_dict().items()} == read_layout(name)
 
 
-def _random_values(layout: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """Values well away from any initialisation at activation-preserving scales (float64): norm weights
-    in [0.5, 1.5], biases ~ N(0, 0.2), bias tables ~ N(0, 1), other weights uniform at the fan-in scale."""
-    generator = torch.Generator().manual_seed(0)
-    state = {}
-    for key, shape in layout.items():
-        if key.endswith(RECOMPUTED):
-            state[key] = torch.zeros(shape, dtype=torch.long)  # ignored by both loaders
-        elif key.endswith("relative_position_bias_table"):
-            state[key] = torch.randn(shape, generator=generator, dtype=torch.float64)
-        elif key.endswith("bias"):
-            state[key] = 0.2 * torch.randn(shape, generator=generator, dtype=torch.float64)
-        elif len(shape) == 1:
-            state[key] = 0.5 + torch.rand(shape, generator=generator, dtype=torch.float64)
-        else:
-            fan_in = torch.Size(shape[1:]).numel()
-            state[key] = (2 * torch.rand(shape, generator=generator, dtype=torch.float64) - 1) * (3 / fan_in) ** 0.5
-    return state
-
-
 def test_microsoft_swin_checkpoint_gives_timms_logits() -> None:
     # timm reads the same official dict through its own checkpoint filter: an independent loader.
     import timm
     from timm.models.swin_transformer import checkpoint_filter_fn
 
-    state = _random_values(read_layout("swin_tiny_patch4_window7_224"))
+    state = random_state(read_layout("swin_tiny_patch4_window7_224"))
     reference = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False).double().eval()
     reference.load_state_dict(checkpoint_filter_fn(state, reference), strict=True)
     model = build_classifier("swin_t").double().eval()

@@ -1,6 +1,5 @@
-"""Shared by the DETR tests: DETR and DETRPanoptic weights in transformers' and facebookresearch/detr's
-names, and a random padded batch with targets (weights are moved off their initial values by
-``tests.parity.perturb_``)."""
+"""Shared by the DETR tests: facebookresearch/detr checkpoints and vision_tx's mask head in transformers'
+names, transformers' configuration, and a random padded batch with targets."""
 
 from __future__ import annotations
 
@@ -8,27 +7,40 @@ import re
 
 import torch
 
-# vision_tx name -> transformers name, applied in order (transformer q/k/v rows are split separately).
-_TO_TRANSFORMERS = [
-    (r"^backbone\.stem\.0\.", "model.backbone.model.embedder.embedder.convolution."),
-    (r"^backbone\.stem\.1\.", "model.backbone.model.embedder.embedder.normalization."),
-    (r"^backbone\.stages\.(\d+)\.(\d+)\.conv(\d)\.", lambda m: f"model.backbone.model.encoder.stages.{m[1]}.layers.{m[2]}.layer.{int(m[3]) - 1}.convolution."),
-    (r"^backbone\.stages\.(\d+)\.(\d+)\.bn(\d)\.", lambda m: f"model.backbone.model.encoder.stages.{m[1]}.layers.{m[2]}.layer.{int(m[3]) - 1}.normalization."),
-    (r"^backbone\.stages\.(\d+)\.(\d+)\.downsample\.0\.", r"model.backbone.model.encoder.stages.\1.layers.\2.shortcut.convolution."),
-    (r"^backbone\.stages\.(\d+)\.(\d+)\.downsample\.1\.", r"model.backbone.model.encoder.stages.\1.layers.\2.shortcut.normalization."),
-    (r"^input_proj\.", "model.input_projection."),
-    (r"^query_embed\.", "model.query_position_embeddings."),
-    (r"^transformer\.(encoder|decoder)\.", r"model.\1."),
+# facebookresearch/detr name -> transformers name (DetrForObjectDetection / DetrForSegmentation), applied
+# in order; ``(detr\.)?`` keeps DETRsegm's prefix. nn.MultiheadAttention's packed q/k/v rows are split
+# separately. Names from transformers' convert_detr_*_to_pytorch scripts and its Detr* modules.
+_OFFICIAL_TO_TRANSFORMERS = [
+    (r"^(detr\.)?backbone\.0\.body\.conv1\.", r"\1model.backbone.model.embedder.embedder.convolution."),
+    (r"^(detr\.)?backbone\.0\.body\.bn1\.", r"\1model.backbone.model.embedder.embedder.normalization."),
+    (r"^(detr\.)?backbone\.0\.body\.layer(\d)\.(\d+)\.conv(\d)\.",
+     lambda m: f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}.layer.{int(m[4]) - 1}.convolution."),
+    (r"^(detr\.)?backbone\.0\.body\.layer(\d)\.(\d+)\.bn(\d)\.",
+     lambda m: f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}.layer.{int(m[4]) - 1}.normalization."),
+    (r"^(detr\.)?backbone\.0\.body\.layer(\d)\.(\d+)\.downsample\.([01])\.",
+     lambda m: f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}.shortcut."
+               + ("convolution." if m[4] == "0" else "normalization.")),
+    (r"^(detr\.)?input_proj\.", r"\1model.input_projection."),
+    (r"^(detr\.)?query_embed\.", r"\1model.query_position_embeddings."),
+    (r"^(detr\.)?transformer\.(encoder|decoder)\.", r"\1model.\2."),
     (r"\.out_proj\.", ".o_proj."),
-    (r"\.cross_attn\.", ".encoder_attn."),
+    (r"\.multihead_attn\.", ".encoder_attn."),
     (r"\.linear(\d)\.", r".mlp.fc\1."),
     (r"(decoder\.layers\.\d+)\.norm2\.", r"\1.encoder_attn_layer_norm."),
     (r"(decoder\.layers\.\d+)\.norm3\.", r"\1.final_layer_norm."),
     (r"(encoder\.layers\.\d+)\.norm2\.", r"\1.final_layer_norm."),
     (r"\.norm1\.", ".self_attn_layer_norm."),
     (r"decoder\.norm\.", "decoder.layernorm."),
-    (r"^class_embed\.", "class_labels_classifier."),
-    (r"^bbox_embed\.", "bbox_predictor."),
+    (r"^(detr\.)?class_embed\.", r"\1class_labels_classifier."),
+    (r"^(detr\.)?bbox_embed\.", r"\1bbox_predictor."),
+    # DETRsegm's heads.
+    (r"^bbox_attention\.([qk])_linear\.", r"bbox_attention.\1_proj."),
+    (r"^mask_head\.lay([12])\.", r"mask_head.conv\1.conv."),
+    (r"^mask_head\.gn([12])\.", r"mask_head.conv\1.norm."),
+    (r"^mask_head\.lay([345])\.", lambda m: f"mask_head.fpn_stages.{int(m[1]) - 3}.refine.conv."),
+    (r"^mask_head\.gn([345])\.", lambda m: f"mask_head.fpn_stages.{int(m[1]) - 3}.refine.norm."),
+    (r"^mask_head\.adapter(\d)\.", lambda m: f"mask_head.fpn_stages.{int(m[1]) - 1}.fpn_adapter."),
+    (r"^mask_head\.out_lay\.", "mask_head.output_conv."),
 ]
 
 
@@ -42,15 +54,6 @@ _MASK_HEAD_TO_TRANSFORMERS = [
     (r"^mask_head\.out_conv\.", "mask_head.output_conv."),
 ]
 
-# DETRPanoptic's heads -> facebookresearch/detr's DETRsegm (models/segmentation.py).
-_MASK_HEAD_TO_OFFICIAL = [
-    (r"^bbox_attention\.([qk])_proj\.", r"bbox_attention.\1_linear."),
-    (r"^mask_head\.blocks\.(\d)\.0\.", lambda m: f"mask_head.lay{int(m[1]) + 1}."),
-    (r"^mask_head\.blocks\.(\d)\.1\.", lambda m: f"mask_head.gn{int(m[1]) + 1}."),
-    (r"^mask_head\.adapters\.(\d)\.", lambda m: f"mask_head.adapter{int(m[1]) + 1}."),
-    (r"^mask_head\.out_conv\.", "mask_head.out_lay."),
-]
-
 
 def _rename(key: str, renames: list) -> str:
     for pattern, replacement in renames:
@@ -58,31 +61,16 @@ def _rename(key: str, renames: list) -> str:
     return key
 
 
-def _panoptic(state: dict[str, torch.Tensor], convert_detr, head_renames: list) -> dict[str, torch.Tensor]:
-    """DETRPanoptic's state: the ``detr.`` part through ``convert_detr``, the heads through ``head_renames``."""
-    detector = {k.removeprefix("detr."): v for k, v in state.items() if k.startswith("detr.")}
-    converted = {f"detr.{k}": v for k, v in convert_detr(detector).items()}
-    converted.update({_rename(k, head_renames): v for k, v in state.items() if not k.startswith("detr.")})
-    return converted
-
-
 def heads_to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Keys under ``bbox_attention.`` and ``mask_head.`` in transformers' names."""
     return {_rename(k, _MASK_HEAD_TO_TRANSFORMERS): v for k, v in state.items()}
 
 
-def panoptic_to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return _panoptic(state, to_transformers, _MASK_HEAD_TO_TRANSFORMERS)
-
-
-def panoptic_to_official(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return _panoptic(state, to_official, _MASK_HEAD_TO_OFFICIAL)
-
-
-def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def official_to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A facebookresearch/detr DETR or DETRsegm state dict in transformers' names."""
     converted = {}
     for key, value in state.items():
-        key = _rename(key, _TO_TRANSFORMERS)
+        key = _rename(key, _OFFICIAL_TO_TRANSFORMERS)
         if key.endswith(("in_proj_weight", "in_proj_bias")):
             prefix, kind = key.rsplit(".in_proj_", 1)
             for name, part in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3)):
@@ -90,17 +78,6 @@ def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             converted[key] = value
     return converted
-
-
-def to_official(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """facebookresearch/detr's names: torchvision ResNet under backbone.0.body, cross-attention as multihead_attn."""
-    renames = [
-        (r"^backbone\.stem\.0\.", "backbone.0.body.conv1."),
-        (r"^backbone\.stem\.1\.", "backbone.0.body.bn1."),
-        (r"^backbone\.stages\.(\d)\.", lambda m: f"backbone.0.body.layer{int(m[1]) + 1}."),
-        (r"\.cross_attn\.", ".multihead_attn."),
-    ]
-    return {_rename(key, renames): value for key, value in state.items()}
 
 
 def padded_batch(

@@ -1,5 +1,5 @@
-"""DETRPanoptic against transformers' DetrForSegmentation (same weights), official checkpoint layout,
-freezing of the detector."""
+"""DETRPanoptic loaded from the official checkpoint layout against transformers' DetrForSegmentation loaded
+from the same tensors; a detection checkpoint for the detector alone; freezing of the detector."""
 
 from __future__ import annotations
 
@@ -7,23 +7,19 @@ import pytest
 import torch
 
 from vision_tx.backbones import load_weights
+from vision_tx.backbones.convert import build_for_conversion
 from vision_tx.backbones.resnet import ResNet
 from vision_tx.heads.detr import SetCriterion
 from vision_tx.models import DETR, DETRPanoptic
 
-from tests.models.detr_helpers import (
-    padded_batch,
-    panoptic_to_official,
-    panoptic_to_transformers,
-    to_official,
-    transformers_config,
-)
+from tests.models.detr_helpers import official_to_transformers, padded_batch, transformers_config
+from tests.official_layout import random_state, read_layout
 from tests.conftest import require_reference
-from tests.parity import perturb_
 
 transformers = require_reference("transformers")
 
 NUM_CLASSES = 20
+OFFICIAL_CLASSES = 250
 # A small DETR (the mask head's narrowest layer, hidden_dim / 16, needs 8 channels for GroupNorm(8)).
 SIZES = {"hidden_dim": 128, "num_queries": 8, "num_encoder_layers": 2, "num_decoder_layers": 2, "dim_feedforward": 256}
 
@@ -33,22 +29,21 @@ def build(freeze_detr: bool = False, **backbone_kwargs) -> DETRPanoptic:
 
 
 @pytest.fixture(scope="module")
-def models() -> tuple[DETRPanoptic, torch.nn.Module]:
-    torch.manual_seed(0)
-    ours = build().eval()
-    perturb_(ours)
-    config = transformers_config(
-        NUM_CLASSES,
-        ["stage1", "stage2", "stage3", "stage4"],
-        num_queries=SIZES["num_queries"],
-        d_model=SIZES["hidden_dim"],
-        encoder_layers=SIZES["num_encoder_layers"],
-        decoder_layers=SIZES["num_decoder_layers"],
-        encoder_ffn_dim=SIZES["dim_feedforward"],
-        decoder_ffn_dim=SIZES["dim_feedforward"],
-    )
+def official() -> dict[str, torch.Tensor]:
+    """A random fill of the official ``detr-r50-panoptic-00ce5173.pth`` layout."""
+    return {k: v.float() for k, v in random_state(read_layout("detr-r50-panoptic-00ce5173")).items()}
+
+
+@pytest.fixture(scope="module")
+def models(official) -> tuple[DETRPanoptic, torch.nn.Module]:
+    """vision_tx's DETRPanoptic and transformers' DetrForSegmentation, each loaded by its own path from
+    the official tensors."""
+    ours = build_for_conversion("detr_panoptic_resnet50").eval()
+    report = load_weights(ours, {"model": official}, strict=True)
+    assert not report.missing_keys and not report.unexpected_keys
+    config = transformers_config(OFFICIAL_CLASSES, ["stage1", "stage2", "stage3", "stage4"])
     reference = transformers.DetrForSegmentation(config).eval()
-    reference.load_state_dict(panoptic_to_transformers(ours.state_dict()), strict=True)
+    reference.load_state_dict(official_to_transformers(official), strict=True)
     return ours, reference
 
 
@@ -64,51 +59,29 @@ def test_outputs_and_mask_losses_match_transformers(models, batch) -> None:
     with torch.no_grad():
         out = ours(images, pixel_mask)
         ref = reference(images, pixel_mask=(~pixel_mask).long(), labels=labels)
-    assert out["pred_masks"].shape == (2, SIZES["num_queries"], 24, 32)
-    torch.testing.assert_close(out["pred_logits"], ref.logits, rtol=0, atol=5e-5)
-    torch.testing.assert_close(out["pred_boxes"], ref.pred_boxes, rtol=0, atol=2e-6)
+    assert out["pred_masks"].shape == (2, 100, 24, 32)
+    # Measured (float32): logits 2.4e-6 apart (largest 3.7), boxes 2.1e-7, masks 5.9e-6 of their largest
+    # value, losses 9.5e-7.
+    torch.testing.assert_close(out["pred_logits"], ref.logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out["pred_boxes"], ref.pred_boxes, rtol=0, atol=1e-6)
     scale = ref.pred_masks.abs().max().item()
     torch.testing.assert_close(out["pred_masks"], ref.pred_masks, rtol=0, atol=2e-5 * scale)
     assert ref.pred_masks.std() > 0.05 * scale  # the masks are not near-constant
 
     last_layer = {k: v for k, v in out.items() if k != "aux_outputs"}  # the reference has no auxiliary loss
-    losses = SetCriterion(NUM_CLASSES)(last_layer, targets)
+    losses = SetCriterion(OFFICIAL_CLASSES)(last_layer, targets)
     for key in ("loss_ce", "loss_bbox", "loss_giou", "loss_mask", "loss_dice"):
-        torch.testing.assert_close(losses[key], ref.loss_dict[key], rtol=0, atol=1e-5, msg=key)
-    torch.testing.assert_close(losses["loss"], ref.loss, rtol=0, atol=1e-5)
+        torch.testing.assert_close(losses[key], ref.loss_dict[key], rtol=0, atol=5e-6, msg=key)
+    torch.testing.assert_close(losses["loss"], ref.loss, rtol=0, atol=5e-6)
 
 
-def test_official_checkpoint_layout_loads_completely(models, batch, tmp_path) -> None:
-    source, _ = models
-    official = panoptic_to_official(source.state_dict())
-    for key in (
-        "detr.backbone.0.body.layer4.2.bn3.running_var",
-        "detr.transformer.decoder.layers.1.multihead_attn.in_proj_weight",
-        "bbox_attention.q_linear.weight",
-        "mask_head.lay1.weight",
-        "mask_head.gn5.bias",
-        "mask_head.adapter3.weight",
-        "mask_head.out_lay.bias",
-    ):
-        assert key in official
-    path = tmp_path / "detr-r50-panoptic-00ce5173.pth"
-    torch.save({"model": official}, path)
-
-    target = build().eval()
-    report = load_weights(target, path, strict=True)
-    assert not report.missing_keys and not report.unexpected_keys
-    images, pixel_mask, _ = batch
-    with torch.no_grad():
-        torch.testing.assert_close(target(images, pixel_mask), source(images, pixel_mask), rtol=0, atol=0)
-
-
-def test_detection_checkpoint_initialises_the_detector(models) -> None:
-    source, _ = models
-    target = build()
-    report = load_weights(target, to_official(source.detr.state_dict()))
+def test_detection_checkpoint_initialises_the_detector(official, models) -> None:
+    detection = {k.removeprefix("detr."): v for k, v in official.items() if k.startswith("detr.")}
+    target = build_for_conversion("detr_panoptic_resnet50")
+    report = load_weights(target, {"model": detection})
     heads = {k for k in target.state_dict() if not k.startswith("detr.")}
     assert set(report.missing_keys) == heads and not report.unexpected_keys
-    for key, value in source.detr.state_dict().items():
+    for key, value in models[0].detr.state_dict().items():
         torch.testing.assert_close(target.detr.state_dict()[key], value, rtol=0, atol=0)
 
 

@@ -13,6 +13,16 @@ from torch import nn
 from vision_tx.ops import Linear, set_weight_packing
 from vision_tx.ops.linear import _ONEDNN_DTYPES, _ONEDNN_LINEAR, _PACKED, _onednn_dtype
 
+from tests.conftest import unavailable
+
+
+@pytest.fixture
+def onednn_linear() -> None:
+    """The fused oneDNN linear kernel that ``Linear`` uses at inference: without it the test fails
+    under CI and skips elsewhere."""
+    if _ONEDNN_LINEAR is None:
+        unavailable("this torch build has no oneDNN linear kernel (torch.ops.mkldnn._linear_pointwise)")
+
 
 def _pair(bias: bool, activation: str | None) -> tuple[Linear, nn.Module]:
     torch.manual_seed(0)
@@ -36,8 +46,7 @@ def test_inference_equals_nn_linear(bias: bool, activation: str | None, shape: t
             torch.testing.assert_close(ours(inputs), reference(inputs), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(_ONEDNN_LINEAR is None, reason="this torch build has no oneDNN linear kernel")
-def test_the_fused_kernel_runs_only_where_no_gradient_is_asked_for() -> None:
+def test_the_fused_kernel_runs_only_where_no_gradient_is_asked_for(onednn_linear: None) -> None:
     layer = Linear(8, 4, activation="gelu")
     x = torch.randn(3, 8)
     bf16 = torch.bfloat16 if torch.bfloat16 in _ONEDNN_DTYPES else None
@@ -114,8 +123,7 @@ def test_flop_counters_count_it_as_a_linear_layer() -> None:
     assert counts[0] == counts[1] == 2 * 20 * 48 * 80
 
 
-@pytest.mark.skipif(_ONEDNN_LINEAR is None, reason="this torch build has no oneDNN linear kernel")
-def test_the_packed_weight_follows_every_change_of_the_weight() -> None:
+def test_the_packed_weight_follows_every_change_of_the_weight(onednn_linear: None) -> None:
     ours, reference = _pair(True, "gelu")
     ours.eval()
     x = torch.randn(9, 48)
