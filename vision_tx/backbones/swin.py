@@ -299,7 +299,8 @@ class SwinTransformer(StagedBackbone):
 
         Microsoft's ``layers.{i}.downsample`` ends stage ``i`` and becomes ``stages.{i+1}.downsample``
         here (timm's already starts stage ``i``); the final ``norm`` becomes the last stage's
-        ``out_norm``; the ``relative_position_index`` and ``attn_mask`` buffers are dropped. Bias tables
+        ``out_norm``, as do detection checkpoints' ``norm{i}`` for stage ``i``; the
+        ``relative_position_index`` and ``attn_mask`` buffers are dropped. Bias tables
         of another window size are resized bicubically on their ``(2M-1) x (2M-1)`` grid.
         """
         microsoft = any(re.match(r"layers\.0\.downsample\.", key) for key in state_dict)
@@ -319,6 +320,7 @@ def _native_key(key: str, microsoft: bool, final_stage: int) -> str:
     key = re.sub(r"^patch_embed\.", "stem.", key)
     key = re.sub(r"^head\.fc\.", "head.", key)
     key = re.sub(r"^norm\.", f"stages.{final_stage}.out_norm.", key)
+    key = re.sub(r"^norm(\d+)\.", r"stages.\1.out_norm.", key)  # detection layouts (Swin-Det, DINO): one per output
     match = re.match(r"^layers\.(\d+)\.downsample\.", key)
     if match:
         stage = int(match.group(1)) + (1 if microsoft else 0)
