@@ -1,4 +1,4 @@
-"""Overfits a small DETR on the first COCO128 images at reduced resolution, from scratch.
+"""Overfits a small DETR (or DINO) on the first COCO128 images at reduced resolution, from scratch.
 
 A check that the whole detection path learns on real images: COCO annotation loading, DETR's
 resize and normalisation, backbone, transformer, Hungarian matching, set loss, box post-processing
@@ -8,6 +8,7 @@ trains on them and validates on the same images until AP50 reaches ``--target``,
 steps, minutes, AP and AP50.
 
     python scripts/overfit_coco.py                  # 16 images of ../shared/data/coco128
+    python scripts/overfit_coco.py --model dino     # the same with a small DINO
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from vision_tx.lightning.overfit import COCO128_SPLIT, detr_overfit_parser, over
 
 
 def main() -> None:
-    args = detr_overfit_parser(__doc__, images=16, short_side=192, metric="AP50").parse_args()
+    args = detr_overfit_parser(__doc__, images=16, short_side=192, metric="AP50", models=("detr", "dino")).parse_args()
     trainer, minutes = overfit_detr(  # images with at least one non-crowd box
         DetectionModule, CocoDetectionDataModule, args, f"instances_{COCO128_SPLIT}.json",
         usable=lambda ann: not ann.get("iscrowd", 0), linked=[COCO128_SPLIT], monitor="val/AP50",

@@ -37,6 +37,13 @@ DETECTION = [
     "--data.train_transform.init_args.crop_scales", "[64]", "--data.train_transform.init_args.crop_size", "[48, 64]",
     "--data.batch_size", "2",
 ]
+# DINO's tiny form; training draws denoising noise, so resuming must restore the generators exactly.
+DINO_KWARGS = "{num_queries: 10, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 64, num_denoising: 10"
+DINO_SMALL = [
+    *SMALL, "--config", "dino_swin_toy",
+    "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
+    "--model.detector_kwargs", DINO_KWARGS + "}",
+]
 SEGMENTATION = [
     "--config", "upernet_swin_t_ade20k",
     "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.3}",
@@ -102,6 +109,14 @@ def check_resume_matches_uninterrupted(args: list[str], tmp_path: Path) -> None:
 
 def test_detection_resumes_after_sigkill_with_the_same_weights(tmp_path: Path) -> None:
     check_resume_matches_uninterrupted([*DETECTION, "--data.toy_cache_dir", str(tmp_path / "toy")], tmp_path)
+
+
+def test_dino_resumes_after_sigkill_with_the_same_weights(tmp_path: Path) -> None:
+    check_resume_matches_uninterrupted(
+        [*DINO_SMALL, *DETECTION[len(SMALL) + 4 :], "--model.detector_kwargs", DINO_KWARGS + ", dropout: 0.1}",
+         "--data.toy_cache_dir", str(tmp_path / "toy")],
+        tmp_path,
+    )
 
 
 def test_segmentation_resumes_after_sigkill_with_the_same_weights(tmp_path: Path) -> None:

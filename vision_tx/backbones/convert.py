@@ -11,8 +11,13 @@ from vision_tx.backbones.weights import LoadReport, load_weights, save_weights
 
 
 def build_for_conversion(arch: str, form: str = "classifier", num_classes: int | None = None) -> nn.Module:
-    """The model a checkpoint of ``arch`` loads into: a classifier or backbone, ``detr_<backbone>`` or
-    ``detr_panoptic_<backbone>`` (official class counts: 91 for detection, 250 for panoptic)."""
+    """The model a checkpoint of ``arch`` loads into: a classifier or backbone, ``detr_<backbone>``,
+    ``detr_panoptic_<backbone>`` or ``dino_<backbone>`` (official class counts: 91 for detection, 250
+    for panoptic)."""
+    if arch.startswith("dino_"):
+        from vision_tx.models import DINO
+
+        return DINO(build_backbone(arch.removeprefix("dino_"), out_indices=DINO.backbone_out_indices), num_classes or 91)
     if arch.startswith("detr_panoptic_"):
         from vision_tx.models import DETR, DETRPanoptic
 

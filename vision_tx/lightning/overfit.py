@@ -26,6 +26,12 @@ SMALL_DETR = {
     "num_queries": 50, "hidden_dim": 128, "num_heads": 4, "num_encoder_layers": 2,
     "num_decoder_layers": 2, "dim_feedforward": 512, "dropout": 0.0,
 }
+# A narrow, shallow DINO over SMALL_SWIN's stride 8-32 maps (and a stride-64 level).
+SMALL_DINO = {
+    "num_queries": 50, "hidden_dim": 128, "num_heads": 4, "num_encoder_layers": 2,
+    "num_decoder_layers": 3, "dim_feedforward": 512, "num_denoising": 50,
+}
+SMALL_DETECTORS = {"detr": SMALL_DETR, "dino": SMALL_DINO}
 
 
 def write_coco_subset(
@@ -96,8 +102,11 @@ def report(trainer: pl.Trainer, minutes: float, data: str, metric: str, target: 
         raise SystemExit(f"{metric} {values[metric]:.4f} is below the target {target}")
 
 
-def detr_overfit_parser(description: str, images: int, short_side: int, metric: str) -> argparse.ArgumentParser:
-    """The options of the DETR overfitting scripts (``--root``, ``--images``, ``--short-side``, ...)."""
+def detr_overfit_parser(
+    description: str, images: int, short_side: int, metric: str, models: Sequence[str] = ("detr",)
+) -> argparse.ArgumentParser:
+    """The options of the DETR overfitting scripts (``--root``, ``--images``, ``--short-side``, ``--model``
+    among ``models``, ...)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=COCO128, help=f"COCO root with {COCO128_SPLIT}/ (default: the shared COCO128)")
     parser.add_argument("--images", type=int, default=images)
@@ -107,6 +116,7 @@ def detr_overfit_parser(description: str, images: int, short_side: int, metric: 
     parser.add_argument("--val-every", type=int, default=100, help="validate every this many steps")
     parser.add_argument("--target", type=float, default=0.5, help=f"stop once validation {metric} reaches this")
     parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--model", choices=models, default=models[0], help="the detector (small sizes: SMALL_DETR, SMALL_DINO)")
     return parser
 
 
@@ -119,7 +129,7 @@ def overfit_detr(
     linked: Sequence[str],
     monitor: str,
 ) -> tuple[pl.Trainer, float]:
-    """Trains ``module_class`` (a small DETR on ``SMALL_SWIN``, from scratch) on the first ``args.images``
+    """Trains ``module_class`` (a small ``args.model`` detector on ``SMALL_SWIN``, from scratch) on the first ``args.images``
     images of ``args.root`` (see :func:`write_coco_subset`) and validates on the same images until
     ``monitor`` reaches ``args.target``; returns the trainer and the minutes it took."""
     pl.seed_everything(0)
@@ -132,7 +142,8 @@ def overfit_detr(
         batch_size=args.batch_size, num_workers=0,
     )
     module = module_class(
-        backbone="swin_t", backbone_kwargs=SMALL_SWIN, detector_kwargs=SMALL_DETR, lr=args.lr, backbone_lr=args.lr,
+        backbone="swin_t", backbone_kwargs=SMALL_SWIN, detector=args.model, detector_kwargs=SMALL_DETECTORS[args.model],
+        lr=args.lr, backbone_lr=args.lr,
         lr_drop_epochs=args.max_steps, num_visualized=0,
     )
     return fit_until(

@@ -8,6 +8,7 @@ with two-stage proposals and iterative box refinement.
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 import torch
 from torch import nn
@@ -25,6 +26,7 @@ from vision_tx.heads.dino.transformer import (
     inverse_sigmoid,
 )
 from vision_tx.models.detr import checked_pixel_mask
+from vision_tx.models.dino_official import convert_official_dino, is_official_dino
 from vision_tx.necks.multiscale import MultiScaleLevels, MultiScaleProjection
 
 QUERY_SELECTIONS = ("mixed", "two_stage")
@@ -169,6 +171,10 @@ class DINO(nn.Module):
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
         return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections)
+
+    def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Reads IDEA-Research/DINO checkpoints (see :func:`convert_official_dino`); native keys pass."""
+        return convert_official_dino(state_dict, self) if is_official_dino(state_dict) else dict(state_dict)
 
 
 def proposal_anchors(levels: MultiScaleLevels) -> tuple[torch.Tensor, torch.Tensor]:
