@@ -3,6 +3,7 @@ for bad configs and bad checkpoints (which stop the run before training starts).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,18 +40,34 @@ def test_unknown_config_lists_the_known_ones() -> None:
     ("bbox", "AP    0.5045806987249628\n  AP50  0.6969727247299577"),
     ("segm", "AP    0.3195452758576433\n  AP50  0.5622883972521636"),
 ])
-def test_eval_tool_prints_pycocotools_numbers(shared_data: Path, iou_type: str, expected: str) -> None:
+def test_eval_tool_prints_pycocotools_numbers(shared_data: Path, tmp_path: Path, iou_type: str, expected: str) -> None:
     folder = shared_data / "coco_eval_parity"
     results = folder / f"instances_val2014_fake{iou_type}100_results.json"
     out = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "eval.py"), "--gt", str(folder / "instances_val2014_100.json"),
          "--results", str(results), "--iou-type", iou_type],
-        capture_output=True, text=True, timeout=300, check=True,
+        capture_output=True, text=True, timeout=300, check=True, cwd=tmp_path,
     ).stdout
     assert "Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ]" in out
     assert expected in out
     assert f"{iou_type} AP per category: the 10 lowest AP of 80 categories (all in metrics.json)" in out
     assert "per_category" not in out
+    written = json.loads((tmp_path / "metrics.json").read_text())  # --out defaults to the working directory
+    assert list(written) == [iou_type] and len(written[iou_type].pop("per_category")) == 80
+    assert f"AP    {written[iou_type]['AP']!r}\n  AP50  {written[iou_type]['AP50']!r}" == expected
+
+
+def test_eval_tool_writes_panoptic_metrics(shared_data: Path, tmp_path: Path) -> None:
+    folder = shared_data / "panoptic_sample"
+    files = [str(folder / "panoptic_examples.json"), str(folder / "panoptic_examples")]
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "eval.py"), "--gt-panoptic", files[0], "--gt-folder", files[1],
+         "--pred-panoptic", files[0], "--pred-folder", files[1], "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    written = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert list(written) == ["panoptic"] and written["panoptic"].pop("per_category")
+    assert written["panoptic"] == {key: 1.0 for key in ("PQ", "SQ", "RQ", "PQ_th", "SQ_th", "RQ_th", "PQ_st", "SQ_st", "RQ_st")}
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +145,17 @@ def test_eval_refuses_a_bad_checkpoint(tiny_coco: Path, tmp_path: Path) -> None:
     ckpt = _bad_checkpoint(tmp_path / "bad.ckpt", "truncated")
     with pytest.raises(SystemExit, match=rf"^error: {ckpt}: not a readable PyTorch checkpoint, corrupt or truncated"):
         eval_main([*_tiny_args(tiny_coco, tmp_path), "--ckpt", str(ckpt)])
+
+
+def test_eval_of_a_checkpoint_writes_metrics_to_out(tiny_coco: Path, tmp_path: Path, capsys) -> None:
+    run_cli("fit", _tiny_args(tiny_coco, tmp_path / "run", "--data.batch_size", "1"))
+    ckpt = next((tmp_path / "run").rglob("last.ckpt"))
+    eval_main([*_tiny_args(tiny_coco, tmp_path / "eval", "--trainer.limit_val_batches", "1"), "--ckpt", str(ckpt),
+               "--out", str(tmp_path / "out")])
+    assert f"metrics: {tmp_path / 'out' / 'metrics.json'}" in capsys.readouterr().out
+    written = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert written == json.loads(next((tmp_path / "eval").rglob("metrics.json")).read_text())
+    assert list(written) == ["bbox"] and written["bbox"]["per_category"] and 0 <= written["bbox"]["AP"] <= 1
 
 
 def test_bad_data_root_stops_with_the_expected_layout(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import json
 import logging
 import re
 import sys
@@ -26,6 +27,7 @@ from vision_tx.checkpoint import CheckpointError, read_training_checkpoint
 from vision_tx.data.invalid import InvalidDataError
 from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint, TrainingMonitor, ValidationReport
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
+from vision_tx.lightning.common import merge_metrics_json
 
 CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs")
 
@@ -232,8 +234,10 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
 
     - ``--gt ANN.json --results RES.json [--iou-type bbox|segm]``: COCO evaluation of a results file;
     - ``--gt-panoptic GT.json --gt-folder DIR --pred-panoptic PRED.json --pred-folder DIR``: PQ;
-    - ``--config NAME --ckpt PATH [--section.key value ...]``: validation of a trained model, which
-      prints the metrics and writes ``metrics.json``.
+    - ``--config NAME --ckpt PATH [--section.key value ...]``: validation of a trained model.
+
+    Every mode prints the metrics and writes them, per-category tables included, to
+    ``--out DIR/metrics.json`` (default: the working directory) as ``{"bbox"|"segm"|"panoptic"|...: {...}}``.
     """
     import argparse
 
@@ -248,14 +252,16 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pred-panoptic", help="predicted panoptic json")
     parser.add_argument("--pred-folder", help="folder of predicted panoptic PNGs")
     parser.add_argument("--ckpt", help="checkpoint to validate (with --config)")
+    parser.add_argument("--out", default=".", help="folder of the metrics.json written (default: the working directory)")
     known, rest = parser.parse_known_args(argv)
+    metrics_json = Path(known.out) / "metrics.json"
 
     if known.gt or known.results:
         if not (known.gt and known.results):
             parser.error("--gt and --results go together")
         from vision_tx.metrics.coco import evaluate_results_file
 
-        stats = evaluate_results_file(known.gt, known.results, iou_type=known.iou_type)
+        stats = evaluate_results_file(known.gt, known.results, iou_type=known.iou_type, metrics_json=metrics_json)
         print(f"{known.iou_type} stats (full precision):")
         for name, value in stats.items():
             if name != "per_category":
@@ -265,8 +271,14 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
             parser.error("--gt-panoptic, --gt-folder, --pred-panoptic and --pred-folder go together")
         from vision_tx.metrics.panoptic import evaluate_panoptic_files
 
-        evaluate_panoptic_files(known.gt_panoptic, known.gt_folder, known.pred_panoptic, known.pred_folder)
+        evaluate_panoptic_files(known.gt_panoptic, known.gt_folder, known.pred_panoptic, known.pred_folder, metrics_json)
     else:
         if not known.ckpt:
             parser.error("give --gt/--results, the panoptic files, or --config with --ckpt")
-        run_cli("validate", [*rest, "--ckpt_path", known.ckpt])
+        cli = run_cli("validate", [*rest, "--ckpt_path", known.ckpt])
+        # The module wrote its sections into the run's log folder: the same ones go to --out.
+        written = Path(cli.trainer.log_dir or cli.trainer.default_root_dir) / "metrics.json"
+        if cli.trainer.is_global_zero and written.is_file() and written.resolve() != metrics_json.resolve():
+            for section, values in json.loads(written.read_text()).items():
+                merge_metrics_json(section, values, metrics_json)
+        print(f"metrics: {metrics_json}")

@@ -79,10 +79,14 @@ def _stats(evaluator: COCOeval) -> dict[str, float]:
 
 
 def evaluate_results_file(
-    gt_json: str | os.PathLike, results_json: str | os.PathLike, iou_type: str = "bbox"
+    gt_json: str | os.PathLike,
+    results_json: str | os.PathLike,
+    iou_type: str = "bbox",
+    metrics_json: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Scores a COCO results file against a ground-truth file; prints pycocotools' summary and the ten
-    categories of lowest AP, returns the stats with ``"per_category"`` (:func:`coco_per_category`)."""
+    categories of lowest AP, returns the stats with ``"per_category"`` (:func:`coco_per_category`).
+    With ``metrics_json`` they are merged into that file as ``{iou_type: {...}}`` (atomically)."""
     results_json = Path(results_json)
     try:
         results = json.loads(results_json.read_text())
@@ -100,7 +104,10 @@ def evaluate_results_file(
     per_category = coco_per_category(evaluator)
     print(summary, end="")
     print(worst_table(per_category, "AP", CLASSWISE_COLUMNS, f"{iou_type} AP per category"))
-    return {**_stats(evaluator), "per_category": per_category}
+    stats = {**_stats(evaluator), "per_category": per_category}
+    if metrics_json is not None:
+        merge_metrics_json(iou_type, stats, metrics_json)
+    return stats
 
 
 def _to_results(prediction: dict[str, Any], iou_type: str) -> list[dict[str, Any]]:
