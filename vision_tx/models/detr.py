@@ -49,7 +49,8 @@ class DETR(nn.Module):
     ``num_classes`` real classes (``max_id + 1``, 91 for COCO) plus a last no-object class.
     ``backbone`` is any module returning an ordered dict of feature maps with ``out_channels``;
     DETR uses its last (lowest-resolution) map. ``criterion`` (default ``SetCriterion(num_classes)``)
-    is what :meth:`loss` computes.
+    is what :meth:`loss` computes. ``grad_checkpointing`` recomputes the transformer layers' activations
+    in the backward pass (the backbone has its own option).
     """
 
     backbone_out_indices = (3,)  # the last stage only
@@ -68,6 +69,7 @@ class DETR(nn.Module):
         dropout: float = 0.1,
         aux_loss: bool = True,
         criterion: nn.Module | None = None,
+        grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         self.backbone = backbone
@@ -77,7 +79,7 @@ class DETR(nn.Module):
         self.input_proj = nn.Conv2d(backbone.out_channels[-1], hidden_dim, kernel_size=1)
         self.position_encoding = SinePositionEncoding(hidden_dim // 2)
         self.transformer = Transformer(
-            hidden_dim, num_heads, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout
+            hidden_dim, num_heads, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, grad_checkpointing
         )
         self.query_embed = nn.Embedding(num_queries, hidden_dim)
         self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
