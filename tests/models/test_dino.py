@@ -3,6 +3,8 @@ backbone maps and weights, and the contract of its contrastive denoising."""
 
 from __future__ import annotations
 
+import inspect
+
 import re
 from collections import OrderedDict
 
@@ -68,10 +70,17 @@ class MapsBackbone(nn.Module):
         return OrderedDict((f"res{i + 3}", m) for i, m in enumerate(self.maps))
 
 
+# Deformable DETR's settings where DINO's differ (position encoding, decoder norm, inverse-sigmoid bound).
+DEFORMABLE_DETR = dict(
+    query_selection="two_stage", num_denoising=0, position_temperature=10000.0, position_offset=-0.5,
+    decoder_norm=False, inverse_sigmoid_eps=1e-5,
+)
+
+
 def tiny_dino(maps: list[torch.Tensor], **overrides) -> DINO:
     kwargs = dict(
         num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_encoder_layers=LAYERS, num_decoder_layers=LAYERS,
-        dim_feedforward=96, num_points=3, query_selection="two_stage", num_denoising=0,
+        dim_feedforward=96, num_points=3, **DEFORMABLE_DETR,
     )
     return DINO(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides})
 
@@ -182,11 +191,24 @@ def test_label_noise_replaces_about_half_the_ratio() -> None:
     assert abs(kept - 0.75) < 0.03  # a quarter replaced (by another class 999 times in 1000)
 
 
-def mixed_dino(batch) -> DINO:
+def mixed_dino(batch, **overrides) -> DINO:
+    """DINO itself: mixed query selection, denoising, and its own defaults where Deformable DETR differs."""
     torch.manual_seed(0)
-    model = tiny_dino(batch[3], query_selection="mixed", num_denoising=12).train()
+    dino_defaults = {k: inspect.signature(DINO).parameters[k].default for k in DEFORMABLE_DETR}
+    model = tiny_dino(batch[3], **{**dino_defaults, "num_denoising": 12, **overrides}).train()
     perturb_(model)
     return model
+
+
+def test_look_forward_twice_trains_the_previous_layer_and_no_earlier_one(batch) -> None:
+    """DINO's look forward twice: the last layer's box reaches the box head of the layer before it,
+    not the one before that; without it, only its own."""
+    images, pixel_mask, _, _ = batch
+    for look_forward_twice, reached in ((True, [False, True, True]), (False, [False, False, True])):
+        model = mixed_dino(batch, num_decoder_layers=3, num_denoising=0, look_forward_twice=look_forward_twice)
+        model(images, pixel_mask, dino_targets())["pred_boxes"].sum().backward()
+        heads = model.bbox_embed[:3]
+        assert [bool(head.layers[-1].weight.grad.abs().sum() > 0) for head in heads] == reached, look_forward_twice
 
 
 def test_denoising_groups_see_no_other_group_and_matching_queries_see_none(batch) -> None:

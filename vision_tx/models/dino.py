@@ -23,7 +23,6 @@ from vision_tx.heads.dino.transformer import (
     DeformableEncoder,
     DeformableEncoderLayer,
     box_sine_embedding,
-    inverse_sigmoid,
 )
 from vision_tx.models.detr import checked_pixel_mask
 from vision_tx.models.dino_official import convert_official_dino, is_official_dino
@@ -42,7 +41,9 @@ class DINO(nn.Module):
     at every layer; ``"two_stage"`` (Deformable DETR) takes both from the proposals' boxes, ranked
     by a class-agnostic score. In training, ``num_denoising`` queries (at most) reconstruct noised
     targets; ``look_forward_twice`` lets each layer's box loss reach the previous layer's box head.
-    Defaults: DINO's 4-scale setting.
+    Defaults: DINO's 4-scale setting, with its sine position encoding (``position_temperature`` 20,
+    ``position_offset`` 0), the decoder's final LayerNorm (``decoder_norm``) and ``inverse_sigmoid_eps``
+    1e-3; Deformable DETR's are 10000, -0.5, no norm and 1e-5.
     """
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
@@ -66,6 +67,10 @@ class DINO(nn.Module):
         label_noise_ratio: float = 0.5,
         box_noise_scale: float = 1.0,
         look_forward_twice: bool = True,
+        position_temperature: float = 20.0,
+        position_offset: float = 0.0,
+        decoder_norm: bool = True,
+        inverse_sigmoid_eps: float = 1e-3,
         criterion: nn.Module | None = None,
         num_detections: int = 100,
     ) -> None:
@@ -80,13 +85,16 @@ class DINO(nn.Module):
         self.query_selection = query_selection
         self.look_forward_twice = look_forward_twice
         self.num_detections = num_detections
-        self.neck = MultiScaleProjection(backbone.out_channels, hidden_dim, num_levels)
+        self.neck = MultiScaleProjection(
+            backbone.out_channels, hidden_dim, num_levels, temperature=position_temperature, offset=position_offset
+        )
         self.encoder = DeformableEncoder(
             DeformableEncoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout), num_encoder_layers
         )
         self.decoder = DeformableDecoder(
             DeformableDecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout),
-            num_decoder_layers, hidden_dim, query_pos_from_boxes=query_selection == "mixed",
+            num_decoder_layers, hidden_dim, query_pos_from_boxes=query_selection == "mixed", final_norm=decoder_norm,
+            eps=inverse_sigmoid_eps,
         )
         # One class and box head per decoder layer, and a last one for the encoder's proposals.
         self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_decoder_layers + 1))

@@ -16,7 +16,7 @@ _RENAMES = (
     (r"^transformer\.tgt_embed\.", "query_embed."),
     (r"^transformer\.(enc_output|enc_output_norm)\.", r"\1."),
     (r"^label_enc\.", "denoising.label_embed."),
-    (r"^transformer\.decoder\.ref_point_head\.", "decoder.ref_point_head."),
+    (r"^transformer\.decoder\.(ref_point_head|norm)\.", r"decoder.\1."),
     (r"^transformer\.encoder\.layers\.(\d+)\.norm2\.", r"encoder.layers.\1.ffn.norm."),
     (r"^transformer\.encoder\.layers\.(\d+)\.(linear[12])\.", r"encoder.layers.\1.ffn.\2."),
     (r"^transformer\.encoder\.", "encoder."),
@@ -46,9 +46,6 @@ def convert_official_dino(state_dict: Mapping[str, torch.Tensor], model: nn.Modu
       the first two blocks of its input columns are swapped.
     - The backbone (``backbone.0.`` for Swin, ``backbone.0.body.`` for ResNet) goes through the
       backbone's own ``convert_state_dict``.
-
-    The official ``transformer.decoder.norm`` has no counterpart and stays unused (reported by
-    :func:`vision_tx.backbones.load_weights`).
     """
     num_layers = len(model.decoder.layers)
     backbone_state, converted = {}, {}

@@ -28,11 +28,20 @@ class MultiScaleProjection(nn.Module):
     GroupNorm, and adds ``num_levels - len(in_channels)`` lower-resolution levels, each a 3x3 stride-2
     conv + GroupNorm of the previous one (the first of the last backbone map).
 
-    Every level gets a sine position encoding of its padding mask (positions at pixel centres) plus a
-    learned level embedding.
+    Every level gets a sine position encoding of its padding mask plus a learned level embedding; the
+    defaults are DINO's encoding (``temperature`` 20, positions 1..n), Deformable DETR's is
+    ``temperature=10000, offset=-0.5`` (pixel centres).
     """
 
-    def __init__(self, in_channels: Sequence[int], dim: int = 256, num_levels: int = 4, num_groups: int = 32) -> None:
+    def __init__(
+        self,
+        in_channels: Sequence[int],
+        dim: int = 256,
+        num_levels: int = 4,
+        num_groups: int = 32,
+        temperature: float = 20.0,
+        offset: float = 0.0,
+    ) -> None:
         super().__init__()
         if num_levels < len(in_channels):
             raise ValueError(
@@ -45,7 +54,7 @@ class MultiScaleProjection(nn.Module):
             extra_in = dim
         self.input_proj = nn.ModuleList(projections)
         self.level_embed = nn.Parameter(torch.empty(num_levels, dim).normal_())
-        self.position_encoding = SinePositionEncoding(dim // 2, offset=-0.5)
+        self.position_encoding = SinePositionEncoding(dim // 2, temperature, offset=offset)
         self.num_backbone_levels = len(in_channels)
         for projection in self.input_proj:
             nn.init.xavier_uniform_(projection[0].weight)

@@ -14,7 +14,7 @@ class SinePositionEncoding(nn.Module):
     Positions are counted over the valid pixels only and normalised to ``(0, scale]`` per image, so
     an image's encoding does not depend on how much padding its batch adds. Channels hold the
     ``y`` half, then the ``x`` half, each interleaving sin and cos. ``offset`` is added to the
-    positions (1..n) before normalising: DETR uses 0, Deformable DETR and DINO -0.5 (pixel centres).
+    positions (1..n) before normalising: DETR and DINO use 0, Deformable DETR -0.5 (pixel centres).
     """
 
     def __init__(

@@ -108,18 +108,26 @@ class DeformableDecoderLayer(nn.Module):
 class DeformableDecoder(nn.Module):
     """``num_layers`` decoder layers with iterative box refinement.
 
-    Layer ``i`` reads around its input boxes (the previous layer's, detached) and predicts a box as
-    ``sigmoid(bbox_embed[i](hidden) + inverse_sigmoid(previous box))``. With ``look_forward_twice``
-    (DINO) that previous box keeps its gradient, so layer ``i``'s loss also trains layer ``i - 1``'s
-    box head. Without a fixed ``query_pos``, each layer's query position is ``ref_point_head`` of
-    a sine embedding of its input boxes (DINO).
+    Layer ``i`` reads around its reference boxes ``r_i`` (no gradient) and refines them to
+    ``r_{i+1} = sigmoid(bbox_embed[i](q_i) + inverse_sigmoid(r_i))``, the next layer's references. The
+    layer's outputs are ``h_i = norm(q_i)`` (``final_norm``, DINO; else ``q_i``, Deformable DETR) and
+    its box ``sigmoid(bbox_embed[i](h_i) + inverse_sigmoid(r_i))``; with ``look_forward_twice`` (DINO)
+    that ``r_i`` keeps the gradient of layer ``i - 1``'s refinement, so layer ``i``'s box loss also
+    trains layer ``i - 1``'s box head (and no earlier one). Without a fixed ``query_pos``, each
+    layer's query position is ``ref_point_head`` of a sine embedding of its reference boxes (DINO).
+    ``eps`` bounds ``inverse_sigmoid`` (DINO 1e-3, Deformable DETR 1e-5).
     """
 
-    def __init__(self, layer: DeformableDecoderLayer, num_layers: int, dim: int, query_pos_from_boxes: bool) -> None:
+    def __init__(
+        self, layer: DeformableDecoderLayer, num_layers: int, dim: int, query_pos_from_boxes: bool,
+        final_norm: bool = True, eps: float = 1e-3,
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
         self.ref_point_head = MLP(2 * dim, dim, dim, 2) if query_pos_from_boxes else None
+        self.norm = nn.LayerNorm(dim) if final_norm else None
         self.dim = dim
+        self.eps = eps
 
     def forward(
         self,
@@ -137,15 +145,20 @@ class DeformableDecoder(nn.Module):
         """``queries [B,Q,D]``, initial ``boxes [B,Q,4]`` (cxcywh in [0, 1], no gradient), the encoder's
         ``memory [B,S,D]`` -> every layer's ``hidden [L,B,Q,D]`` and ``boxes [L,B,Q,4]``."""
         hidden, predicted = [], []
-        previous = boxes
+        refined = boxes  # r_i, with the gradient of the refinement that made it
         for layer, box_head in zip(self.layers, bbox_embed):
-            reference = previous.detach()
+            reference = refined.detach()
             level_reference = reference[:, :, None] * valid_ratios.repeat(1, 1, 2)[:, None]
             if self.ref_point_head is not None:
                 query_pos = self.ref_point_head(box_sine_embedding(level_reference[:, :, 0], self.dim // 2))
             queries = layer(queries, query_pos, level_reference, memory, shapes, padding_mask, attn_mask)
-            previous = (box_head(queries) + inverse_sigmoid(previous if look_forward_twice else reference)).sigmoid()
-            hidden.append(queries)
-            predicted.append(previous)
+            delta = box_head(queries)
+            output = queries if self.norm is None else self.norm(queries)
+            output_delta = delta if self.norm is None else box_head(output)
+            start = refined if look_forward_twice else reference
+            box = (output_delta + inverse_sigmoid(start, self.eps)).sigmoid()
+            same = output_delta is delta and start is reference
+            refined = box if same else (delta + inverse_sigmoid(reference, self.eps)).sigmoid()
+            predicted.append(box)
+            hidden.append(output)
         return torch.stack(hidden), torch.stack(predicted)
-
