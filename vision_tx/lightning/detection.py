@@ -54,7 +54,7 @@ class DetectionModule(pl.LightningModule):
         weight_decay: float = 1e-4,
         lr_drop_epochs: int = 200,
         num_visualized: int = 8,
-        visualize_score_threshold: float = 0.5,
+        visualize_score_threshold: float | None = None,
     ) -> None:
         super().__init__()
         if detector not in DETECTORS:
@@ -83,6 +83,12 @@ class DetectionModule(pl.LightningModule):
         matcher = HungarianMatcher(**hp.matcher_kwargs) if hp.matcher_kwargs else None
         criterion = detector.criterion_class(hp.num_classes, matcher, **(hp.criterion_kwargs or {}))
         return detector(backbone, hp.num_classes, criterion=criterion, **(hp.detector_kwargs or {}))
+
+    @property
+    def visualize_score_threshold(self) -> float:
+        """The score above which pictures draw a detection: ``visualize_score_threshold``, or the detector's default."""
+        given = self.hparams.visualize_score_threshold
+        return DETECTORS[self.hparams.detector].score_threshold if given is None else given
 
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
@@ -125,7 +131,7 @@ class DetectionModule(pl.LightningModule):
                 break
             picture = denormalize(image[:, : size[0], : size[1]])
             self.preview.append(
-                draw_detections(picture, **detection, category_names=names, score_threshold=self.hparams.visualize_score_threshold)
+                draw_detections(picture, **detection, category_names=names, score_threshold=self.visualize_score_threshold)
             )
             self.preview_truth.append(draw_detections(picture, target["boxes"].cpu(), target["labels"].cpu(), category_names=names))
 
@@ -170,7 +176,7 @@ class DetectionModule(pl.LightningModule):
         detection = self.model.postprocess(outputs, torch.tensor([image.shape[-2:]], device=self.device))[0]
         return draw_detections(
             image, **{k: v.cpu() for k, v in detection.items()},
-            category_names=datamodule.category_names, score_threshold=self.hparams.visualize_score_threshold,
+            category_names=datamodule.category_names, score_threshold=self.visualize_score_threshold,
         )
 
 

@@ -55,6 +55,7 @@ class DETR(nn.Module):
 
     backbone_out_indices = (3,)  # the last stage only
     criterion_class = SetCriterion
+    score_threshold = 0.5  # the score above which pictures draw a detection (softmax over classes)
 
     def __init__(
         self,
