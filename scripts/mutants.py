@@ -55,6 +55,7 @@ SAM = "tests/optim/test_sam.py"
 ROLLOUT = "tests/test_attention.py::test_rollout_of_a_two_layer_two_head_model_is_the_computation_by_hand"
 ATTN_WEIGHTS = "tests/test_attention.py::test_attention_weights_follow_the_masks_of_sdpa"
 DETR_ATTN = "tests/test_attention.py::test_detr_cross_attention_is_torchs_head_averaged_attention"
+DINO_POSTPROCESS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detections_match_transformers_deformable_detr"
 CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotools_precision_per_category"
 
 
@@ -219,6 +220,12 @@ MUTANTS = [
     Mutant("multiscale neck: valid ratios (w, h) swapped", "vision_tx/necks/multiscale.py",
            "ratios.append(torch.stack([valid[:, 0, :].sum(1) / mask.shape[2], valid[:, :, 0].sum(1) / mask.shape[1]], -1))",
            "ratios.append(torch.stack([valid[:, :, 0].sum(1) / mask.shape[1], valid[:, 0, :].sum(1) / mask.shape[2]], -1))", (DINO_TX,)),
+    Mutant("multiscale neck: extra level from the projected map", "vision_tx/necks/multiscale.py",
+           "source = maps[-1]", "source = levels[len(maps) - 1]", (DINO_TX,)),
+    Mutant("dino postprocess: softmax for sigmoid", "vision_tx/heads/detr/postprocess.py",
+           "scores, index = logits.sigmoid().flatten(1)", "scores, index = logits.softmax(-1).flatten(1)", (DINO_POSTPROCESS,)),
+    Mutant("dino postprocess: query of a (query, class) pair by modulo", "vision_tx/heads/detr/postprocess.py",
+           'queries = torch.div(index, num_classes, rounding_mode="floor")', "queries = index % logits.shape[1]", (DINO_POSTPROCESS,)),
     Mutant("dino: proposal norm skipped", "vision_tx/models/dino.py",
            "features = self.enc_output_norm(self.enc_output(features))", "features = self.enc_output(features)", (DINO_TX,)),
     Mutant("dino: anchor size doubled", "vision_tx/models/dino.py",

@@ -155,7 +155,7 @@ def test_outputs_and_loss_match_transformers(models, batch) -> None:
         expected = image_loss({"logits": enc["pred_logits"], "pred_boxes": enc["pred_boxes"]}, transformers_labels(agnostic))
     assert enc["pred_logits"].shape[-1] == 1
     for key in ("loss_ce", "loss_bbox", "loss_giou"):
-        torch.testing.assert_close(losses[f"{key}_enc"], expected[key], rtol=0, atol=1e-5, msg=key)
+        torch.testing.assert_close(losses[f"{key}_enc"], expected[key], rtol=0, atol=2e-6, msg=key)  # measured 0-5e-7 (of ~1)
 
 
 def test_gradients_match_transformers(batch) -> None:
@@ -337,7 +337,7 @@ def test_mixed_selection_and_query_positions_follow_the_paper(batch) -> None:
             ratios = levels.valid_ratios.repeat(1, 1, 2)  # [B, L, 4] (w, h, w, h)
             torch.testing.assert_close(reference, boxes[:, :, None] * ratios[:, None])
             expected = model.decoder.ref_point_head(sine_by_hand(boxes * ratios[:, None, 0], DIM // 2))
-            torch.testing.assert_close(query_pos, expected, rtol=0, atol=1e-5)
+            torch.testing.assert_close(query_pos, expected, rtol=0, atol=1e-6)  # measured: equal
     assert (levels.valid_ratios < 1).any()  # the padding makes the scaling visible
 
 
