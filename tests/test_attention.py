@@ -162,4 +162,4 @@ def test_detr_cross_attention_is_torchs_head_averaged_attention() -> None:
     with torch.no_grad():
         _, expected = reference(query, key, value, key_padding_mask=padding_mask, need_weights=True, average_attn_weights=True)
     assert padding_mask.any() and result["attention"].shape == (2, 5, 2, 3)
-    torch.testing.assert_close(result["attention"].flatten(2), expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(result["attention"].flatten(2), expected, rtol=0, atol=2e-7)  # measured 3e-8 (of ~0.3)
