@@ -83,6 +83,9 @@ def test_rollout_of_a_two_layer_two_head_model_is_the_computation_by_hand() -> N
     expected = torch.einsum("bij,bjk->bik", r2, r1)
     torch.testing.assert_close(attention_rollout([a1, a2]).double(), expected, rtol=0, atol=1e-12)
     assert not torch.allclose(attention_rollout([a2, a1]).double(), expected)  # the order of the layers matters
+    # Another residual share: 0.3 I + 0.7 A.
+    s1, s2 = (0.3 * torch.eye(n, dtype=torch.float64) + 0.7 * a.mean(1) for a in (a1, a2))
+    torch.testing.assert_close(attention_rollout([a1, a2], residual=0.3).double(), s2 @ s1, rtol=0, atol=1e-12)
 
     maps = vit_attention_maps(model.float(), images.float())
     assert maps["rollout"].shape == (2, 2, 2) and maps["last_layer"].shape == (2, 2, 2, 2)
@@ -100,6 +103,7 @@ def test_attention_weights_follow_the_masks_of_sdpa() -> None:
         weights = attention_weights(q, k, attn_mask)
         torch.testing.assert_close(weights @ v, F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask))
     assert (attention_weights(q, k, mask)[..., ~mask[0, 0, 0]] == 0).all()
+    torch.testing.assert_close(attention_weights(q, k, is_causal=True) @ v, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
 def test_patch_grid() -> None:
@@ -130,3 +134,32 @@ def test_pictures_for_a_classifier_and_a_detector(tmp_path) -> None:
     datamodule = SimpleNamespace(val_transform=DetrValTransform(size=64, max_size=96), category_names={1: "a", 2: "b", 3: "c"})
     pictures = attention_pictures(detector, image, datamodule, score_threshold=2.0)  # none above: the 4 best
     assert len(pictures) == 1 + 4 and pictures[0].shape[0] == 3
+
+
+def test_detr_cross_attention_is_torchs_head_averaged_attention() -> None:
+    """The last decoder layer's cross-attention map against ``nn.MultiheadAttention``'s weights (averaged
+    over heads) on the same inputs and weights."""
+    from vision_tx.attention import detr_cross_attention
+    from vision_tx.lightning.detection import DetectionModule
+
+    from tests.parity import perturb_
+
+    torch.manual_seed(0)
+    detr = {"num_queries": 5, "hidden_dim": 32, "num_heads": 4, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64}
+    detector = DetectionModule(num_classes=4, backbone_kwargs={"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 4, 8]},
+                               detector_kwargs=detr)
+    detector.configure_model()
+    model = perturb_(detector.model).eval()
+    cross = model.transformer.decoder.layers[-1].cross_attn
+    inputs = []
+    cross.register_forward_hook(lambda _module, args, _output: inputs.append(args))
+    images, pixel_mask = torch.randn(2, 3, 64, 96), torch.zeros(2, 64, 96, dtype=torch.bool)
+    pixel_mask[1, :, 64:] = True
+    result = detr_cross_attention(model, images, pixel_mask)
+    query, key, value, padding_mask = inputs[-1]
+    reference = nn.MultiheadAttention(32, 4, batch_first=True)
+    reference.load_state_dict(cross.state_dict())
+    with torch.no_grad():
+        _, expected = reference(query, key, value, key_padding_mask=padding_mask, need_weights=True, average_attn_weights=True)
+    assert padding_mask.any() and result["attention"].shape == (2, 5, 2, 3)
+    torch.testing.assert_close(result["attention"].flatten(2), expected, rtol=0, atol=2e-7)  # measured 3e-8 (of ~0.3)

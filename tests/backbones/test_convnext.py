@@ -7,8 +7,9 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from tests.backbones.family_parity import max_difference, params_and_gflops, timm_and_ours, within_published
+from tests.backbones.family_parity import max_difference, params_and_gflops, perturb_, timm_and_ours, within_published
 from vision_tx.backbones import build_backbone, build_classifier, load_weights
 from vision_tx.backbones.layers import drop_path
 
@@ -110,3 +111,23 @@ def test_training_applies_layer_scale_before_stochastic_depth() -> None:
         torch.manual_seed(3)
         expected = x + drop_path(scaled_branch, block.drop_path_rate, True)
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_outputs_are_timms_stage_outputs_through_the_output_norms(tiny_pair) -> None:
+    """The dense form: timm's stage outputs (``forward_intermediates``) of the same weights, each through
+    its channel LayerNorm (``norm{i}`` of the official detection/segmentation backbones), moved off 1 and 0."""
+    reference, _ = tiny_pair
+    backbone = build_backbone("convnext_tiny").eval()
+    report = load_weights(backbone, reference.state_dict())
+    assert sorted(report.unexpected_keys) == ["head.fc.bias", "head.fc.weight", "head.norm.bias", "head.norm.weight"]
+    for stage in backbone.stages:
+        perturb_(stage.out_norm, seed=len(stage.blocks))
+    images = torch.randn(1, 3, 96, 128)
+    with torch.no_grad():
+        outputs = backbone(images)
+        stages = reference.forward_intermediates(images, intermediates_only=True)
+    assert len(stages) == 4
+    for stage, feature, (name, output) in zip(backbone.stages, stages, outputs.items()):
+        norm = stage.out_norm
+        expected = F.layer_norm(feature.permute(0, 2, 3, 1), norm.normalized_shape, norm.weight, norm.bias, 1e-6).permute(0, 3, 1, 2)
+        torch.testing.assert_close(output, expected, rtol=0, atol=1e-5, msg=name)  # measured 2-4e-6 (outputs of about 5)

@@ -7,6 +7,7 @@ import math
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 
 from tests.backbones.family_parity import max_difference, params_and_gflops, perturb_, timm_and_ours, within_published
 from vision_tx.backbones import build_backbone, build_classifier, load_weights
@@ -167,3 +168,38 @@ def test_parameters_and_flops_match_the_papers(name: str) -> None:
     assert within_published(measured_params, params, precision)
     if gflops is not None:
         assert abs(measured_gflops - gflops) <= 0.05 * gflops
+
+
+def test_pyramid_is_the_vitdet_simple_feature_pyramid() -> None:
+    """The levels, written from the ViTDet paper with functional ops on the stride-16 map of the last
+    block's patch tokens: stride 4 = 2x2 deconvolution, channel LayerNorm, GELU, 2x2 deconvolution;
+    8 = one deconvolution; 16 = the map; 32 = 2x2 max pooling; each then a 1x1 and a 3x3 convolution
+    (no bias), each followed by a channel LayerNorm; cropped to ceil(H / stride). Weights moved off
+    their initialisation; an input that is no multiple of 32 makes the crop and the ceil pooling count."""
+    model = perturb_(build_backbone("deit_tiny", depth=1, pyramid_channels=16)).eval()
+    images = torch.randn(1, 3, 72, 100)
+    state = model.state_dict()
+
+    def channel_norm(x: torch.Tensor, prefix: str) -> torch.Tensor:
+        return F.layer_norm(x.permute(0, 2, 3, 1), x.shape[1:2], state[f"{prefix}.weight"], state[f"{prefix}.bias"], 1e-6).permute(0, 3, 1, 2)
+
+    def deconv(x: torch.Tensor, prefix: str) -> torch.Tensor:
+        return F.conv_transpose2d(x, state[f"{prefix}.weight"], state[f"{prefix}.bias"], stride=2)
+
+    with torch.no_grad():
+        tokens, (height, width) = model.forward_tokens(images)
+        grid = tokens[:, 1:].transpose(1, 2).reshape(1, -1, height, width)
+        resampled = [
+            deconv(F.gelu(channel_norm(deconv(grid, "stages.0.resample.0"), "stages.0.resample.1")), "stages.0.resample.3"),
+            deconv(grid, "stages.1.resample.0"),
+            grid,
+            F.max_pool2d(grid, 2, ceil_mode=True),
+        ]
+        outputs = model(images)
+    for level, (x, stride) in enumerate(zip(resampled, (4, 8, 16, 32))):
+        prefix = f"stages.{level}.project"
+        x = x[..., : math.ceil(72 / stride), : math.ceil(100 / stride)]
+        x = channel_norm(F.conv2d(x, state[f"{prefix}.0.weight"]), f"{prefix}.1")
+        x = channel_norm(F.conv2d(x, state[f"{prefix}.2.weight"], padding=1), f"{prefix}.3")
+        # Measured: equal (the same operations); a small allowance for other kernels.
+        torch.testing.assert_close(outputs[f"res{level + 2}"], x, rtol=0, atol=1e-6, msg=f"stride {stride}")

@@ -16,12 +16,15 @@ from torch import nn
 from vision_tx.heads.detr import HungarianMatcher
 from vision_tx.heads.dino import DINOCriterion
 from vision_tx.models import DINO
+from vision_tx.models.dino import proposal_anchors
 
 from tests.conftest import require_reference
 from tests.models.detr_helpers import padded_batch
 from tests.parity import perturb_
 
 transformers = require_reference("transformers")
+_detr_loss = require_reference("transformers.loss.loss_deformable_detr")
+DeformableDetrImageLoss, DeformableDetrHungarianMatcher = _detr_loss.DeformableDetrImageLoss, _detr_loss.DeformableDetrHungarianMatcher
 
 NUM_CLASSES, DIM, QUERIES, LAYERS = 7, 64, 12, 2
 CHANNELS = (16, 32, 64)  # the stride 8, 16, 32 maps
@@ -95,9 +98,8 @@ def batch():
     return images, pixel_mask, targets, maps
 
 
-@pytest.fixture(scope="module")
-def models(batch):
-    images, pixel_mask, _, maps = batch
+def ours_and_transformers(maps: list[torch.Tensor]) -> tuple[DINO, nn.Module]:
+    """Our two-stage DINO with moved weights, and transformers' DeformableDetr loaded from it (in ``maps``' dtype, eval mode)."""
     torch.manual_seed(0)
     ours = tiny_dino(maps).eval()
     perturb_(ours)
@@ -119,7 +121,16 @@ def models(batch):
         return [(m, F.interpolate(pixel_mask[None].float(), size=m.shape[-2:])[0].bool()) for m in maps]
 
     reference.model.backbone.forward = backbone_maps
-    return ours, reference
+    return ours.to(maps[0].dtype), reference.to(maps[0].dtype)
+
+
+@pytest.fixture(scope="module")
+def models(batch):
+    return ours_and_transformers(batch[3])
+
+
+def transformers_labels(targets: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.float32) -> list[dict[str, torch.Tensor]]:
+    return [{"class_labels": t["labels"], "boxes": t["boxes"].to(dtype)} for t in targets]
 
 
 def test_outputs_and_loss_match_transformers(models, batch) -> None:
@@ -127,9 +138,7 @@ def test_outputs_and_loss_match_transformers(models, batch) -> None:
     images, pixel_mask, targets, _ = batch
     with torch.no_grad():
         out = ours(images, pixel_mask)
-        ref = reference(images, pixel_mask=(~pixel_mask).long(), labels=[
-            {"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets
-        ])
+        ref = reference(images, pixel_mask=(~pixel_mask).long(), labels=transformers_labels(targets))
     torch.testing.assert_close(out["pred_logits"], ref.logits, rtol=0, atol=1e-4)
     torch.testing.assert_close(out["pred_boxes"], ref.pred_boxes, rtol=0, atol=1e-4)
     for layer, aux in enumerate(out["aux_outputs"]):
@@ -144,6 +153,38 @@ def test_outputs_and_loss_match_transformers(models, batch) -> None:
     for key in compared:
         torch.testing.assert_close(losses[key], ref.loss_dict[key], rtol=0, atol=1e-4, msg=key)
     torch.testing.assert_close(losses["loss"], ref.loss, rtol=0, atol=1e-4)
+
+    # The encoder's proposals (class-agnostic here: two-stage ranks by one objectness logit) are trained
+    # against every target as class 0, as Deformable DETR's loss does with its "bin_targets".
+    with torch.no_grad():
+        losses = ours.loss(out, targets)
+        image_loss = DeformableDetrImageLoss(DeformableDetrHungarianMatcher(class_cost=2, bbox_cost=5, giou_cost=2), 1, 0.25, ["labels", "boxes"])
+        agnostic = [{**t, "labels": torch.zeros_like(t["labels"])} for t in targets]
+        enc = out["enc_outputs"]
+        expected = image_loss({"logits": enc["pred_logits"], "pred_boxes": enc["pred_boxes"]}, transformers_labels(agnostic))
+    assert enc["pred_logits"].shape[-1] == 1
+    for key in ("loss_ce", "loss_bbox", "loss_giou"):
+        torch.testing.assert_close(losses[f"{key}_enc"], expected[key], rtol=0, atol=2e-6, msg=key)  # measured 0-5e-7 (of ~1)
+
+
+def test_gradients_match_transformers(batch) -> None:
+    """Every parameter's gradient of the decoder layers' weighted loss, in float64 (measured: within
+    4e-6 of each parameter's largest gradient; transformers' GIoU differs by 4e-7). Both detach the
+    proposals and each layer's input boxes: no box loss reaches the encoder's heads through them."""
+    images, pixel_mask, targets, maps = batch
+    ours, reference = ours_and_transformers([m.double() for m in maps])
+    outputs = ours(images.double(), pixel_mask)
+    ours.loss({k: v for k, v in outputs.items() if k != "enc_outputs"}, targets)["loss"].backward()
+    reference(images.double(), pixel_mask=(~pixel_mask).long(), labels=transformers_labels(targets, torch.float64)).loss.backward()
+    untied = lambda name: name.removeprefix("model.decoder.")  # noqa: E731 (the heads are also the decoder's)
+    grads = {untied(n): g for n, g in to_transformers({n: p.grad for n, p in ours.named_parameters() if p.grad is not None}).items()}
+    expected = {untied(n): p.grad for n, p in reference.named_parameters() if p.grad is not None and p.grad.abs().max() > 0}
+    assert "layers.0.encoder_attn.sampling_offsets.weight" in expected and "model.enc_output.weight" not in expected
+    # A key's bias has no gradient (the softmax ignores it) but rounding.
+    assert {n for n, g in grads.items() if g.abs().max() > 0 and not n.endswith("k_proj.bias")} <= set(expected)
+    for name, grad in expected.items():
+        scale = grad.abs().max().item()
+        torch.testing.assert_close(grads[name], grad, rtol=0, atol=1e-5 * scale + 1e-12, msg=name)
 
 
 def dino_targets() -> list[dict[str, torch.Tensor]]:
@@ -198,6 +239,29 @@ def mixed_dino(batch, **overrides) -> DINO:
     model = tiny_dino(batch[3], **{**dino_defaults, "num_denoising": 12, **overrides}).train()
     perturb_(model)
     return model
+
+
+def test_the_heads_read_each_layer_through_the_final_norm_and_references_do_not(batch) -> None:
+    """Released DINO: each decoder layer's output goes through the decoder's LayerNorm before the class
+    and box heads, while the next layer's reference boxes are refined from the un-normed output."""
+    from vision_tx.heads.dino import inverse_sigmoid
+
+    images, pixel_mask, _, _ = batch
+    model = mixed_dino(batch, num_denoising=0).eval()
+    raw = []
+    hooks = [layer.register_forward_hook(lambda module, args, out: raw.append(out)) for layer in model.decoder.layers]
+    with torch.no_grad():
+        outputs = model(images, pixel_mask)
+        for hook in hooks:
+            hook.remove()
+        assert len(raw) == LAYERS == 2
+        eps = model.decoder.eps
+        initial = outputs["enc_outputs"]["pred_boxes"]
+        second_reference = (model.bbox_embed[0](raw[0]) + inverse_sigmoid(initial, eps)).sigmoid()
+        normed = model.decoder.norm(raw[1])
+        boxes = (model.bbox_embed[1](normed) + inverse_sigmoid(second_reference, eps)).sigmoid()
+    torch.testing.assert_close(outputs["pred_logits"], model.class_embed[1](normed), rtol=0, atol=1e-6)
+    torch.testing.assert_close(outputs["pred_boxes"], boxes, rtol=0, atol=1e-6)
 
 
 def test_look_forward_twice_trains_the_previous_layer_and_no_earlier_one(batch) -> None:
@@ -268,3 +332,74 @@ def test_trains_on_images_without_objects(batch) -> None:
 def test_matcher_rejects_softmax_costs_for_sigmoid_logits() -> None:
     with pytest.raises(ValueError, match="focal_alpha"):
         DINOCriterion(NUM_CLASSES, HungarianMatcher())
+
+
+def sine_by_hand(boxes: torch.Tensor, num_feats: int) -> torch.Tensor:
+    """DINO's sine embedding of (x, y, w, h) in [0, 1], written from the paper: each coordinate times
+    2 pi over 10000 ** (2 * (i // 2) / num_feats), sin at even i, cos at odd i, coordinates concatenated."""
+    i = torch.arange(num_feats, dtype=boxes.dtype)
+    angles = boxes[..., None] * (2 * torch.pi) / 10000 ** (2 * torch.div(i, 2, rounding_mode="floor") / num_feats)
+    return torch.where(i % 2 == 0, angles.sin(), angles.cos()).flatten(-2)
+
+
+def test_mixed_selection_and_query_positions_follow_the_paper(batch) -> None:
+    """DINO's mixed query selection: the K proposals whose best class scores highest give the initial
+    boxes; each decoder layer reads around its input boxes scaled to each level's valid area, with
+    the query position ref_point_head(sine embedding of those boxes on level 0)."""
+    images, pixel_mask, _, _ = batch
+    torch.manual_seed(0)
+    model = perturb_(tiny_dino(batch[3], query_selection="mixed", num_denoising=0)).eval()
+    calls = []
+    for layer in model.decoder.layers:
+        layer.register_forward_pre_hook(lambda _module, args: calls.append((args[1], args[2])))
+    with torch.no_grad():
+        levels = model.neck(batch[3], pixel_mask)
+        memory = model.encoder(levels.tokens, levels.position, levels.padding_mask, levels.shapes, levels.valid_ratios)
+        out = model.forward_decoder(memory, levels)
+        # The proposals' scores by hand: every valid token's best class logit.
+        _, valid = proposal_anchors(levels)
+        features = model.enc_output_norm(model.enc_output(memory * valid[..., None]))
+        logits = model.class_embed[-1](features)
+        best = logits.max(-1).values.topk(QUERIES, dim=1).indices
+        torch.testing.assert_close(out["enc_outputs"]["pred_logits"], torch.stack([logits[b, best[b]] for b in range(len(best))]))
+        assert not torch.equal(best, logits[..., 0].topk(QUERIES, dim=1).indices)  # not the first class's ranking
+
+        inputs = [out["enc_outputs"]["pred_boxes"], *(aux["pred_boxes"] for aux in out["aux_outputs"])]
+        assert len(calls) == LAYERS
+        for (query_pos, reference), boxes in zip(calls, inputs):
+            ratios = levels.valid_ratios.repeat(1, 1, 2)  # [B, L, 4] (w, h, w, h)
+            torch.testing.assert_close(reference, boxes[:, :, None] * ratios[:, None])
+            expected = model.decoder.ref_point_head(sine_by_hand(boxes * ratios[:, None, 0], DIM // 2))
+            torch.testing.assert_close(query_pos, expected, rtol=0, atol=1e-6)  # measured: equal
+    assert (levels.valid_ratios < 1).any()  # the padding makes the scaling visible
+
+
+def test_denoising_losses_are_per_target_and_group(batch) -> None:
+    """The denoising losses of the last layer, by hand: the positive query of target k in group g is
+    slot g * 2 * group_size + k; focal loss over every denoising query (one-hot on the positives),
+    L1 and 1 - GIoU on the positives, each divided by the number of targets times the groups."""
+    from torchvision.ops import box_convert, generalized_box_iou, sigmoid_focal_loss
+
+    images, pixel_mask, _, _ = batch
+    model = mixed_dino(batch)
+    targets = dino_targets()
+    with torch.no_grad():
+        out = model(images, pixel_mask, targets)
+        losses = model.loss(out, targets)
+    queries = out["dn_outputs"]["queries"]
+    logits, boxes = out["dn_outputs"]["pred_logits"][-1], out["dn_outputs"]["pred_boxes"][-1]
+    onehot = torch.zeros_like(logits)
+    l1 = giou = 0.0
+    for image, target in enumerate(targets):
+        for group in range(queries.num_groups):
+            for k, (label, box) in enumerate(zip(target["labels"], target["boxes"])):
+                slot = group * 2 * queries.group_size + k
+                onehot[image, slot, label] = 1.0
+                l1 += (boxes[image, slot] - box).abs().sum()
+                pair = box_convert(torch.stack([boxes[image, slot], box]), "cxcywh", "xyxy")
+                giou += 1 - generalized_box_iou(pair[:1], pair[1:])[0, 0]
+    count = sum(len(t["labels"]) for t in targets) * queries.num_groups
+    assert queries.num_groups == 2
+    torch.testing.assert_close(losses["loss_bbox_dn"], l1 / count)
+    torch.testing.assert_close(losses["loss_giou_dn"], giou / count)
+    torch.testing.assert_close(losses["loss_ce_dn"], sigmoid_focal_loss(logits, onehot, 0.25, 2.0, "sum") / count)
