@@ -10,7 +10,7 @@ import pytest
 import torch
 from torchvision.io import read_image
 
-from tests.lightning.test_detection import run_tool
+from tests.lightning.tools import run_tool_in_process
 from vision_tx.data.toy_classification import make_toy_classification
 
 SMALL = [
@@ -28,7 +28,7 @@ def toy_root(tmp_path_factory) -> Path:
 
 
 def test_train_eval_infer(tmp_path: Path, toy_root: Path) -> None:
-    run_tool("train.py", *SMALL, "--data.root", str(toy_root), "--trainer.max_steps", "3", "--trainer.max_epochs", "1",
+    run_tool_in_process("train.py", *SMALL, "--data.root", str(toy_root), "--trainer.max_steps", "3", "--trainer.max_epochs", "1",
              "--trainer.default_root_dir", str(tmp_path), cwd=tmp_path)
     metrics = json.loads(next(tmp_path.rglob("metrics.json")).read_text())["classification"]
     assert set(metrics) == {"top1", "top5", "images"} and metrics["images"] == 12
@@ -38,16 +38,16 @@ def test_train_eval_infer(tmp_path: Path, toy_root: Path) -> None:
     checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
     assert checkpoint["hyper_parameters"]["class_names"][0] == "blue_circle"
 
-    result = run_tool("eval.py", *SMALL, "--data.root", str(toy_root), "--ckpt", str(ckpt), cwd=tmp_path)
+    result = run_tool_in_process("eval.py", *SMALL, "--data.root", str(toy_root), "--ckpt", str(ckpt), cwd=tmp_path)
     assert "val/top1" in result.stdout
     image = next((toy_root / "val").rglob("*.png"))
-    run_tool("infer.py", *SMALL, "--ckpt", str(ckpt), "--image", str(image), "--out", str(tmp_path / "pred.png"), cwd=tmp_path)
+    run_tool_in_process("infer.py", *SMALL, "--ckpt", str(ckpt), "--image", str(image), "--out", str(tmp_path / "pred.png"), cwd=tmp_path)
     picture = read_image(str(tmp_path / "pred.png"))
     assert picture.shape[1] > 32  # the image with five lines of classes under it
 
 
 def test_sam_trains_through_the_cli(tmp_path: Path, toy_root: Path) -> None:
-    run_tool("train.py", *SMALL, "--data.root", str(toy_root), "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+    run_tool_in_process("train.py", *SMALL, "--data.root", str(toy_root), "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
              "--trainer.gradient_clip_val", "1.0", "--trainer.logger", "false",
              "--trainer.callbacks+=vision_tx.lightning.callbacks.SharpnessAwareMinimization", "--trainer.callbacks.rho", "0.1",
              "--trainer.default_root_dir", str(tmp_path), cwd=tmp_path)

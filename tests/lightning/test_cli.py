@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.lightning.tools import ROOT, run_tool_in_process
 from vision_tx.data.toy import make_toy_coco
 from vision_tx.lightning.cli import available_configs, eval_main, latest_last_checkpoint, resolve_config, run_cli, worker_message
 
-ROOT = Path(__file__).resolve().parents[2]
 # The toy DETR, shrunk: runs that stop on a bad input never get to train it.
 TINY = [
     "--config", "detr_swin_toy",
@@ -43,10 +41,8 @@ def test_unknown_config_lists_the_known_ones() -> None:
 def test_eval_tool_prints_pycocotools_numbers(shared_data: Path, tmp_path: Path, iou_type: str, expected: str) -> None:
     folder = shared_data / "coco_eval_parity"
     results = folder / f"instances_val2014_fake{iou_type}100_results.json"
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "eval.py"), "--gt", str(folder / "instances_val2014_100.json"),
-         "--results", str(results), "--iou-type", iou_type],
-        capture_output=True, text=True, timeout=300, check=True, cwd=tmp_path,
+    out = run_tool_in_process(
+        "eval.py", "--gt", str(folder / "instances_val2014_100.json"), "--results", str(results), "--iou-type", iou_type, cwd=tmp_path,
     ).stdout
     assert "Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ]" in out
     assert expected in out
@@ -60,10 +56,9 @@ def test_eval_tool_prints_pycocotools_numbers(shared_data: Path, tmp_path: Path,
 def test_eval_tool_writes_panoptic_metrics(shared_data: Path, tmp_path: Path) -> None:
     folder = shared_data / "panoptic_sample"
     files = [str(folder / "panoptic_examples.json"), str(folder / "panoptic_examples")]
-    subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "eval.py"), "--gt-panoptic", files[0], "--gt-folder", files[1],
-         "--pred-panoptic", files[0], "--pred-folder", files[1], "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300, check=True,
+    run_tool_in_process(
+        "eval.py", "--gt-panoptic", files[0], "--gt-folder", files[1], "--pred-panoptic", files[0], "--pred-folder", files[1],
+        "--out", str(tmp_path / "out"), cwd=tmp_path,
     )
     written = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert list(written) == ["panoptic"] and written["panoptic"].pop("per_category")

@@ -28,8 +28,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from tests.lightning.test_detection import ROOT, SMALL, run_tool, toy_cache, trained, validate_checkpoint  # noqa: F401 (fixtures)
+from tests.lightning.test_detection import SMALL
 from tests.lightning.test_resume import SEGMENTATION, train
+from tests.lightning.tools import ROOT, run_tool, run_tool_in_process
 from vision_tx.data.toy import make_toy_coco
 from vision_tx.data.toy_panoptic import make_toy_coco_panoptic
 from vision_tx.data.toy_segmentation import make_toy_segmentation
@@ -49,16 +50,20 @@ class SaveFirstGradients(pl.Callback):
 
 
 def train_on(args: list[str], run_dir: Path, devices: int) -> tuple[dict, dict]:
-    """Trains on ``devices`` processes (``ddp`` strategy when more than one); returns the final checkpoint
-    and the first step's gradients."""
+    """Trains on ``devices`` processes (``ddp`` strategy when more than one; one: this process); returns
+    the final checkpoint and the first step's gradients."""
     run_dir.mkdir()
     callbacks = (
         "[{class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: {monitor: null, mode: min, save_last: true, save_top_k: 0}}, "
         f"{{class_path: tests.lightning.test_ddp.SaveFirstGradients, init_args: {{path: {run_dir / 'gradients.pt'}}}}}]"
     )
     strategy = ["--trainer.devices", str(devices), "--trainer.strategy", "ddp" if devices > 1 else "auto"]
-    result = train([*args, *QUIET, *strategy, "--trainer.callbacks", callbacks], run_dir)
-    assert result.returncode == 0, result.stderr[-5000:]
+    args = [*args, *QUIET, *strategy, "--trainer.callbacks", callbacks]
+    if devices == 1:
+        run_tool_in_process("train.py", *args, "--trainer.default_root_dir", str(run_dir), cwd=run_dir)
+    else:
+        result = train(args, run_dir)
+        assert result.returncode == 0, result.stderr[-5000:]
     checkpoint = torch.load(next(run_dir.rglob("last.ckpt")), map_location="cpu", weights_only=True)
     return checkpoint, torch.load(run_dir / "gradients.pt", weights_only=True)
 
@@ -141,27 +146,25 @@ def node_environment(node_rank: int, nodes: int, port: int) -> dict[str, str]:
     }
 
 
-def test_two_nodes_validate_like_one_process(trained: Path, toy_cache: Path, tmp_path: Path) -> None:
+def test_two_nodes_validate_like_one_process(
+    detr_checkpoint: Path, detr_toy_cache: Path, detr_metrics_on_one_process: dict, tmp_path: Path
+) -> None:
     """The README's several-machine command on localhost: 2 nodes of 1 process, started as torchrun starts
     them (``--trainer.num_nodes 2``, gloo on CPU), give the metrics of 1 process."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    one.mkdir()
-    two.mkdir()
-    expected, _ = validate_checkpoint(trained, toy_cache, one, devices=1)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [
-        sys.executable, str(ROOT / "tools" / "eval.py"), *SMALL, "--data.batch_size", "1", "--ckpt", str(trained),
-        "--data.toy_cache_dir", str(toy_cache), "--trainer.num_nodes", "2", "--trainer.devices", "1",
-        "--trainer.strategy", "ddp", "--trainer.logger", "true", "--trainer.default_root_dir", str(two),
+        sys.executable, str(ROOT / "tools" / "eval.py"), *SMALL, "--data.batch_size", "1", "--ckpt", str(detr_checkpoint),
+        "--data.toy_cache_dir", str(detr_toy_cache), "--trainer.num_nodes", "2", "--trainer.devices", "1",
+        "--trainer.strategy", "ddp", "--trainer.logger", "true", "--trainer.default_root_dir", str(tmp_path),
     ]
-    nodes = [subprocess.Popen(command, cwd=two, env=node_environment(rank, 2, port), stdout=subprocess.PIPE,
+    nodes = [subprocess.Popen(command, cwd=tmp_path, env=node_environment(rank, 2, port), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs[1]  # the second node's process joined as rank 1 of 2
-    assert json.loads(next(two.rglob("metrics.json")).read_text()) == expected
+    assert json.loads(next(tmp_path.rglob("metrics.json")).read_text()) == detr_metrics_on_one_process
 
 
 def test_sam_classification_trains_the_same_on_two_processes(tmp_path: Path) -> None:

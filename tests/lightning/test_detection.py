@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Sequence
 
-import pytest
 import torch
 
+from tests.lightning.tools import run_tool, run_tool_in_process
 from vision_tx.lightning.detection import DetectionModule
 
-ROOT = Path(__file__).resolve().parents[2]
 # A small DETR at toy resolution: what the tests train for a few steps.
 SMALL = [
     "--config", "detr_swin_toy",
@@ -28,43 +25,14 @@ SMALL = [
 ]
 
 
-def run_tool(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / tool), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, f"{tool} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-    return result
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, toy_cache) -> Path:
-    """A checkpoint after a few training steps (and one validation) on the toy set."""
-    run_dir = tmp_path_factory.mktemp("detr_run")
-    run_tool(
-        "train.py", *SMALL, "--data.toy_cache_dir", str(toy_cache),
-        "--trainer.max_steps", "3", "--trainer.limit_val_batches", "2",
-        "--trainer.check_val_every_n_epoch", "1", "--trainer.val_check_interval", "3", "--trainer.num_sanity_val_steps", "0",
-        "--trainer.default_root_dir", str(run_dir), "--trainer.logger", "true",
-        cwd=run_dir,
-    )
-    metrics = json.loads(next(run_dir.rglob("metrics.json")).read_text())
-    assert set(metrics["bbox"]) == {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl", "per_category"}
-    assert list(run_dir.rglob("predictions_step*.png")) and list(run_dir.rglob("bbox_results.json"))
-    return next(run_dir.rglob("last.ckpt"))
-
-
-@pytest.fixture(scope="module")
-def toy_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("toy")
-
-
 def validate_checkpoint(
     ckpt: Path, toy_cache: Path, out: Path, devices: int, config_args: Sequence[str] = SMALL
 ) -> tuple[dict, str]:
-    """Runs ``tools/eval.py`` on ``devices`` processes in ``out``; returns the ``metrics.json`` it writes and its console output."""
+    """Runs ``tools/eval.py`` on ``devices`` processes in ``out`` (one: in this process); returns the
+    ``metrics.json`` it writes and its console output."""
     # One image per batch: as in DETR, a padded batch changes the backbone's features near the
     # padding, so batches must hold the same images for two runs to agree to the last digit.
-    result = run_tool(
+    result = (run_tool if devices > 1 else run_tool_in_process)(
         "eval.py", *config_args, "--data.batch_size", "1", "--ckpt", str(ckpt), "--data.toy_cache_dir", str(toy_cache),
         "--trainer.devices", str(devices), "--trainer.strategy", "ddp" if devices > 1 else "auto",
         "--trainer.logger", "true", "--trainer.default_root_dir", str(out), cwd=out,
@@ -72,20 +40,19 @@ def validate_checkpoint(
     return json.loads(next(out.rglob("metrics.json")).read_text()), result.stdout + result.stderr
 
 
-def test_validation_gives_the_same_metrics_on_two_processes(trained: Path, toy_cache: Path, tmp_path: Path) -> None:
-    (tmp_path / "one").mkdir()
-    (tmp_path / "two").mkdir()
-    one, _ = validate_checkpoint(trained, toy_cache, tmp_path / "one", devices=1)
-    two, _ = validate_checkpoint(trained, toy_cache, tmp_path / "two", devices=2)
-    assert one == two
+def test_validation_gives_the_same_metrics_on_two_processes(
+    detr_checkpoint: Path, detr_toy_cache: Path, detr_metrics_on_one_process: dict, tmp_path: Path
+) -> None:
+    two, _ = validate_checkpoint(detr_checkpoint, detr_toy_cache, tmp_path, devices=2)
+    assert two == detr_metrics_on_one_process
 
 
-def test_checkpoint_reloads_and_draws(trained: Path, toy_cache: Path, tmp_path: Path) -> None:
-    module = DetectionModule.load_from_checkpoint(trained, map_location="cpu")
+def test_checkpoint_reloads_and_draws(detr_checkpoint: Path, detr_toy_cache: Path, tmp_path: Path) -> None:
+    module = DetectionModule.load_from_checkpoint(detr_checkpoint, map_location="cpu")
     assert module.hparams.num_classes == 4 and module.model is not None
-    image = next((toy_cache).rglob("val2017/*.png"))
+    image = next((detr_toy_cache).rglob("val2017/*.png"))
     out = tmp_path / "pred.png"
-    result = run_tool("infer.py", *SMALL, "--data.toy_cache_dir", str(toy_cache), "--ckpt", str(trained),
+    result = run_tool_in_process("infer.py", *SMALL, "--data.toy_cache_dir", str(detr_toy_cache), "--ckpt", str(detr_checkpoint),
                       "--image", str(image), "--out", str(out), cwd=tmp_path)
     assert out.is_file() and out.stat().st_size > 0 and "wrote" in result.stdout
     with torch.no_grad():
@@ -100,9 +67,9 @@ SMALL_DINO = [
 ]
 
 
-def test_dino_trains_validates_reloads_and_draws(toy_cache: Path, tmp_path: Path) -> None:
-    run_tool(
-        "train.py", *SMALL_DINO, "--data.toy_cache_dir", str(toy_cache),
+def test_dino_trains_validates_reloads_and_draws(detr_toy_cache: Path, tmp_path: Path) -> None:
+    run_tool_in_process(
+        "train.py", *SMALL_DINO, "--data.toy_cache_dir", str(detr_toy_cache),
         "--trainer.max_steps", "2", "--trainer.limit_val_batches", "2",
         "--trainer.check_val_every_n_epoch", "1", "--trainer.val_check_interval", "2", "--trainer.num_sanity_val_steps", "0",
         "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "true",
@@ -113,9 +80,9 @@ def test_dino_trains_validates_reloads_and_draws(toy_cache: Path, tmp_path: Path
     checkpoint = next(tmp_path.rglob("last.ckpt"))
     module = DetectionModule.load_from_checkpoint(checkpoint, map_location="cpu")
     assert module.hparams.detector == "dino" and type(module.model).__name__ == "DINO"
-    image = next(toy_cache.rglob("val2017/*.png"))
+    image = next(detr_toy_cache.rglob("val2017/*.png"))
     out = tmp_path / "pred.png"
-    run_tool("infer.py", *SMALL_DINO, "--data.toy_cache_dir", str(toy_cache), "--ckpt", str(checkpoint),
+    run_tool_in_process("infer.py", *SMALL_DINO, "--data.toy_cache_dir", str(detr_toy_cache), "--ckpt", str(checkpoint),
              "--image", str(image), "--out", str(out), cwd=tmp_path)
     assert out.is_file() and out.stat().st_size > 0
     with torch.no_grad():

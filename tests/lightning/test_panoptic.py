@@ -11,7 +11,8 @@ import pytest
 import torch
 from torchvision.io import decode_png, read_file
 
-from tests.lightning.test_detection import run_tool, validate_checkpoint
+from tests.lightning.test_detection import validate_checkpoint
+from tests.lightning.tools import run_tool_in_process
 from vision_tx.backbones import save_weights
 from vision_tx.data.panoptic import CocoPanopticDataModule
 from vision_tx.data.transforms import DetrValTransform
@@ -50,7 +51,7 @@ def toy_cache(tmp_path_factory) -> Path:
 def run(tmp_path_factory, toy_cache) -> tuple[Path, str]:
     """The log folder and console output of 2 training steps and a validation of the 16 toy images."""
     run_dir = tmp_path_factory.mktemp("panoptic_run")
-    result = run_tool(
+    result = run_tool_in_process(
         "train.py", *SMALL, "--data.toy_cache_dir", str(toy_cache),
         "--data.train_transform.init_args.scales", "[64]", "--data.train_transform.init_args.max_size", "96",
         "--data.train_transform.init_args.crop_scales", "[64]", "--data.train_transform.init_args.crop_size", "[48, 64]",
@@ -110,7 +111,7 @@ def test_infer_draws_the_segments(run: tuple[Path, str], toy_cache: Path, tmp_pa
     ckpt = next(run[0].rglob("last.ckpt"))
     image = next(toy_cache.rglob("val2017/*.png"))
     out = tmp_path / "pred.png"
-    result = run_tool("infer.py", *SMALL, "--data.toy_cache_dir", str(toy_cache), "--ckpt", str(ckpt),
+    result = run_tool_in_process("infer.py", *SMALL, "--data.toy_cache_dir", str(toy_cache), "--ckpt", str(ckpt),
                       "--image", str(image), "--out", str(out), cwd=tmp_path)
     assert "wrote" in result.stdout
     assert decode_png(read_file(str(out))).shape == decode_png(read_file(str(image))).shape

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.lightning.test_detection import SMALL as DETECTION, run_tool
+from tests.lightning.test_detection import SMALL as DETECTION
 from tests.lightning.test_panoptic import SMALL as PANOPTIC
 from tests.lightning.test_resume import SEGMENTATION
+from tests.lightning.tools import run_tool_in_process
 
 # Each task: its arguments, its loss terms, its validation metrics, its per-category table.
 TASKS = {
@@ -47,7 +48,7 @@ def events(run_dir: Path) -> EventAccumulator:
 def test_run_shows_its_curves_pictures_and_tables(task: str, tmp_path: Path) -> None:
     args, losses, metrics, table = TASKS[task]
     # The config's default logger and folder: the events land in ./runs/<config>/.
-    run_tool("train.py", *args, "--data.toy_cache_dir", str(tmp_path / "toy"), *STEPS, "--trainer.logger", "true", cwd=tmp_path)
+    run_tool_in_process("train.py", *args, "--data.toy_cache_dir", str(tmp_path / "toy"), *STEPS, "--trainer.logger", "true", cwd=tmp_path)
     accumulator = events(tmp_path)
     scalars = accumulator.Tags()["scalars"]
 
@@ -74,7 +75,7 @@ def test_run_shows_its_curves_pictures_and_tables(task: str, tmp_path: Path) -> 
 def test_any_lightning_logger_replaces_tensorboard(tmp_path: Path) -> None:
     args = [*DETECTION, "--data.toy_cache_dir", str(tmp_path / "toy"), "--trainer.max_steps", "2", "--trainer.log_every_n_steps", "1",
             "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0"]
-    run_tool("train.py", *args, "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", "csv", cwd=tmp_path)
+    run_tool_in_process("train.py", *args, "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", "csv", cwd=tmp_path)
     header = next((tmp_path / "csv").rglob("metrics.csv")).read_text().splitlines()[0].split(",")
     assert {"train/loss_ce", "lr-AdamW", "train/grad_norm", "train/images_per_second"} <= set(header)
     assert not list(tmp_path.rglob("events.out.tfevents.*"))
