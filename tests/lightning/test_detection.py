@@ -55,6 +55,7 @@ def test_checkpoint_reloads_and_draws(detr_checkpoint: Path, detr_toy_cache: Pat
     result = run_tool_in_process("infer.py", *SMALL, "--data.toy_cache_dir", str(detr_toy_cache), "--ckpt", str(detr_checkpoint),
                       "--image", str(image), "--out", str(out), cwd=tmp_path)
     assert out.is_file() and out.stat().st_size > 0 and "wrote" in result.stdout
+    assert "LightningCLI's args parameter" not in result.stderr  # the tool's own arguments are no mistake
     with torch.no_grad():
         assert module(torch.zeros(1, 3, 64, 64))["pred_logits"].shape == (1, 5, 5)
 

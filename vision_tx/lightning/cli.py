@@ -118,6 +118,13 @@ class VisionTxArgumentParser(LightningArgumentParser):
 class VisionTxCLI(LightningCLI):
     """LightningCLI for any vision_tx task: the config names the LightningModule and DataModule classes."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        # The tools leave sys.argv as it is (DDP relaunches the script with it) and pass the resolved
+        # arguments in ``args``, which LightningCLI would otherwise warn about when the process has arguments.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({
             "trainer.log_every_n_steps": 10,
@@ -175,9 +182,6 @@ def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
     if "--config" not in " ".join(argv) and not any(a in ("-h", "--help") for a in argv):
         raise SystemExit(f"error: --config is required; available: {', '.join(available_configs())}")
     show_library_log()
-    # sys.argv stays as it is (DDP relaunches this script with it); the resolved arguments go in
-    # ``args``, which LightningCLI would otherwise warn about when the process has arguments too.
-    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     args = resolve_config_args(argv)
     try:
         return VisionTxCLI(
