@@ -165,6 +165,7 @@ def test_two_nodes_validate_like_one_process(
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs[1]  # the second node's process joined as rank 1 of 2
+    assert not any("sync_dist=True" in output for output in outputs)  # the metrics are global: no advice to sync them
     assert json.loads(next(tmp_path.rglob("metrics.json")).read_text()) == detr_metrics_on_one_process
 
 

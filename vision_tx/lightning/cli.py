@@ -123,6 +123,9 @@ class VisionTxCLI(LightningCLI):
         # arguments in ``args``, which LightningCLI would otherwise warn about when the process has arguments.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            # Under DDP Lightning asks for sync_dist on epoch-level values; the validation metrics are computed
+            # once over every process's predictions (gathered or summed) and are already the same on every rank.
+            warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('val/")
             super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
