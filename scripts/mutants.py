@@ -56,6 +56,8 @@ SAM = "tests/optim/test_sam.py"
 ROLLOUT = "tests/test_attention.py::test_rollout_of_a_two_layer_two_head_model_is_the_computation_by_hand"
 ATTN_WEIGHTS = "tests/test_attention.py::test_attention_weights_follow_the_masks_of_sdpa"
 DETR_ATTN = "tests/test_attention.py::test_detr_cross_attention_is_torchs_head_averaged_attention"
+SPLAT = "tests/test_attention.py::test_splat_is_the_adjoint_of_grid_sample"
+DINO_ATTN = "tests/test_attention.py::test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query"
 DINO_POSTPROCESS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detections_match_transformers_deformable_detr"
 CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotools_precision_per_category"
 
@@ -360,6 +362,16 @@ MUTANTS = [
            "last = layers[-1][:, :, 0, prefix:]", "last = layers[0][:, :, 0, prefix:]", (ROLLOUT,)),
     Mutant("detr attention map: first head only", "vision_tx/attention.py",
            'weights = records["cross"][-1].mean(1)', 'weights = records["cross"][-1][:, 0]', (DETR_ATTN,)),
+    Mutant("splat: pixel centres not at half cells", "vision_tx/attention.py",
+           "x = locations[..., 0] * width - 0.5", "x = locations[..., 0] * width", (SPLAT, DINO_ATTN)),
+    Mutant("splat: y weight from the x corner", "vision_tx/attention.py",
+           "(1 - (y - cy).abs()) * weights", "(1 - (y - cx).abs()) * weights", (SPLAT, DINO_ATTN)),
+    Mutant("splat: points outside the grid clamped onto its border", "vision_tx/attention.py",
+           "grid.scatter_add_(1, index, share * inside)", "grid.scatter_add_(1, index, share)", (SPLAT,)),
+    Mutant("dino attention map: heads summed, not averaged", "vision_tx/attention.py",
+           "maps.view(batch, queries, *shapes[0]) / heads}", "maps.view(batch, queries, *shapes[0])}", (DINO_ATTN,)),
+    Mutant("dino attention map: first decoder layer", "vision_tx/attention.py",
+           "cross = model.decoder.layers[-1].cross_attn", "cross = model.decoder.layers[0].cross_attn", (DINO_ATTN,)),
     # Per-category tables (classwise)
     Mutant("classwise: AP75 read at IoU 0.70", "vision_tx/metrics/classwise.py", '("AP75", 5, 0)', '("AP75", 4, 0)', (CLASSWISE,)),
     Mutant("classwise: -1 (no ground truth) averaged in", "vision_tx/metrics/classwise.py",

@@ -1,4 +1,5 @@
-"""Attention maps: weights recorded through F.scaled_dot_product_attention, rollout by hand, DETR cross-attention."""
+"""Attention maps: weights recorded through F.scaled_dot_product_attention, rollout by hand, DETR cross-attention,
+DINO's deformable cross-attention drawn at its sampling points."""
 
 from __future__ import annotations
 
@@ -163,3 +164,61 @@ def test_detr_cross_attention_is_torchs_head_averaged_attention() -> None:
         _, expected = reference(query, key, value, key_padding_mask=padding_mask, need_weights=True, average_attn_weights=True)
     assert padding_mask.any() and result["attention"].shape == (2, 5, 2, 3)
     torch.testing.assert_close(result["attention"].flatten(2), expected, rtol=0, atol=2e-7)  # measured 3e-8 (of ~0.3)
+
+
+def test_splat_is_the_adjoint_of_grid_sample() -> None:
+    """Drawing weighted points on a grid is the transpose of reading the grid at those points: cell (i, j)
+    of the drawing equals the weighted sum of what ``grid_sample`` (bilinear, zero padding,
+    ``align_corners=False``) reads at the points from the one-hot map of that cell."""
+    from vision_tx.attention import splat_bilinear
+
+    torch.manual_seed(0)
+    height, width = 5, 7
+    locations = torch.rand(3, 40, 2, dtype=torch.float64) * 1.4 - 0.2  # some points outside, some on the border
+    weights = torch.rand(3, 40, dtype=torch.float64)
+    one_hot = torch.eye(height * width, dtype=torch.float64).view(1, height * width, height, width)
+    read = F.grid_sample(one_hot, (2 * locations - 1)[None], mode="bilinear", padding_mode="zeros", align_corners=False)
+    expected = (read[0] * weights).sum(-1).T.reshape(3, height, width)  # [cells, 3, 40] -> [3, h, w]
+    drawn = splat_bilinear(locations, weights, (height, width))
+    assert (locations < 0).any() and (locations > 1).any()
+    torch.testing.assert_close(drawn, expected, rtol=0, atol=1e-12)
+
+
+def test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query() -> None:
+    """Each query's map is its last decoder layer's sampling weights averaged over heads: read back at
+    the sampling points of the finest level, a map reads what ``grid_sample`` reads there, weighted;
+    and the pictures show the input and the 4 best queries."""
+    from types import SimpleNamespace
+
+    from vision_tx.attention import attention_pictures, dino_cross_attention
+    from vision_tx.data.transforms import DetrValTransform
+    from vision_tx.lightning.detection import DetectionModule
+
+    from tests.parity import perturb_
+
+    torch.manual_seed(0)
+    dino = {"num_queries": 5, "hidden_dim": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 2,
+            "dim_feedforward": 64, "num_denoising": 0}
+    detector = DetectionModule(num_classes=4, detector="dino", detector_kwargs=dino,
+                               backbone_kwargs={"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 4, 8]})
+    detector.configure_model()
+    model = perturb_(detector.model).eval()
+    cross = model.decoder.layers[-1].cross_attn
+    inputs = []
+    cross.register_forward_hook(lambda _module, args, _output: inputs.append(args))
+    result = dino_cross_attention(model, torch.randn(1, 3, 64, 96))
+    query, reference, _, shapes = inputs[-1][:4]
+    with torch.no_grad():
+        locations, weights = cross.sampling(query, reference, shapes)
+    attention = result["attention"]
+    assert attention.shape == (1, 5, *shapes[0]) and len(inputs) == 1
+    probe = torch.randn(1, 1, *shapes[0])
+    # What each head reads from ``probe`` at its points, weighted, averaged over heads (all levels' points drawn on the finest grid).
+    read = F.grid_sample(probe, (2 * locations[0].flatten(1, -2) - 1)[None], align_corners=False)  # [1, 1, queries, points]
+    expected = (read.view(5, -1) * weights[0].flatten(1)).sum(-1) / cross.num_heads
+    torch.testing.assert_close((attention[0] * probe[0]).sum((-2, -1)), expected, rtol=0, atol=1e-5)
+
+    image = torch.randint(0, 256, (3, 40, 48), dtype=torch.uint8)
+    datamodule = SimpleNamespace(val_transform=DetrValTransform(size=64, max_size=96), category_names={1: "a", 2: "b", 3: "c"})
+    pictures = attention_pictures(detector.eval(), image, datamodule, score_threshold=2.0)  # none above: the 4 best
+    assert len(pictures) == 1 + 4 and all(p.shape[0] == 3 for p in pictures)

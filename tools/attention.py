@@ -1,5 +1,6 @@
 """Draw a trained model's attention on an image: for a ViT/DeiT classifier the attention rollout and the
-last layer's class-token attention per head; for DETR each detected object's decoder cross-attention.
+last layer's class-token attention per head; for DETR and DINO each detected object's last decoder layer
+cross-attention (DINO's deformable one drawn at its sampling points).
 
     python tools/attention.py --config deit_small_imagenet --ckpt runs/.../last.ckpt --image cat.jpg --out cat_attention.png
 """

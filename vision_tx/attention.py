@@ -1,6 +1,7 @@
 """Attention maps: the weights of any attention computed with ``F.scaled_dot_product_attention``,
 attention rollout (Abnar & Zuidema, 2020) and class-token maps for ViT/DeiT, and DETR's decoder
-cross-attention per detected object (the DETR paper's figure)."""
+cross-attention per detected object (the DETR paper's figure), and DINO's deformable cross-attention
+drawn at its sampling points (as the Deformable DETR paper shows it)."""
 
 from __future__ import annotations
 
@@ -146,25 +147,70 @@ def detr_cross_attention(model: nn.Module, images: Tensor, pixel_mask: Tensor | 
     return {"outputs": outputs, "attention": weights.unflatten(-1, features.mask.shape[-2:])}
 
 
+
+def splat_bilinear(locations: Tensor, weights: Tensor, size: tuple[int, int]) -> Tensor:
+    """Weighted points drawn on an ``h x w`` grid, each spread over its four nearest cells with the
+    weights bilinear sampling (``grid_sample``, ``align_corners=False``) would read them with: the adjoint
+    of that sampling. ``locations [N,K,2]`` (x, y) in [0, 1] of the grid, ``weights [N,K]`` -> ``[N,h,w]``;
+    points outside the grid leave part or all of their weight out."""
+    height, width = size
+    x = locations[..., 0] * width - 0.5
+    y = locations[..., 1] * height - 0.5
+    x0, y0 = x.floor(), y.floor()
+    grid = weights.new_zeros(len(weights), height * width)
+    for dx, dy in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        cx, cy = x0 + dx, y0 + dy
+        share = (1 - (x - cx).abs()) * (1 - (y - cy).abs()) * weights
+        inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height)
+        index = (cy.clamp(0, height - 1) * width + cx.clamp(0, width - 1)).long()
+        grid.scatter_add_(1, index, share * inside)
+    return grid.view(-1, height, width)
+
+
+@torch.no_grad()
+def dino_cross_attention(model: nn.Module, images: Tensor, pixel_mask: Tensor | None = None) -> dict[str, Any]:
+    """DINO's outputs for ``images [B,3,H,W]`` and its last decoder layer's deformable cross-attention of
+    each query: the weights of its sampling points (every head, level and point) drawn on the finest
+    level's grid by :func:`splat_bilinear` and averaged over heads, ``attention [B, queries, h, w]``."""
+    cross = model.decoder.layers[-1].cross_attn
+    recorded: list[tuple[Tensor, Tensor, list[tuple[int, int]]]] = []
+
+    def record(module: nn.Module, args: tuple, _output: Tensor) -> None:
+        query, reference, _value, shapes = args[:4]
+        recorded.append((*module.sampling(query, reference, shapes), shapes))
+
+    handle = cross.register_forward_hook(record)
+    try:
+        outputs = model(images, pixel_mask)
+    finally:
+        handle.remove()
+    locations, weights, shapes = recorded[-1]
+    batch, queries, heads = weights.shape[:3]
+    maps = splat_bilinear(locations.flatten(0, 1).flatten(1, -2), weights.flatten(0, 1).flatten(1), shapes[0])
+    return {"outputs": outputs, "attention": maps.view(batch, queries, *shapes[0]) / heads}
+
+
 def attention_pictures(module: nn.Module, image: Tensor, datamodule: Any, score_threshold: float = 0.7) -> list[Tensor]:
     """Pictures ``[3,H,W]`` uint8 of a trained task module's attention on ``image`` ``[3,H,W]`` uint8, after
     the datamodule's validation transform: for a classifier the input, the rollout and the last layer's
-    class-token attention of each head; for a DETR detector each object scored above
-    ``score_threshold`` (the 4 best when none is) with its box and its decoder cross-attention."""
+    class-token attention of each head; for a DETR or DINO detector each object scored above
+    ``score_threshold`` (the 4 best when none is) with its box and its last decoder layer's cross-attention."""
     from torchvision import tv_tensors
 
-    from vision_tx.heads.detr import postprocess_detections
+    from vision_tx.heads.detr import postprocess_detections, postprocess_sigmoid_per_query
     from vision_tx.lightning.detection import denormalize
     from vision_tx.visualize import draw_detections, overlay_heatmap
 
     device = next(module.parameters()).device
-    if hasattr(module.model, "transformer"):
+    detr, dino = hasattr(module.model, "transformer"), hasattr(module.model, "decoder")
+    if detr or dino:
         height, width = image.shape[-2:]
         target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(height, width))}
         inputs, _ = datamodule.val_transform(tv_tensors.Image(image), target)
-        result = detr_cross_attention(module.model, inputs[None].to(device))
+        result = (detr_cross_attention if detr else dino_cross_attention)(module.model, inputs[None].to(device))
         shown = denormalize(inputs)
-        detection = postprocess_detections(result["outputs"], torch.tensor([inputs.shape[-2:]], device=device))[0]
+        per_query = postprocess_detections if detr else postprocess_sigmoid_per_query
+        detection = per_query(result["outputs"], torch.tensor([inputs.shape[-2:]], device=device))[0]
         keep = (detection["scores"] >= score_threshold).nonzero()[:, 0]
         if not len(keep):
             keep = detection["scores"].topk(min(4, len(detection["scores"]))).indices

@@ -6,7 +6,10 @@ from vision_tx.heads.detr.mask_head import AttentionMaps, MaskHead
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.position_encoding import SinePositionEncoding
-from vision_tx.heads.detr.postprocess import postprocess_detections, postprocess_panoptic, postprocess_sigmoid_detections
+from vision_tx.heads.detr.postprocess import (
+    postprocess_detections, postprocess_panoptic, postprocess_sigmoid_detections,
+    postprocess_sigmoid_per_query,
+)
 from vision_tx.heads.detr.transformer import Transformer
 
 __all__ = [
@@ -21,4 +24,5 @@ __all__ = [
     "postprocess_detections",
     "postprocess_panoptic",
     "postprocess_sigmoid_detections",
+    "postprocess_sigmoid_per_query",
 ]

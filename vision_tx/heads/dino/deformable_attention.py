@@ -52,19 +52,26 @@ class MultiScaleDeformableAttention(nn.Module):
         shapes: list[tuple[int, int]],
         padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``query [B,Q,D]`` (position already added), ``reference [B,Q,L,2]`` points (x, y) or
-        ``[B,Q,L,4]`` boxes (cx, cy, w, h), normalised per level; ``value [B,S,D]`` the levels' tokens;
-        ``padding_mask [B,S]`` True on padding -> ``[B,Q,D]``.
+        """``query [B,Q,D]`` (position already added), ``reference`` as in :meth:`sampling`; ``value [B,S,D]``
+        the levels' tokens; ``padding_mask [B,S]`` True on padding -> ``[B,Q,D]``."""
+        value = self.value_proj(value)
+        if padding_mask is not None:
+            value = value.masked_fill(padding_mask[..., None], 0.0)
+        value = value.unflatten(-1, (self.num_heads, -1))
+        locations, weights = self.sampling(query, reference, shapes)
+        return self.output_proj(ms_deform_attn(value, shapes, locations, weights))
+
+    def sampling(self, query: torch.Tensor, reference: torch.Tensor, shapes: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each query reads and with what weight: ``locations [B,Q,heads,L,P,2]`` (x, y normalised
+        per level) and ``weights [B,Q,heads,L,P]`` (summing to 1 over levels and points of a head), for
+        ``query [B,Q,D]`` and ``reference [B,Q,L,2]`` points (x, y) or ``[B,Q,L,4]`` boxes (cx, cy, w, h),
+        normalised per level.
 
         Around a point, offsets are in pixels of each level; around a box, in units of half its
         size divided by ``num_points``.
         """
         batch, queries, _ = query.shape
         heads, levels, points = self.num_heads, self.num_levels, self.num_points
-        value = self.value_proj(value)
-        if padding_mask is not None:
-            value = value.masked_fill(padding_mask[..., None], 0.0)
-        value = value.unflatten(-1, (heads, -1))
         offsets = self.sampling_offsets(query).view(batch, queries, heads, levels, points, 2)
         weights = self.attention_weights(query).view(batch, queries, heads, levels * points).softmax(-1)
         weights = weights.view(batch, queries, heads, levels, points)
@@ -75,4 +82,4 @@ class MultiScaleDeformableAttention(nn.Module):
             locations = reference[:, :, None, :, None, :2] + offsets * reference[:, :, None, :, None, 2:] * (0.5 / points)
         else:
             raise ValueError(f"vision_tx/heads/dino/deformable_attention.py: reference must end in 2 or 4 coordinates, got {reference.shape[-1]}")
-        return self.output_proj(ms_deform_attn(value, shapes, locations, weights))
+        return locations, weights
