@@ -14,7 +14,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader
 from torchvision import tv_tensors
 from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from torchvision.transforms import v2
 
 from vision_tx.data.image_io import read_rgb_image
@@ -164,8 +164,12 @@ class ImageFolderDataModule(pl.LightningDataModule):
             pipeline = train_transforms(hp.image_size, **(hp.train_transform_kwargs or {}))
             self.train_set = ClassificationFolder(root, hp.train_split, pipeline)
             self.class_names = tuple(self.train_set.classes)
+        elif self.class_names is None and (Path(root) / hp.train_split).is_dir():
+            # Validating a trained model: its classes are the training split's folders, also when
+            # the validation split lacks some of them.
+            self.class_names = tuple(find_classes(str(Path(root) / hp.train_split))[0])
         self.val_set = ClassificationFolder(root, hp.val_split, self.val_transform, self.class_names)
-        if self.class_names is None:  # validating a trained model: the classes are the folders
+        if self.class_names is None:  # no training split: the classes are the validation folders
             self.class_names = tuple(self.val_set.classes)
 
     @property
