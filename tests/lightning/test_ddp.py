@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import lightning.pytorch as pl
 import torch
@@ -148,7 +149,7 @@ def node_environment(node_rank: int, nodes: int, port: int) -> dict[str, str]:
 
 
 def test_two_nodes_validate_like_one_process(
-    detr_checkpoint: Path, detr_toy_cache: Path, detr_metrics_on_one_process: dict, tmp_path: Path
+    detr_checkpoint: Path, detr_toy_cache: Path, metrics_on_one_process: Callable[[str], dict], tmp_path: Path
 ) -> None:
     """The README's several-machine command on localhost: 2 nodes of 1 process, started as torchrun starts
     them (``--trainer.num_nodes 2``, gloo on CPU), give the metrics of 1 process."""
@@ -166,7 +167,7 @@ def test_two_nodes_validate_like_one_process(
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs[1]  # the second node's process joined as rank 1 of 2
     assert not any("sync_dist=True" in output for output in outputs)  # the metrics are global: no advice to sync them
-    assert json.loads(next(tmp_path.rglob("metrics.json")).read_text()) == detr_metrics_on_one_process
+    assert json.loads(next(tmp_path.rglob("metrics.json")).read_text()) == metrics_on_one_process("detr")
 
 
 def test_sam_classification_trains_the_same_on_two_processes(tmp_path: Path) -> None:
