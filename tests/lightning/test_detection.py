@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import pytest
 import torch
 
 from tests.lightning.tools import run_tool, run_tool_in_process
@@ -88,3 +89,22 @@ def test_dino_trains_validates_reloads_and_draws(detr_toy_cache: Path, tmp_path:
     with torch.no_grad():
         detections = module.model.postprocess(module(torch.zeros(1, 3, 64, 64)), torch.tensor([[64, 64]]))
     assert detections[0]["boxes"].shape == (24, 4)  # every (query, class) pair: 6 queries x 4 classes
+
+
+def test_step_schedule_warms_up_then_drops_tenfold() -> None:
+    module = DetectionModule(lr=1.0, backbone_lr=1.0, lr_drop_steps=6, warmup_steps=4)
+    module.model = torch.nn.Linear(1, 1)
+    config = module.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert config["lr_scheduler"]["interval"] == "step"
+    rates = []
+    for _ in range(8):  # the rate each optimiser step uses, as Lightning steps the scheduler after it
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 0.1, 0.1])
+
+
+def test_warmup_needs_the_step_schedule() -> None:
+    with pytest.raises(ValueError, match="warmup_steps needs the step schedule"):
+        DetectionModule(warmup_steps=4)
