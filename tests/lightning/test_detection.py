@@ -91,20 +91,16 @@ def test_dino_trains_validates_reloads_and_draws(detr_toy_cache: Path, tmp_path:
     assert detections[0]["boxes"].shape == (24, 4)  # every (query, class) pair: 6 queries x 4 classes
 
 
-def test_step_schedule_warms_up_then_drops_tenfold() -> None:
-    module = DetectionModule(lr=1.0, backbone_lr=1.0, lr_drop_steps=6, warmup_steps=4)
+
+def test_step_schedule_drops_tenfold_once_after_lr_drop_steps() -> None:
+    module = DetectionModule(lr=1.0, backbone_lr=1.0, lr_drop_steps=3, lr_drop_epochs=1)
     module.model = torch.nn.Linear(1, 1)
     config = module.configure_optimizers()
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
     assert config["lr_scheduler"]["interval"] == "step"
     rates = []
-    for _ in range(8):  # the rate each optimiser step uses, as Lightning steps the scheduler after it
+    for _ in range(7):  # the rate each optimiser step uses, as Lightning steps the scheduler after it
         rates.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    assert rates == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 0.1, 0.1])
-
-
-def test_warmup_needs_the_step_schedule() -> None:
-    with pytest.raises(ValueError, match="warmup_steps needs the step schedule"):
-        DetectionModule(warmup_steps=4)
+    assert rates == pytest.approx([1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.1])  # one drop

@@ -33,8 +33,7 @@ class DetectionModule(pl.LightningModule):
     defaults). The model computes its loss and post-processing; this module only calls them. The
     optimiser is DETR's: AdamW, the backbone at ``backbone_lr``, the learning rate divided by 10
     after ``lr_drop_epochs``, or after ``lr_drop_steps`` optimiser steps when that is given (a
-    schedule that does not depend on the dataset's size, for runs budgeted by ``trainer.max_steps``),
-    and then raised linearly from 0 over the first ``warmup_steps``.
+    schedule that does not depend on the dataset's size, for runs budgeted by ``trainer.max_steps``).
     """
 
     backbone_prefix = "backbone."  # where the backbone's parameters sit in ``self.model``
@@ -56,15 +55,12 @@ class DetectionModule(pl.LightningModule):
         weight_decay: float = 1e-4,
         lr_drop_epochs: int = 200,
         lr_drop_steps: int | None = None,
-        warmup_steps: int = 0,
         num_visualized: int = 8,
         visualize_score_threshold: float | None = None,
     ) -> None:
         super().__init__()
         if detector not in DETECTORS:
             raise ValueError(f"DetectionModule: unknown detector {detector!r}; known: {', '.join(DETECTORS)}")
-        if warmup_steps and lr_drop_steps is None:
-            raise ValueError("DetectionModule: warmup_steps needs the step schedule (set lr_drop_steps)")
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
         # The first validation images with the predictions drawn, with the ground truth, and the
@@ -164,12 +160,10 @@ class DetectionModule(pl.LightningModule):
         groups = param_groups(self.model, hp.lr, hp.weight_decay, backbone_lr=hp.backbone_lr, backbone_prefix=self.backbone_prefix)
         optimizer = torch.optim.AdamW(groups)
         if hp.lr_drop_steps is None:
-            schedule = torch.optim.lr_scheduler.StepLR(optimizer, hp.lr_drop_epochs, gamma=0.1)
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: warmup_step_factor(step, hp.warmup_steps, hp.lr_drop_steps)
-        )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+            schedule, interval = torch.optim.lr_scheduler.StepLR(optimizer, hp.lr_drop_epochs, gamma=0.1), "epoch"
+        else:
+            schedule, interval = torch.optim.lr_scheduler.MultiStepLR(optimizer, [hp.lr_drop_steps], gamma=0.1), "step"
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": interval}}
 
     @torch.no_grad()
     def predict_image(self, image: torch.Tensor, datamodule: pl.LightningDataModule) -> tuple[dict[str, Any], torch.Tensor]:
@@ -189,13 +183,6 @@ class DetectionModule(pl.LightningModule):
             image, **{k: v.cpu() for k, v in detection.items()},
             category_names=datamodule.category_names, score_threshold=self.visualize_score_threshold,
         )
-
-
-def warmup_step_factor(step: int, warmup_steps: int, drop_step: int | None) -> float:
-    """The learning-rate multiplier before optimiser step ``step`` (from 0): ``(step + 1) / warmup_steps``
-    during the warm-up, then 1, and 0.1 from ``drop_step`` on (never when it is None)."""
-    factor = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
-    return factor * (0.1 if drop_step is not None and step >= drop_step else 1.0)
 
 
 def denormalize(image: torch.Tensor) -> torch.Tensor:
