@@ -89,3 +89,18 @@ def test_dino_checkpoint_reloads_and_draws(dino_checkpoint: Path, detr_toy_cache
     with torch.no_grad():
         detections = module.model.postprocess(module(torch.zeros(1, 3, 64, 64)), torch.tensor([[64, 64]]))
     assert detections[0]["boxes"].shape == (24, 4)  # every (query, class) pair: 6 queries x 4 classes
+
+
+
+def test_step_schedule_drops_tenfold_once_after_lr_drop_steps() -> None:
+    module = DetectionModule(lr=1.0, backbone_lr=1.0, lr_drop_steps=3, lr_drop_epochs=1)
+    module.model = torch.nn.Linear(1, 1)
+    config = module.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert config["lr_scheduler"]["interval"] == "step"
+    rates = []
+    for _ in range(7):  # the rate each optimiser step uses, as Lightning steps the scheduler after it
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx([1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.1])  # one drop

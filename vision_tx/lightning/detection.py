@@ -32,7 +32,8 @@ class DetectionModule(pl.LightningModule):
     and the detector's criterion (``SetCriterion``, ``DINOCriterion``; their signatures hold the papers'
     defaults). The model computes its loss and post-processing; this module only calls them. The
     optimiser is DETR's: AdamW, the backbone at ``backbone_lr``, the learning rate divided by 10
-    after ``lr_drop_epochs``.
+    after ``lr_drop_epochs``, or after ``lr_drop_steps`` optimiser steps when that is given (a
+    schedule that does not depend on the dataset's size, for runs budgeted by ``trainer.max_steps``).
     """
 
     backbone_prefix = "backbone."  # where the backbone's parameters sit in ``self.model``
@@ -53,6 +54,7 @@ class DetectionModule(pl.LightningModule):
         backbone_lr: float = 1e-5,
         weight_decay: float = 1e-4,
         lr_drop_epochs: int = 200,
+        lr_drop_steps: int | None = None,
         num_visualized: int = 8,
         visualize_score_threshold: float | None = None,
     ) -> None:
@@ -157,8 +159,11 @@ class DetectionModule(pl.LightningModule):
         hp = self.hparams
         groups = param_groups(self.model, hp.lr, hp.weight_decay, backbone_lr=hp.backbone_lr, backbone_prefix=self.backbone_prefix)
         optimizer = torch.optim.AdamW(groups)
-        schedule = torch.optim.lr_scheduler.StepLR(optimizer, hp.lr_drop_epochs, gamma=0.1)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
+        if hp.lr_drop_steps is None:
+            schedule, interval = torch.optim.lr_scheduler.StepLR(optimizer, hp.lr_drop_epochs, gamma=0.1), "epoch"
+        else:
+            schedule, interval = torch.optim.lr_scheduler.MultiStepLR(optimizer, [hp.lr_drop_steps], gamma=0.1), "step"
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": interval}}
 
     @torch.no_grad()
     def predict_image(self, image: torch.Tensor, datamodule: pl.LightningDataModule) -> tuple[dict[str, Any], torch.Tensor]:
