@@ -14,7 +14,6 @@ maps timm's and Microsoft's layouts onto it.
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Mapping, Sequence
 
@@ -24,6 +23,7 @@ from torch import nn
 
 from vision_tx.backbones.layers import ClassifierMixin, Mlp, PatchEmbed, Stage, StagedBackbone, add_chunked, drop_path, init_weights, register_variants
 from vision_tx.ops import Linear
+from vision_tx.ops.size_tables import cached_size_table
 
 # embed_dim, depths, num_heads and window_size from the paper (Table 1); drop_path_rate is the
 # stochastic depth of the paper's ImageNet recipe for each size.
@@ -40,7 +40,7 @@ _MASKED = -100.0
 
 # The index tables below are cached per size and device; built outside inference mode, so that a
 # model first run under ``torch.inference_mode`` can still be trained.
-@functools.lru_cache(maxsize=32)
+@cached_size_table(maxsize=32)
 @torch.inference_mode(False)
 def relative_position_index(window: tuple[int, int], table_window: int, device: torch.device) -> torch.Tensor:
     """``[N, N]`` rows of the ``(2M-1)^2`` bias table for each query/key pair of a ``window`` (``N = h*w``).
@@ -55,7 +55,7 @@ def relative_position_index(window: tuple[int, int], table_window: int, device: 
     return dy * (2 * table_window - 1) + dx
 
 
-@functools.lru_cache(maxsize=32)
+@cached_size_table(maxsize=32)
 @torch.inference_mode(False)
 def shift_mask(padded: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device) -> torch.Tensor:
     """``[nW, N, N]`` additive mask (0 or -100) of the rolled map: tokens attend only within their region.
@@ -88,7 +88,7 @@ def padded_size(size: tuple[int, int], window: tuple[int, int]) -> tuple[int, in
     return -(-size[0] // window[0]) * window[0], -(-size[1] // window[1]) * window[1]
 
 
-@functools.lru_cache(maxsize=64)
+@cached_size_table(maxsize=64)
 @torch.inference_mode(False)
 def window_gather(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,7 @@ from vision_tx.backbones import build_classifier, load_weights
 from vision_tx.checkpoint import read_checkpoint, unwrap_state_dict
 from vision_tx.lightning.detection import denormalize
 from vision_tx.lightning.common import is_fitting, merge_metrics_json, param_groups
+from vision_tx.lightning.task import TaskModule
 from vision_tx.visualize import draw_confusion, draw_top_classes, save_grid
 
 TORCHVISION_PREFIX = "torchvision:"
@@ -60,7 +61,7 @@ def load_teacher(path: str, name: str, num_classes: int, kwargs: dict[str, Any] 
     return teacher.eval().requires_grad_(False)
 
 
-class ClassificationModule(pl.LightningModule):
+class ClassificationModule(TaskModule):
     """Classification of the datamodule's classes with ``build_classifier(backbone, num_classes, **backbone_kwargs)``.
 
     ``num_classes=None`` and ``class_names=None`` are taken from the datamodule when the model is built
@@ -74,7 +75,8 @@ class ClassificationModule(pl.LightningModule):
     With ``teacher`` (a checkpoint path) and ``teacher_backbone`` (a factory name or ``torchvision:NAME``)
     the loss is DeiT's hard distillation: ``(1 - w) CE(class head, y) + w CE(distillation head,
     argmax teacher)`` with ``w = distillation_weight``; a model with one head uses it for both terms.
-    A model returning two heads without a teacher trains both on the labels.
+    A model returning two heads without a teacher trains both on the labels. ``compile`` (and any
+    other option of :class:`TaskModule`) is passed on.
     """
 
     def __init__(
@@ -100,8 +102,9 @@ class ClassificationModule(pl.LightningModule):
         distillation_weight: float = 0.5,
         confusion_classes: int = 10,
         num_visualized: int = 8,
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**kwargs)
         self.save_hyperparameters()
         if teacher is not None and teacher_backbone is None:
             raise ValueError("ClassificationModule: teacher needs teacher_backbone (a factory name or torchvision:NAME)")
@@ -123,6 +126,7 @@ class ClassificationModule(pl.LightningModule):
         self.model = build_classifier(hp.backbone, hp.num_classes, **(hp.backbone_kwargs or {}))
         if hp.pretrained and is_fitting(self):
             rank_zero_info(f"classifier weights: {self._load_pretrained(hp.pretrained)}")
+        self.compile_model()
         if hp.teacher and is_fitting(self):
             self._teacher = (load_teacher(hp.teacher, hp.teacher_backbone, hp.num_classes, hp.teacher_kwargs),)
             rank_zero_info(f"distillation teacher: {hp.teacher_backbone} from {hp.teacher}")

@@ -14,13 +14,14 @@ from vision_tx.backbones import load_weights
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vision_tx.heads.detr import HungarianMatcher, normalize_targets
 from vision_tx.lightning.common import build_task_backbone, is_fitting, param_groups
+from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.coco import CLASSWISE_COLUMNS, CocoEvaluator
 from vision_tx.models import DETECTORS
 from vision_tx.visualize import draw_detections, save_grid
 
 
-class DetectionModule(pl.LightningModule):
+class DetectionModule(TaskModule):
     """Detection of the datamodule's categories by ``detector`` (a name of ``vision_tx.models.DETECTORS``:
     ``detr``, ``dino``) on ``build_backbone(backbone, **backbone_kwargs)``.
 
@@ -34,6 +35,7 @@ class DetectionModule(pl.LightningModule):
     optimiser is DETR's: AdamW, the backbone at ``backbone_lr``, the learning rate divided by 10
     after ``lr_drop_epochs``, or after ``lr_drop_steps`` optimiser steps when that is given (a
     schedule that does not depend on the dataset's size, for runs budgeted by ``trainer.max_steps``).
+    ``compile`` (and any other option of :class:`TaskModule`) is passed on.
     """
 
     backbone_prefix = "backbone."  # where the backbone's parameters sit in ``self.model``
@@ -57,8 +59,9 @@ class DetectionModule(pl.LightningModule):
         lr_drop_steps: int | None = None,
         num_visualized: int = 8,
         visualize_score_threshold: float | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**kwargs)
         if detector not in DETECTORS:
             raise ValueError(f"DetectionModule: unknown detector {detector!r}; known: {', '.join(DETECTORS)}")
         self.save_hyperparameters()
@@ -77,6 +80,7 @@ class DetectionModule(pl.LightningModule):
         self.model = self.build_model(build_task_backbone(self, out_indices))
         if hp.weights and is_fitting(self):
             rank_zero_info(f"model weights: {load_weights(self.model, hp.weights)}")
+        self.compile_model()
 
     def build_model(self, backbone: torch.nn.Module) -> torch.nn.Module:
         """The detector around the task's backbone, with its criterion."""

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 
 from vision_tx.lightning.common import build_task_backbone, merge_metrics_json, param_groups, sync_batchnorm_where_supported
 from vision_tx.lightning.detection import denormalize
+from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.miou import MeanIoU
 from vision_tx.models.segmentor import UperNetSegmentor
@@ -28,7 +28,7 @@ def warmup_poly_factor(step: int, total_steps: int, warmup_steps: int, warmup_ra
     return factor
 
 
-class SegmentationModule(pl.LightningModule):
+class SegmentationModule(TaskModule):
     """UperNet segmentation of the datamodule's classes on ``build_backbone(backbone, **backbone_kwargs)``.
 
     ``num_classes=None`` takes the datamodule's number when the model is built (``configure_model``)
@@ -39,6 +39,7 @@ class SegmentationModule(pl.LightningModule):
     ``num_visualized`` validation images are drawn with their predicted and true classes.
     With ``sync_batchnorm`` the BatchNorm layers normalise over the global batch when training runs
     on several GPUs (SyncBatchNorm); on one device or on CPUs they stay per-process BatchNorm.
+    ``compile`` (and any other option of :class:`TaskModule`) is passed on.
     """
 
     def __init__(
@@ -65,8 +66,9 @@ class SegmentationModule(pl.LightningModule):
         test_flip: bool = False,
         num_visualized: int = 8,
         sync_batchnorm: bool = True,
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**kwargs)
         self.save_hyperparameters()
         self.model: UperNetSegmentor | None = None
         # What ``ValidationReport`` shows: see DetectionModule.
@@ -92,6 +94,7 @@ class SegmentationModule(pl.LightningModule):
         )
         if hp.sync_batchnorm:
             self.model = sync_batchnorm_where_supported(self, self.model)
+        self.compile_model()
         class_names = getattr(datamodule, "class_names", None)
         if class_names is not None and len(class_names) != hp.num_classes:
             class_names = None

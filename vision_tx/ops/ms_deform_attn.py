@@ -180,8 +180,10 @@ def _transposed_row_sum(grad_output: torch.Tensor, top_left: torch.Tensor, corne
     # [4, N*M]: each corner's weights contiguous (embedding_bag's fast path needs it).
     sorted_weights = corner_weights.flatten(0, 1).index_select(0, order).t().contiguous()
     grad_table = None
+    ones = flat.new_ones(()).expand(flat.numel())
     for corner in range(4):
-        counts = torch.bincount((top_left + corner_offsets[:, corner]).flatten(), minlength=rows)
+        # Each row's count of readers (a scatter-add rather than bincount: its output size is static, so it compiles).
+        counts = flat.new_zeros(rows).scatter_add_(0, (top_left + corner_offsets[:, corner]).flatten(), ones)
         part = F.embedding_bag(grad_rows, grad_output, counts.cumsum(0) - counts, mode="sum",
                                per_sample_weights=sorted_weights[corner])
         grad_table = part if grad_table is None else grad_table.add_(part)
@@ -190,9 +192,14 @@ def _transposed_row_sum(grad_output: torch.Tensor, top_left: torch.Tensor, corne
 
 def _row_dots(grad_output: torch.Tensor, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``[N, K]``: ``grad_output[n] . table[index[n, k]]``, the dot products only at the pairs read
-    (a sampled matrix product over a sparse pattern with ``K`` entries per row)."""
+    (a sampled matrix product over a sparse pattern with ``K`` entries per row). Compiled code, which
+    cannot trace sparse tensors, gathers the rows and takes the dot products: the compiler fuses the two
+    into one loop, with no ``[N, K, D]`` buffer."""
     count, per_row = index.shape
     dtype = torch.promote_types(table.dtype, torch.float32)  # the sparse kernel has no bf16/fp16
+    if torch.compiler.is_compiling():
+        rows = table.to(dtype).index_select(0, index.flatten()).view(count, per_row, -1)
+        return (rows * grad_output.to(dtype)[:, None]).sum(-1)
     crow = torch.arange(0, count * per_row + 1, per_row, device=index.device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"

@@ -13,11 +13,12 @@ to a few copies of the input, instead of the ``k*k`` copies a per-query gather w
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from vision_tx.ops.size_tables import cached_size_table
 
 # Queries per tile side. Larger tiles mean bigger matmuls but more masked-out work per query.
 _TILE = 8
@@ -34,7 +35,7 @@ class _AxisPlan:
     output_index: Tensor  # [length] query slot that holds each position
 
 
-@functools.lru_cache(maxsize=128)
+@cached_size_table(maxsize=128)
 def _axis_plan(length: int, kernel: int, dilation: int, device: torch.device) -> _AxisPlan:
     largest_group = -(-length // dilation)
     tile = min(_TILE, largest_group)
