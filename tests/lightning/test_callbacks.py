@@ -3,6 +3,8 @@ the command line adding both to every task."""
 
 from __future__ import annotations
 
+import multiprocessing
+
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -137,13 +139,24 @@ def _fit_on_two_processes(root: Path, max_steps: int = 6, **fit_kwargs) -> dict[
     return torch.load(root / "last.ckpt", weights_only=True)
 
 
+def _straight_first_and_resumed(root: Path) -> None:
+    """The three two-process runs of the test below. They run in a process of their own: ``ddp_fork``
+    cannot fork a process whose autograd engine has started its threads, which tracing a backward pass
+    for torch.compile (earlier tests in the same pytest process) does."""
+    _fit_on_two_processes(root / "straight")
+    _fit_on_two_processes(root / "first", max_steps=3)
+    _fit_on_two_processes(root / "resumed", ckpt_path=root / "first" / "last.ckpt")
+
+
 def test_each_process_resumes_with_its_own_random_state(tmp_path: Path) -> None:
     """Under DDP, a resumed run ends with the weights of one never interrupted, though the processes' dropout
     streams differ (restoring every process to the first one's state would change the second's masks)."""
-    straight = _fit_on_two_processes(tmp_path / "straight")
-    first = _fit_on_two_processes(tmp_path / "first", max_steps=3)
+    runs = multiprocessing.get_context("spawn").Process(target=_straight_first_and_resumed, args=(tmp_path,))
+    runs.start()
+    runs.join(timeout=600)
+    assert runs.exitcode == 0
+    straight, first, resumed = (torch.load(tmp_path / run / "last.ckpt", weights_only=True) for run in ("straight", "first", "resumed"))
     assert len(first["callbacks"]["RandomStateCheckpoint"]["per_process"]) == 2
-    resumed = _fit_on_two_processes(tmp_path / "resumed", ckpt_path=tmp_path / "first" / "last.ckpt")
     assert resumed["global_step"] == straight["global_step"] == 6
     for name, value in straight["state_dict"].items():
         torch.testing.assert_close(resumed["state_dict"][name], value, rtol=0, atol=0, msg=name)
