@@ -60,6 +60,8 @@ SPLAT = "tests/test_attention.py::test_splat_is_the_adjoint_of_grid_sample"
 DINO_ATTN = "tests/test_attention.py::test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query"
 DINO_POSTPROCESS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detections_match_transformers_deformable_detr"
 CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotools_precision_per_category"
+IMAGEFOLDER = "tests/data/test_imagefolder.py"
+STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
 
 
 @dataclass(frozen=True)
@@ -381,6 +383,13 @@ MUTANTS = [
            "values = precision[:, :, k, area, 0] if iou is None else precision[iou, :, k, area, 0]", (CLASSWISE,)),
     Mutant("classwise: the best categories listed as the worst", "vision_tx/metrics/classwise.py",
            "return sorted(scored, key=lambda row: row[key])[:count]", "return sorted(scored, key=lambda row: -row[key])[:count]", (CLASSWISE,)),
+    # Classes a validation run scores against; the step schedule of runs budgeted in steps
+    Mutant("imagefolder: validation alone takes the validation folders as the classes", "vision_tx/data/imagefolder.py",
+           "self.class_names = tuple(find_classes(str(Path(root) / hp.train_split))[0])",
+           "self.class_names = None", (IMAGEFOLDER,)),
+    Mutant("detection: step schedule drops one step late", "vision_tx/lightning/detection.py",
+           "MultiStepLR(optimizer, [hp.lr_drop_steps], gamma=0.1)", "MultiStepLR(optimizer, [hp.lr_drop_steps + 1], gamma=0.1)",
+           (STEP_SCHEDULE,)),
 ]
 
 
