@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from tests.compiling import tensors
 from tests.models.detr_helpers import padded_batch
+from tests.parity import perturb_
 from vision_tx.lightning.classification import ClassificationModule
 from vision_tx.lightning.detection import DetectionModule
 from vision_tx.lightning.panoptic import PanopticModule
@@ -79,13 +80,6 @@ def loss(module: TaskModule, outputs: Any, targets: Any) -> torch.Tensor:
     return module.model.loss(outputs, targets)["loss"]
 
 
-def moved_weights_(model: torch.nn.Module) -> None:
-    """Every parameter moved off its initialisation (zero-initialised box heads and biases included)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-
-
 @pytest.mark.parametrize("task", TASKS)
 def test_compiled_model_gives_the_eager_loss_gradients_and_validation_outputs(task: str) -> None:
     module, batch = TASKS[task]()
@@ -93,7 +87,7 @@ def test_compiled_model_gives_the_eager_loss_gradients_and_validation_outputs(ta
     model = module.model
     assert model._compiled_call_impl is not None  # compiled in place: calling the model runs the compiled forward
     model.double()
-    moved_weights_(model)
+    perturb_(model)  # every parameter off its initialisation (zero-initialised box heads and biases included)
     batch = {key: double(value) for key, value in batch.items()}
 
     def training_step(compiled: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
