@@ -3,13 +3,15 @@
 A learning check: a detector that learned "find the shapes" rather than the toy set's look should
 also learn this set, trained with the same command and ``--data.root OUT``. Shapes of several kinds
 with non-contiguous category ids, each object in a colour drawn at random (the colour does not give
-the class away), over colour gradients with noise and faint stripes; images of varying, non-square
-size; objects from ``--min-object`` of the image's shorter side up, allowed to overlap a little;
+the class away), over colour gradients with noise and faint stripes (``--background plain``: one
+colour with noise); images of varying, non-square size; objects from ``--min-object`` of the
+image's shorter side up, allowed to overlap a little;
 crowd regions (a cluster of small shapes of one kind, ``iscrowd=1`` with an RLE mask, as COCO);
 empty images; JPEG. Boxes are tight around each object's visible pixels.
 
     python scripts/make_shapes_dataset.py /tmp/shapes_a --seed 1
     python scripts/make_shapes_dataset.py /tmp/shapes_b --seed 2 --kinds 5 --min-side 256 --max-side 400
+    python scripts/make_shapes_dataset.py /tmp/shapes_c --seed 3 --kinds 4 --background plain
     python tools/train.py --config dino_swin_toy --data.root /tmp/shapes_a
 """
 
@@ -83,6 +85,14 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
     return image + rng.normal(0, rng.uniform(3, 18), size=image.shape)
 
 
+def _plain_background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """One random colour with pixel noise: ``[H, W, 3]`` float."""
+    return rng.uniform(0, 255, size=3) + rng.normal(0, rng.uniform(3, 18), size=(height, width, 3))
+
+
+BACKGROUNDS = {"textured": _background, "plain": _plain_background}
+
+
 def _colour(rng: np.random.Generator) -> np.ndarray:
     """A random saturated or dark/light colour: any hue, so that colour tells nothing of the kind."""
     return rng.uniform(0, 255, size=3) if rng.random() < 0.3 else np.array(
@@ -127,7 +137,7 @@ def _paint(image: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> Non
 def draw_image(rng: np.random.Generator, args: argparse.Namespace) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """One image ``[H, W, 3]`` uint8 and its objects (``category_id``, visible ``mask`` ``[H, W]``, ``iscrowd``)."""
     height, width = (int(v) for v in rng.integers(args.min_side, args.max_side + 1, size=2))
-    image = _background(rng, height, width)
+    image = BACKGROUNDS[args.background](rng, height, width)
     if rng.random() < args.empty:
         return np.clip(image, 0, 255).astype(np.uint8), []
     objects: list[dict[str, Any]] = []
@@ -212,6 +222,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-object", type=float, default=1 / 7, help="smallest object side, fraction of the shorter image side")
     p.add_argument("--max-object", type=float, default=0.5, help="largest object side, fraction of the shorter image side")
     p.add_argument("--empty", type=float, default=0.12, help="fraction of images without objects")
+    p.add_argument("--background", choices=sorted(BACKGROUNDS), default="textured",
+                   help="textured: a gradient with stripes and noise; plain: one colour with noise")
     p.add_argument("--crowd", type=float, default=0.15, help="fraction of images with a crowd region")
     return p
 

@@ -55,3 +55,20 @@ def test_vision_tx_reads_it_without_the_crowds(shapes_root: Path) -> None:
             solid = [a for a in coco.imgToAnns[target["image_id"]] if not a["iscrowd"]]
             assert image.shape[-2:] == tuple(target["orig_size"].tolist())
             assert sorted(target["labels"].tolist()) == sorted(a["category_id"] for a in solid)
+
+
+@pytest.mark.parametrize("background", ["plain", "textured"])
+def test_plain_backgrounds_are_one_colour_and_textured_ones_are_not(tmp_path: Path, background: str) -> None:
+    script = runpy.run_path(str(SCRIPT))
+    args = script["parser"]().parse_args([
+        str(tmp_path / "set"), "--num-train", "6", "--num-val", "0", "--min-side", "64", "--max-side", "64",
+        "--empty", "1.0", "--background", background,
+    ])
+    root = script["make_dataset"](args)
+    spreads = []
+    for path in sorted((root / "train2017").glob("*.jpg")):
+        pixels = np.asarray(Image.open(path), dtype=np.float64)
+        blocks = pixels.reshape(4, 16, 4, 16, 3).mean((1, 3))  # the mean colour of each 16x16 block
+        spreads.append(np.ptp(blocks.reshape(16, 3), 0).max())
+    # Pixel noise averages out over a block; a gradient or stripes do not.
+    assert (max(spreads) < 8) if background == "plain" else (min(spreads) > 8)
