@@ -1,0 +1,26 @@
+"""``vision_tx.ops.feed_forward``: the hand-written backward against autograd through F.linear and F.relu."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vision_tx.ops.feed_forward import residual_feed_forward
+
+
+def test_output_and_gradients_equal_autograd_through_the_plain_layers() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 6, dtype=torch.float64, generator=generator)
+    weight1, bias1 = torch.randn(9, 6, dtype=torch.float64, generator=generator), torch.randn(9, dtype=torch.float64, generator=generator)
+    weight2, bias2 = torch.randn(6, 9, dtype=torch.float64, generator=generator), torch.randn(6, dtype=torch.float64, generator=generator)
+    bias1[0] = -(x[0, 0] @ weight1[0])  # a pre-activation exactly 0: ReLU's gradient there is 0
+    grad = torch.randn(2, 5, 6, dtype=torch.float64, generator=generator)
+    results = []
+    for function in (residual_feed_forward, lambda x, w1, b1, w2, b2: x + F.linear(F.relu(F.linear(x, w1, b1)), w2, b2)):
+        inputs = [t.clone().requires_grad_() for t in (x, weight1, bias1, weight2, bias2)]
+        output = function(*inputs)
+        output.backward(grad)
+        results.append([output.detach(), *(t.grad for t in inputs)])
+    assert (F.linear(x, weight1, bias1)[0, 0, 0] == 0).item()
+    for ours, expected in zip(*results):
+        torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
