@@ -24,3 +24,15 @@ def test_output_and_gradients_equal_autograd_through_the_plain_layers() -> None:
     assert (F.linear(x, weight1, bias1)[0, 0, 0] == 0).item()
     for ours, expected in zip(*results):
         torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_runs_under_cpu_bf16_autocast_as_the_plain_layers_do() -> None:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 6, generator=generator, requires_grad=True)
+    weight1, bias1, weight2, bias2 = (torch.randn(*shape, generator=generator) for shape in ((9, 6), (9,), (6, 9), (6,)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = residual_feed_forward(x, weight1, bias1, weight2, bias2)
+        expected = x + F.linear(F.relu(F.linear(x, weight1, bias1)), weight2, bias2)
+    torch.testing.assert_close(output, expected, rtol=0, atol=0)
+    output.sum().backward()
+    assert x.grad is not None

@@ -11,12 +11,16 @@ second product: the same arithmetic, with fewer passes over memory and no extra 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def residual_feed_forward(x: torch.Tensor, weight1: torch.Tensor, bias1: torch.Tensor, weight2: torch.Tensor,
                           bias2: torch.Tensor) -> torch.Tensor:
     """``x [..., D]``, ``weight1 [H, D]``, ``bias1 [H]``, ``weight2 [D, H]``, ``bias2 [D]`` ->
-    ``x + relu(x @ weight1.T + bias1) @ weight2.T + bias2``, ``[..., D]``."""
+    ``x + relu(x @ weight1.T + bias1) @ weight2.T + bias2``, ``[..., D]``. Under autocast, which picks each
+    product's dtype, the plain layers run."""
+    if torch.is_autocast_enabled(x.device.type):
+        return x + F.linear(F.relu(F.linear(x, weight1, bias1)), weight2, bias2)
     return _ResidualFeedForward.apply(x, weight1, bias1, weight2, bias2)
 
 
