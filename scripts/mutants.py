@@ -36,6 +36,7 @@ UPERNET = "tests/heads/test_upernet.py"
 PQ = "tests/metrics/test_panoptic_rules.py"
 COCO = "tests/metrics/test_coco_rules.py"
 MSDA = "tests/ops/test_ms_deform_attn.py"
+FFN = "tests/ops/test_feed_forward.py"
 DINO_TX = "tests/models/test_dino.py::test_outputs_and_loss_match_transformers"
 DINO_TX_GRAD = "tests/models/test_dino.py::test_gradients_match_transformers"
 DINO_LFT = "tests/models/test_dino.py::test_look_forward_twice_trains_the_previous_layer_and_no_earlier_one"
@@ -166,6 +167,13 @@ MUTANTS = [
            "grad_frac = torch.stack([grad_fx, weight * (bottom - top)], -1)", "grad_frac = torch.stack([grad_fx, weight * (top - bottom)], -1)", (MSDA,)),
     Mutant("ms_deform_attn backward: value gradient with the wrong corner's weights", "vision_tx/ops/ms_deform_attn.py",
            "per_sample_weights=sorted_weights[corner])", "per_sample_weights=sorted_weights[3 - corner])", (MSDA,)),
+    # The fused residual feed-forward block (against autograd through the plain layers)
+    Mutant("feed forward: ReLU gradient passes where the output is zero", "vision_tx/ops/feed_forward.py",
+           "grad_hidden, hidden, 0.0, grad_input=grad_hidden)", "grad_hidden, hidden, -1.0, grad_input=grad_hidden)", (FFN, DINO_TX_GRAD)),
+    Mutant("feed forward: oneDNN's first product without ReLU", "vision_tx/ops/feed_forward.py",
+           'hidden = _ONEDNN_LINEAR(rows, weight1, bias1, "relu", [], "")', 'hidden = _ONEDNN_LINEAR(rows, weight1, bias1, "none", [], "")', (FFN,)),
+    Mutant("feed forward: second bias dropped", "vision_tx/ops/feed_forward.py",
+           "output = (rows + bias2).addmm_(hidden, weight2.t())", "output = rows.clone().addmm_(hidden, weight2.t())", (FFN, DINO_TX)),
     # Deformable attention module, encoder, decoder (DINO two-stage against transformers' DeformableDetr)
     Mutant("deformable attention: sigmoid for softmax", "vision_tx/heads/dino/deformable_attention.py",
            "weights = self.attention_weights(query).view(batch, queries, heads, levels * points).softmax(-1)",

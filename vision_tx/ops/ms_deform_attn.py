@@ -177,8 +177,9 @@ def _transposed_row_sum(grad_output: torch.Tensor, top_left: torch.Tensor, corne
     # A stable sort fixes the summation order (deterministic results); int32 keys sort faster.
     order = torch.sort(flat.int() if rows < 2**31 else flat, stable=True).indices
     grad_rows = order // top_left.shape[1]
-    # [4, N*M]: each corner's weights contiguous (embedding_bag's fast path needs it).
-    sorted_weights = corner_weights.flatten(0, 1).index_select(0, order).t().contiguous()
+    # [4, N*M]: each corner's weights contiguous (embedding_bag's fast path needs it), gathered straight
+    # from the transposed view (no transposed copy).
+    sorted_weights = corner_weights.view(-1, 4).t().index_select(1, order)
     grad_table = None
     ones = flat.new_ones(()).expand(flat.numel())
     for corner in range(4):

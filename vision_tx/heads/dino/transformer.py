@@ -12,6 +12,7 @@ from torch import nn
 from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.position_encoding import sine_embedding
 from vision_tx.heads.dino.deformable_attention import MultiScaleDeformableAttention
+from vision_tx.ops.feed_forward import residual_feed_forward
 
 
 def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -36,7 +37,9 @@ class FeedForward(nn.Module):
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x + self.dropout(self.linear2(self.dropout(F.relu(self.linear1(x))))))
+        if self.training and self.dropout.p > 0:
+            return self.norm(x + self.dropout(self.linear2(self.dropout(F.relu(self.linear1(x))))))
+        return self.norm(residual_feed_forward(x, self.linear1.weight, self.linear1.bias, self.linear2.weight, self.linear2.bias))
 
 
 class DeformableEncoderLayer(nn.Module):

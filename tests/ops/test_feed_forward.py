@@ -1,0 +1,46 @@
+"""``vision_tx.ops.feed_forward``: the hand-written backward against autograd through F.linear and F.relu."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vision_tx.ops.feed_forward import residual_feed_forward
+
+
+def plain_layers(x, weight1, bias1, weight2, bias2):
+    return x + F.linear(F.relu(F.linear(x, weight1, bias1)), weight2, bias2)
+
+
+# float64 runs the portable path, float32 on the CPU oneDNN's fused kernel (a different summation order).
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_output_and_gradients_equal_autograd_through_the_plain_layers(dtype: torch.dtype, tolerance: float) -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 6, dtype=dtype, generator=generator)
+    weight1, bias1 = torch.randn(9, 6, dtype=dtype, generator=generator), torch.randn(9, dtype=dtype, generator=generator)
+    weight2, bias2 = torch.randn(6, 9, dtype=dtype, generator=generator), torch.randn(6, dtype=dtype, generator=generator)
+    if dtype == torch.float64:
+        bias1[0] = -(x[0, 0] @ weight1[0])  # a pre-activation exactly 0: ReLU's gradient there is 0
+        assert (F.linear(x, weight1, bias1)[0, 0, 0] == 0).item()
+    grad = torch.randn(2, 5, 6, dtype=dtype, generator=generator)
+    results = []
+    for function in (residual_feed_forward, plain_layers):
+        inputs = [t.clone().requires_grad_() for t in (x, weight1, bias1, weight2, bias2)]
+        output = function(*inputs)
+        output.backward(grad)
+        results.append([output.detach(), *(t.grad for t in inputs)])
+    for ours, expected in zip(*results):
+        torch.testing.assert_close(ours, expected, rtol=tolerance, atol=tolerance)
+
+
+def test_runs_under_cpu_bf16_autocast_as_the_plain_layers_do() -> None:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 6, generator=generator, requires_grad=True)
+    weight1, bias1, weight2, bias2 = (torch.randn(*shape, generator=generator) for shape in ((9, 6), (9,), (6, 9), (6,)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = residual_feed_forward(x, weight1, bias1, weight2, bias2)
+        expected = plain_layers(x, weight1, bias1, weight2, bias2)
+    torch.testing.assert_close(output, expected, rtol=0, atol=0)
+    output.sum().backward()
+    assert x.grad is not None
