@@ -147,7 +147,6 @@ def detr_cross_attention(model: nn.Module, images: Tensor, pixel_mask: Tensor | 
     return {"outputs": outputs, "attention": weights.unflatten(-1, features.mask.shape[-2:])}
 
 
-
 def splat_bilinear(locations: Tensor, weights: Tensor, size: tuple[int, int]) -> Tensor:
     """Weighted points drawn on an ``h x w`` grid, each spread over its four nearest cells with the
     weights bilinear sampling (``grid_sample``, ``align_corners=False``) would read them with: the adjoint

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from vision_tx.ops.linear import _ONEDNN_DTYPES, _ONEDNN_LINEAR
+from vision_tx.ops.linear import _ONEDNN_DTYPES, _ONEDNN_LINEAR, onednn_linear_may_run
 
 
 def residual_feed_forward(x: torch.Tensor, weight1: torch.Tensor, bias1: torch.Tensor, weight2: torch.Tensor,
@@ -30,15 +29,8 @@ def residual_feed_forward(x: torch.Tensor, weight1: torch.Tensor, bias1: torch.T
 
 
 def _onednn_applies(rows: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether oneDNN's fused linear kernel computes the first product (as in :mod:`vision_tx.ops.linear`)."""
-    return (
-        _ONEDNN_LINEAR is not None
-        and rows.device.type == "cpu"
-        and rows.dtype == weight.dtype
-        and rows.dtype in _ONEDNN_DTYPES
-        and not torch.compiler.is_compiling()
-        and not is_in_torch_dispatch_mode()  # FLOP counters and other modes see the aten ops
-    )
+    """Whether oneDNN's fused linear kernel computes the first product."""
+    return onednn_linear_may_run(rows) and rows.dtype == weight.dtype and rows.dtype in _ONEDNN_DTYPES
 
 
 class _ResidualFeedForward(torch.autograd.Function):

@@ -61,14 +61,23 @@ def set_weight_packing(enabled: bool) -> None:
         _PACKED.clear()
 
 
+def onednn_linear_may_run(x: torch.Tensor) -> bool:
+    """Whether oneDNN's fused linear kernel may compute on ``x``: a plain CPU tensor, outside code being
+    compiled and outside dispatch modes (FLOP counters and other modes must see the aten ops)."""
+    return (
+        _ONEDNN_LINEAR is not None
+        and type(x) is torch.Tensor  # not an FX proxy or a tensor subclass
+        and x.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not is_in_torch_dispatch_mode()
+    )
+
+
 def _onednn_dtype(x: torch.Tensor, layer: nn.Linear) -> torch.dtype | None:
     """The dtype the oneDNN kernel would compute ``layer(x)`` in, or None where ``F.linear`` must run."""
     if not (
-        _ONEDNN_LINEAR is not None
-        and type(x) is torch.Tensor  # not an FX proxy or a tensor subclass
-        and x.device.type == layer.weight.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and not is_in_torch_dispatch_mode()  # FLOP counters and other modes see the aten ops
+        onednn_linear_may_run(x)
+        and layer.weight.device.type == "cpu"
         and not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters())))
     ):
         return None

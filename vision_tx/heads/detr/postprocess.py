@@ -57,7 +57,6 @@ def postprocess_sigmoid_detections(outputs: dict, orig_sizes: torch.Tensor, num_
     return _detections(scores, index % num_classes, picked, orig_sizes)
 
 
-
 def postprocess_sigmoid_per_query(outputs: dict, orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
     """One detection per query for sigmoid classifiers (DINO): its most probable category id and that
     probability, in the layout of :func:`postprocess_detections` (``[Q]`` entries in query order)."""
@@ -65,6 +64,7 @@ def postprocess_sigmoid_per_query(outputs: dict, orig_sizes: torch.Tensor) -> li
     _check_sizes(orig_sizes, len(logits))
     scores, labels = logits.sigmoid().max(-1)
     return _detections(scores, labels, outputs["pred_boxes"], orig_sizes)
+
 
 @torch.no_grad()
 def postprocess_panoptic(
