@@ -63,6 +63,7 @@ DINO_POSTPROCESS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detection
 CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotools_precision_per_category"
 IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
+SHAPES = "tests/scripts/test_make_shapes_dataset.py::test_plain_backgrounds_are_one_colour_and_textured_ones_are_not"
 
 
 @dataclass(frozen=True)
@@ -398,6 +399,12 @@ MUTANTS = [
     Mutant("detection: step schedule drops one step late", "vision_tx/lightning/detection.py",
            "MultiStepLR(optimizer, [hp.lr_drop_steps], gamma=0.1)", "MultiStepLR(optimizer, [hp.lr_drop_steps + 1], gamma=0.1)",
            (STEP_SCHEDULE,)),
+    Mutant("held-out shapes: --background plain draws the textured background", "scripts/make_shapes_dataset.py",
+           'BACKGROUNDS = {"textured": _background, "plain": _plain_background}',
+           'BACKGROUNDS = {"textured": _background, "plain": _background}', (SHAPES,)),
+    Mutant("held-out shapes: the plain background shaded across the image", "scripts/make_shapes_dataset.py",
+           "return rng.uniform(0, 255, size=3) + rng.normal(",
+           "return rng.uniform(0, 255, size=3) * np.linspace(0.5, 1, width)[None, :, None] + rng.normal(", (SHAPES,)),
 ]
 
 
