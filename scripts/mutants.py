@@ -37,6 +37,7 @@ PQ = "tests/metrics/test_panoptic_rules.py"
 COCO = "tests/metrics/test_coco_rules.py"
 MSDA = "tests/ops/test_ms_deform_attn.py"
 FFN = "tests/ops/test_feed_forward.py"
+DINO_FFN = "tests/ops/test_feed_forward.py::test_dino_block_is_the_post_norm_ffn_with_and_without_dropout"
 DINO_TX = "tests/models/test_dino.py::test_outputs_and_loss_match_transformers"
 DINO_TX_GRAD = "tests/models/test_dino.py::test_gradients_match_transformers"
 DINO_LFT = "tests/models/test_dino.py::test_look_forward_twice_trains_the_previous_layer_and_no_earlier_one"
@@ -201,8 +202,9 @@ MUTANTS = [
            "x = x + self.dropout(self.self_attn(x + position, reference, x, shapes, padding_mask))", (DINO_TX,)),
     Mutant("deformable encoder: position not added to the query", "vision_tx/heads/dino/transformer.py",
            "self.self_attn(x + position, reference, x, shapes, padding_mask)", "self.self_attn(x, reference, x, shapes, padding_mask)", (DINO_TX,)),
-    Mutant("deformable transformer: FFN ReLU removed", "vision_tx/heads/dino/transformer.py",
-           "self.linear2(self.dropout(F.relu(self.linear1(x))))", "self.linear2(self.dropout(self.linear1(x)))", (DINO_TX,)),
+    # With dropout in training the block runs the plain layers; without, the fused function.
+    Mutant("deformable transformer: FFN ReLU removed (with dropout)", "vision_tx/heads/dino/transformer.py",
+           "self.linear2(self.dropout(F.relu(self.linear1(x))))", "self.linear2(self.dropout(self.linear1(x)))", (DINO_TX, DINO_FFN)),
     Mutant("deformable encoder: reference points on pixel corners", "vision_tx/heads/dino/transformer.py",
            "torch.arange(height, dtype=valid_ratios.dtype, device=valid_ratios.device) + 0.5,",
            "torch.arange(height, dtype=valid_ratios.dtype, device=valid_ratios.device) + 0.0,", (DINO_TX,)),

@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.parity import perturb_
+from vision_tx.heads.dino.transformer import FeedForward
 from vision_tx.ops.feed_forward import residual_feed_forward
 
 
@@ -44,3 +46,18 @@ def test_runs_under_cpu_bf16_autocast_as_the_plain_layers_do() -> None:
     torch.testing.assert_close(output, expected, rtol=0, atol=0)
     output.sum().backward()
     assert x.grad is not None
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_dino_block_is_the_post_norm_ffn_with_and_without_dropout(training: bool) -> None:
+    """DINO's ``FeedForward`` in training with dropout (the plain layers) and without (the fused function):
+    LayerNorm(x + dropout(W2 dropout(relu(W1 x + b1)) + b2)), the same dropout draws on both sides."""
+    block = perturb_(FeedForward(6, 9, dropout=0.3)).train(training)
+    x = torch.randn(2, 5, 6, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    output = block(x)
+    torch.manual_seed(0)
+    hidden = F.dropout(F.relu(x @ block.linear1.weight.T + block.linear1.bias), 0.3, training)
+    branch = F.dropout(hidden @ block.linear2.weight.T + block.linear2.bias, 0.3, training)
+    expected = F.layer_norm(x + branch, (6,), block.norm.weight, block.norm.bias)
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
