@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import NoReturn, Sequence
 
+import torch.distributed
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
@@ -203,6 +204,16 @@ def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
         if user_error is None:
             raise
         raise SystemExit(f"error: {worker_message(user_error)}") from err
+    finally:
+        end_process_group()
+
+
+def end_process_group() -> None:
+    """Destroys the process group Lightning's DDP left behind: one still alive when the interpreter
+    shuts down can abort the process (``terminate called without an active exception``) from gloo's
+    worker threads after the run itself succeeded."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def input_error(err: BaseException | None) -> BaseException | None:
