@@ -61,6 +61,7 @@ DETR_ATTN = "tests/test_attention.py::test_detr_cross_attention_is_torchs_head_a
 SPLAT = "tests/test_attention.py::test_splat_is_the_adjoint_of_grid_sample"
 DINO_ATTN = "tests/test_attention.py::test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query"
 DINO_POSTPROCESS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detections_match_transformers_deformable_detr"
+DINO_NMS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detections_nms_drops_same_class_duplicates_above_the_threshold_only"
 CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotools_precision_per_category"
 IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
@@ -249,6 +250,10 @@ MUTANTS = [
            "scores, index = logits.sigmoid().flatten(1)", "scores, index = logits.softmax(-1).flatten(1)", (DINO_POSTPROCESS,)),
     Mutant("dino postprocess: query of a (query, class) pair by modulo", "vision_tx/heads/detr/postprocess.py",
            'queries = torch.div(index, num_classes, rounding_mode="floor")', "queries = index % logits.shape[1]", (DINO_POSTPROCESS,)),
+    Mutant("dino postprocess: NMS across classes", "vision_tx/heads/detr/postprocess.py",
+           'found["scores"].float(), found["labels"], nms_threshold)', 'found["scores"].float(), torch.zeros_like(found["labels"]), nms_threshold)', (DINO_NMS,)),
+    Mutant("dino postprocess: NMS keeps the lower-scored box", "vision_tx/heads/detr/postprocess.py",
+           'batched_nms(found["boxes"].float(), found["scores"].float()', 'batched_nms(found["boxes"].float(), -found["scores"].float()', (DINO_NMS,)),
     Mutant("dino: proposal norm skipped", "vision_tx/models/dino.py",
            "features = self.enc_output_norm(self.enc_output(features))", "features = self.enc_output(features)", (DINO_TX,)),
     Mutant("dino: anchor size doubled", "vision_tx/models/dino.py",

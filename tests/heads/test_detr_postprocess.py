@@ -118,3 +118,26 @@ def test_sigmoid_detections_match_transformers_deformable_detr() -> None:
         torch.testing.assert_close(mine["scores"], theirs["scores"])
         assert mine["labels"].tolist() == theirs["labels"].tolist()
         torch.testing.assert_close(mine["boxes"], theirs["boxes"])
+
+
+def test_sigmoid_detections_nms_drops_same_class_duplicates_above_the_threshold_only() -> None:
+    # Three boxes 10 pixels wide of class 1 starting at x = 10, 11, 12 (IoU 9/11 = 0.818 between
+    # neighbours, 8/12 = 0.667 between the outer two), and the first box again in class 2.
+    logits = torch.full((1, 4, 3), -20.0)
+    logits[0, :3, 1] = torch.tensor([4.0, 3.0, 2.0])
+    logits[0, 3, 2] = 1.0
+    boxes = torch.tensor([[[0.15, 0.5, 0.1, 0.1], [0.16, 0.5, 0.1, 0.1], [0.17, 0.5, 0.1, 0.1], [0.15, 0.5, 0.1, 0.1]]])
+    outputs, sizes = {"pred_logits": logits, "pred_boxes": boxes}, torch.tensor([[100, 100]])
+
+    def kept(threshold: float | None, count: int = 4) -> list[tuple[int, float]]:
+        found = postprocess_sigmoid_detections(outputs, sizes, num_detections=count, nms_threshold=threshold)[0]
+        assert found["scores"].tolist() == sorted(found["scores"].tolist(), reverse=True)
+        confident = found["scores"] > 0.01  # the (query, class) pairs of logit -20 are candidates too
+        return [(int(label), round(float(box[0]), 3)) for label, box in zip(found["labels"][confident], found["boxes"][confident])]
+
+    everything = [(1, 10.0), (1, 11.0), (1, 12.0), (2, 10.0)]
+    assert kept(None) == everything
+    assert kept(0.83) == everything  # no pair above 0.83
+    assert kept(0.8) == [(1, 10.0), (1, 12.0), (2, 10.0)]  # 0.818 > 0.8: the box at 11 goes, 12 stays (0.667)
+    assert kept(0.6) == [(1, 10.0), (2, 10.0)]  # 0.667 > 0.6 as well; the other class stays
+    assert kept(0.6, count=1) == [(1, 10.0)]

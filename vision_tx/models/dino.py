@@ -43,7 +43,9 @@ class DINO(nn.Module):
     targets; ``look_forward_twice`` lets each layer's box loss reach the previous layer's box head.
     Defaults: DINO's 4-scale setting, with its sine position encoding (``position_temperature`` 20,
     ``position_offset`` 0), the decoder's final LayerNorm (``decoder_norm``) and ``inverse_sigmoid_eps``
-    1e-3; Deformable DETR's are 10000, -0.5, no norm and 1e-5.
+    1e-3; Deformable DETR's are 10000, -0.5, no norm and 1e-5. ``nms_threshold`` (off by default,
+    as in the paper) adds per-class non-maximum suppression to :meth:`postprocess`, for short trainings
+    whose queries still duplicate each other.
     """
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
@@ -74,6 +76,7 @@ class DINO(nn.Module):
         inverse_sigmoid_eps: float = 1e-3,
         criterion: nn.Module | None = None,
         num_detections: int = 100,
+        nms_threshold: float | None = None,
     ) -> None:
         super().__init__()
         if query_selection not in QUERY_SELECTIONS:
@@ -86,6 +89,7 @@ class DINO(nn.Module):
         self.query_selection = query_selection
         self.look_forward_twice = look_forward_twice
         self.num_detections = num_detections
+        self.nms_threshold = nms_threshold
         self.neck = MultiScaleProjection(
             backbone.out_channels, hidden_dim, num_levels, temperature=position_temperature, offset=position_offset
         )
@@ -179,7 +183,7 @@ class DINO(nn.Module):
 
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
-        return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections)
+        return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads IDEA-Research/DINO checkpoints (see :func:`convert_official_dino`); native keys pass."""

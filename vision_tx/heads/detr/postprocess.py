@@ -6,7 +6,10 @@ from typing import Mapping
 
 import torch
 import torch.nn.functional as F
-from torchvision.ops import box_convert
+from torchvision.ops import batched_nms, box_convert
+
+
+NMS_CANDIDATES = 300
 
 
 @torch.no_grad()
@@ -41,20 +44,34 @@ def _detections(scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor,
 
 
 @torch.no_grad()
-def postprocess_sigmoid_detections(outputs: dict, orig_sizes: torch.Tensor, num_detections: int = 100) -> list[dict[str, torch.Tensor]]:
+def postprocess_sigmoid_detections(
+    outputs: dict, orig_sizes: torch.Tensor, num_detections: int = 100, nms_threshold: float | None = None
+) -> list[dict[str, torch.Tensor]]:
     """The ``num_detections`` best (query, class) pairs of each image, for sigmoid classifiers (Deformable
     DETR, DINO): ``pred_logits [B,Q,C]`` hold one independent logit per category id, no no-object class.
 
     A query may give several detections with different classes, as in Deformable DETR's evaluation.
-    ``pred_boxes`` and ``orig_sizes`` as in :func:`postprocess_detections`; returns the same keys.
+    With ``nms_threshold``, the best ``NMS_CANDIDATES`` pairs go through per-class non-maximum
+    suppression at that IoU first (as the official DINO's optional post-processing selects 300 and
+    suppresses): a detector trained briefly still gives duplicates that one-to-one matching has not
+    yet learnt to silence. ``pred_boxes`` and ``orig_sizes`` as in :func:`postprocess_detections`;
+    returns the same keys, best score first.
     """
     logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
     _check_sizes(orig_sizes, len(logits))
     num_classes = logits.shape[-1]
-    scores, index = logits.sigmoid().flatten(1).topk(min(num_detections, logits.shape[1] * num_classes), dim=1)
+    candidates = num_detections if nms_threshold is None else max(num_detections, NMS_CANDIDATES)
+    scores, index = logits.sigmoid().flatten(1).topk(min(candidates, logits.shape[1] * num_classes), dim=1)
     queries = torch.div(index, num_classes, rounding_mode="floor")
     picked = torch.gather(boxes, 1, queries[..., None].expand(-1, -1, 4))
-    return _detections(scores, index % num_classes, picked, orig_sizes)
+    detections = _detections(scores, index % num_classes, picked, orig_sizes)
+    if nms_threshold is None:
+        return detections
+    kept = []
+    for found in detections:
+        keep = batched_nms(found["boxes"].float(), found["scores"].float(), found["labels"], nms_threshold)[:num_detections]
+        kept.append({key: value[keep] for key, value in found.items()})
+    return kept
 
 
 def postprocess_sigmoid_per_query(outputs: dict, orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
