@@ -55,6 +55,9 @@ CONVNEXT = "tests/backbones/test_convnext.py::test_timm_weights_give_timm_logits
 CONVNEXT_DENSE = "tests/backbones/test_convnext.py::test_dense_outputs_are_timms_stage_outputs_through_the_output_norms"
 MIXER = "tests/backbones/test_mixer.py::test_timm_weights_give_timm_logits"
 SAM = "tests/optim/test_sam.py"
+SAM_DDP = "tests/lightning/test_ddp.py::test_sam_classification_trains_the_same_on_two_processes"
+DISTILLATION = "tests/lightning/test_classification.py::test_hard_distillation_is_half_ce_on_the_labels_and_half_ce_on_the_teachers_argmax"
+TORCHVISION_TEACHER = "tests/lightning/test_classification.py::test_torchvision_teacher_is_read_from_its_path_frozen_in_eval_mode"
 ROLLOUT = "tests/test_attention.py::test_rollout_of_a_two_layer_two_head_model_is_the_computation_by_hand"
 ATTN_WEIGHTS = "tests/test_attention.py::test_attention_weights_follow_the_masks_of_sdpa"
 DETR_ATTN = "tests/test_attention.py::test_detr_cross_attention_is_torchs_head_averaged_attention"
@@ -362,6 +365,19 @@ MUTANTS = [
            "factor = self.rho / norm.clamp_min(1e-12)", "factor = self.rho / norm.clamp_min(1e-12) ** 2", (SAM,)),
     Mutant("sam: weights not restored before the base step", "vision_tx/optim/sam.py",
            "            p.sub_(e)\n", "            pass\n", (SAM,)),
+    Mutant("sam under ddp: learning rate from the batch of one process", "vision_tx/lightning/classification.py",
+           "global_batch = datamodule.hparams.batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches",
+           "global_batch = datamodule.hparams.batch_size * self.trainer.accumulate_grad_batches", (SAM_DDP,)),
+    # DeiT's hard distillation
+    Mutant("distillation: teacher term on the class head", "vision_tx/lightning/classification.py",
+           "F.cross_entropy(logits if distillation is None else distillation, teacher_labels)",
+           "F.cross_entropy(logits, teacher_labels)", (DISTILLATION,)),
+    Mutant("distillation: the labels for the teacher's argmax", "vision_tx/lightning/classification.py",
+           "teacher_labels = teacher(images).argmax(1)", "teacher_labels = labels", (DISTILLATION,)),
+    Mutant("distillation: label smoothing on the teacher's labels", "vision_tx/lightning/classification.py",
+           "distillation, teacher_labels)", "distillation, teacher_labels, label_smoothing=hp.label_smoothing)", (DISTILLATION,)),
+    Mutant("distillation: teacher left in training mode", "vision_tx/lightning/classification.py",
+           "return teacher.eval().requires_grad_(False)", "return teacher.requires_grad_(False)", (DISTILLATION, TORCHVISION_TEACHER)),
     # Attention maps
     Mutant("attention rollout: layers multiplied in the wrong order", "vision_tx/attention.py",
            "rollout = mixed if rollout is None else mixed @ rollout", "rollout = mixed if rollout is None else rollout @ mixed", (ROLLOUT,)),

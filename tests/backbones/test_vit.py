@@ -155,8 +155,10 @@ def test_grad_checkpointing_gives_the_same_gradients() -> None:
 # (params in millions, the precision it is published with, GFLOPs (multiply-adds) at 224 or None):
 # ViT-B/16 and DeiT-S as in the DeiT and Swin papers' tables, DeiT-Ti 5.7M / 1.3G (T2T-ViT's table of
 # DeiT), ViT-L/16 307M (ViT Table 1) and 61.6G; the distilled models' parameters from DeiT Table 1.
+# DeiT-Ti/S/B are ViT-Ti/S/B (the same blocks; DeiT changes the training): both names are checked.
 PAPER = {
-    "vit_tiny": (5.7, 0.1, 1.3), "deit_small": (22, 1, 4.6), "vit_base": (86, 1, 17.6), "vit_large": (307, 1, 61.6),
+    "vit_tiny": (5.7, 0.1, 1.3), "vit_small": (22, 1, 4.6), "vit_base": (86, 1, 17.6), "vit_large": (307, 1, 61.6),
+    "deit_tiny": (5.7, 0.1, 1.3), "deit_small": (22, 1, 4.6), "deit_base": (86, 1, 17.6),
     "deit_tiny_distilled": (6, 1, None), "deit_small_distilled": (22, 1, None), "deit_base_distilled": (87, 1, None),
 }
 

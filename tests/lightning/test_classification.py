@@ -1,17 +1,25 @@
 """Classification through the tools: training on a toy set writes top-1/top-5, the confusion picture and
-predictions; eval.py validates and infer.py draws the top classes of a checkpoint; SAM trains through the CLI."""
+predictions; eval.py validates and infer.py draws the top classes of a checkpoint; SAM trains through the CLI.
+DeiT's hard distillation against the loss by hand, with teachers from the factory and from torchvision."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
+import torchvision
+from lightning.pytorch.trainer.states import TrainerFn
 from torchvision.io import read_image
 
 from tests.lightning.tools import run_tool_in_process
+from tests.parity import perturb_
+from vision_tx.backbones import build_classifier, save_weights
 from vision_tx.data.toy_classification import make_toy_classification
+from vision_tx.lightning.classification import ClassificationModule, load_teacher
 
 SMALL = [
     "--config", "classification_toy",
@@ -52,3 +60,48 @@ def test_sam_trains_through_the_cli(tmp_path: Path, toy_root: Path) -> None:
              "--trainer.callbacks+=vision_tx.lightning.callbacks.SharpnessAwareMinimization", "--trainer.callbacks.rho", "0.1",
              "--trainer.default_root_dir", str(tmp_path), cwd=tmp_path)
     assert torch.load(next(tmp_path.rglob("last.ckpt")), map_location="cpu", weights_only=False)["global_step"] == 2
+
+
+def _fitting(module: ClassificationModule) -> ClassificationModule:
+    """``module`` built as ``trainer.fit`` builds it (teacher loaded), its logging switched off."""
+    module._trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING), datamodule=None)
+    module.log = module.log_dict = lambda *args, **kwargs: None
+    module.configure_model()
+    return module.train()
+
+
+def test_hard_distillation_is_half_ce_on_the_labels_and_half_ce_on_the_teachers_argmax(tmp_path: Path) -> None:
+    """DeiT's hard distillation: 1/2 CE(class head, y) (label smoothing 0.1) + 1/2 CE(distillation head,
+    argmax of the teacher), no smoothing on the teacher's labels; the teacher read from its file, frozen, in
+    eval mode (its stochastic depth off) even when the module trains, and outside the module's state."""
+    torch.manual_seed(0)
+    small = {"depth": 1, "drop_path_rate": 0.0}
+    teacher = perturb_(build_classifier("deit_tiny", num_classes=5, depth=2, drop_path_rate=0.5), seed=1).eval()
+    save_weights(teacher, tmp_path / "teacher.pth")
+    module = _fitting(ClassificationModule(
+        "deit_tiny_distilled", num_classes=5, backbone_kwargs=small, mixup_alpha=0.0, cutmix_alpha=0.0,
+        teacher=str(tmp_path / "teacher.pth"), teacher_backbone="deit_tiny", teacher_kwargs={"depth": 2, "drop_path_rate": 0.5},
+    ))
+    perturb_(module.model, seed=2)  # the two heads and their tokens apart
+    loaded = module._teacher[0]
+    assert not loaded.training and not any(p.requires_grad for p in loaded.parameters())
+    assert not any(name.startswith("_teacher") for name in module.state_dict())
+    images = torch.randn(8, 3, 32, 32)
+    with torch.no_grad():
+        teacher_labels = teacher(images).argmax(1)
+        class_logits, distillation_logits = module.model(images)
+    labels = (teacher_labels + 1) % 5  # the labels and the teacher disagree everywhere
+    expected = 0.5 * F.cross_entropy(class_logits, labels, label_smoothing=0.1) + 0.5 * F.cross_entropy(distillation_logits, teacher_labels)
+    with torch.no_grad():
+        loss = module.training_step((images, labels), 0)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+
+
+def test_torchvision_teacher_is_read_from_its_path_frozen_in_eval_mode(tmp_path: Path) -> None:
+    reference = perturb_(torchvision.models.resnet18(num_classes=6)).eval()
+    torch.save({"state_dict": {f"model.{k}": v for k, v in reference.state_dict().items()}}, tmp_path / "resnet18.ckpt")
+    teacher = load_teacher(str(tmp_path / "resnet18.ckpt"), "torchvision:resnet18", num_classes=6)
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(teacher(images), reference(images), rtol=0, atol=0)
