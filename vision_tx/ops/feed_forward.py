@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vision_tx.ops.linear import _ONEDNN_DTYPES, _ONEDNN_LINEAR, onednn_linear_may_run
+from vision_tx.ops.onednn import _ONEDNN_DTYPES, _ONEDNN_LINEAR, onednn_linear_may_run
 
 
 def residual_feed_forward(x: torch.Tensor, weight1: torch.Tensor, bias1: torch.Tensor, weight2: torch.Tensor,
