@@ -29,17 +29,17 @@ def onednn_trains(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def onednn_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a [M, K] @ b [K, N] -> [M, N]`` by oneDNN (strided views taken as they are)."""
     return _ONEDNN_LINEAR(a, b.t(), None, "none", [], "")
 
 
-def _weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def onednn_weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``grad [T, out]^T @ rows [T, in] -> [out, in]``, computed with the shorter side as the output's rows
     (measured up to 2x faster than the other orientation), transposed back as a view where needed."""
     if grad.shape[1] <= rows.shape[1]:
-        return _product(grad.t(), rows)
-    return _product(rows.t(), grad).t()
+        return onednn_product(grad.t(), rows)
+    return onednn_product(rows.t(), grad).t()
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -59,8 +59,8 @@ class _OneDNNLinear(torch.autograd.Function):
         grad = grad_output.reshape(-1, grad_output.shape[-1])
         if ctx.gelu:
             grad = torch.ops.aten.gelu_backward(grad, pre)
-        grad_x = _product(grad, weight).view(*grad_output.shape[:-1], weight.shape[1]) if ctx.needs_input_grad[0] else None
-        grad_weight = _weight_grad(grad, rows) if ctx.needs_input_grad[1] else None
+        grad_x = onednn_product(grad, weight).view(*grad_output.shape[:-1], weight.shape[1]) if ctx.needs_input_grad[0] else None
+        grad_weight = onednn_weight_grad(grad, rows) if ctx.needs_input_grad[1] else None
         grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias, None
 
