@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from vision_tx.ops import Linear
-from vision_tx.ops.linear_autograd import onednn_trains
+from vision_tx.ops.linear_autograd import linear, onednn_trains
 from vision_tx.ops.onednn import _ONEDNN_LINEAR
 
 from tests.conftest import unavailable
@@ -84,3 +84,17 @@ def test_compiling_and_dispatch_modes_see_the_aten_ops(onednn_linear: None) -> N
     assert counter.get_total_flops() == 2 * 3 * 8 * 4
     explanation = torch._dynamo.explain(layer)(x)
     assert explanation.graph_break_count == 0
+
+
+def test_the_functional_form_on_weight_slices_gives_f_linears_gradients(onednn_linear: None) -> None:
+    weight, bias = torch.randn(12, 8, requires_grad=True), torch.randn(12, requires_grad=True)
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    results = []
+    for function in (linear, F.linear):
+        out = function(x, weight[4:], bias[4:])
+        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), (x, weight, bias))
+        results.append((out, *grads))
+    assert _fast_path_ran(linear(x, weight[4:], bias[4:]))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(results[0][2][:4], torch.zeros(4, 8))

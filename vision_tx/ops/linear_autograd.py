@@ -69,3 +69,11 @@ def onednn_linear_with_grad(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     """``x [..., in] @ weight[out, in].T + bias [out]``, then exact GELU if ``gelu``: ``[..., out]``, with a
     backward of oneDNN products. Only where :func:`onednn_trains` holds."""
     return _OneDNNLinear.apply(x, weight, bias, gelu)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, through :func:`onednn_linear_with_grad` where a gradient is asked for
+    and :func:`onednn_trains` holds."""
+    if torch.is_grad_enabled() and onednn_trains(x, weight):
+        return onednn_linear_with_grad(x, weight, bias)
+    return F.linear(x, weight, bias)
