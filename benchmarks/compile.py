@@ -11,9 +11,8 @@ import copy
 import time
 
 import torch
-import torch.nn.functional as F
 
-from benchmarks.timing import Row, compare
+from benchmarks.timing import Row, classifier_training_step as training_step, compare
 from vision_tx.backbones import build_classifier
 
 # name, classifier kwargs, batch, image side
@@ -21,12 +20,6 @@ CASES = (
     ("small swin (classification_toy)", dict(embed_dim=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8), window_size=4), 32, 64),
     ("swin_t classifier", {}, 8, 224),
 )
-
-
-def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor) -> None:
-    optimizer.zero_grad(set_to_none=True)
-    F.cross_entropy(model(images), labels).backward()
-    optimizer.step()
 
 
 def run(device: str, quick: bool) -> list[Row]:

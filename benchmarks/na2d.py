@@ -20,16 +20,27 @@ SHAPE = (2, 56, 56, 2, 32)
 KERNEL = 7
 
 
-def _neighborhood_mask(length: int, kernel: int, device: str) -> torch.Tensor:
-    """``[length, length]`` bool, query x key: NATTEN's clamped window along one axis (no dilation)."""
-    centers = torch.arange(length, device=device).clamp(kernel // 2, length - 1 - kernel // 2)
-    return (torch.arange(length, device=device)[None, :] - centers[:, None]).abs() <= kernel // 2
+def _neighborhood(length: int, kernel: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query x key along one axis (no dilation): in NATTEN's clamped window (bool), and the offset's
+    row of the ``2*kernel-1`` bias table (long)."""
+    positions = torch.arange(length, device=device)
+    centers = positions.clamp(kernel // 2, length - 1 - kernel // 2)
+    inside = (positions[None, :] - centers[:, None]).abs() <= kernel // 2
+    return inside, (positions[None, :] - positions[:, None] + kernel - 1).clamp(0, 2 * kernel - 2)
 
 
-def _masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: int) -> torch.Tensor:
+def masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: int, dilation: int = 1,
+                rpb: torch.Tensor | None = None) -> torch.Tensor:
+    """``na2d`` as dense SDPA over all keys: ``q, k, v [B, H, W, heads, d]``, ``rpb [heads, 2k-1, 2k-1]``
+    -> ``[B, H, W, heads, d]``; the neighbourhood is a boolean mask, or with ``rpb`` an additive one."""
+    if dilation != 1:
+        raise NotImplementedError("masked_sdpa: dilation 1 only")
     batch, height, width, heads, dim = q.shape
-    rows, cols = _neighborhood_mask(height, kernel_size, q.device), _neighborhood_mask(width, kernel_size, q.device)
+    (rows, row_bias), (cols, col_bias) = (_neighborhood(n, kernel_size, q.device) for n in (height, width))
     mask = (rows[:, None, :, None] & cols[None, :, None, :]).reshape(height * width, height * width)
+    if rpb is not None:
+        bias = rpb[:, row_bias[:, None, :, None], col_bias[None, :, None, :]].reshape(heads, height * width, height * width)
+        mask = bias.masked_fill(~mask, float("-inf"))
     q, k, v = (x.flatten(1, 2).transpose(1, 2) for x in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return out.transpose(1, 2).reshape(batch, height, width, heads, dim)
@@ -61,7 +72,7 @@ def run(device: str, quick: bool) -> list[Row]:
                 fn(q, k, v, kernel_size=KERNEL)
         return call
 
-    backward_reference, backward_name = (_masked_sdpa, "masked SDPA") if device == "cpu" else (natten.na2d, "natten")
+    backward_reference, backward_name = (masked_sdpa, "masked SDPA") if device == "cpu" else (natten.na2d, "natten")
     cases = (
         ("forward", forward(na2d), forward(natten.na2d), "natten"),
         ("forward+backward", forward_backward(na2d), forward_backward(backward_reference), backward_name),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
 
 _ROW_MARK = "@benchmark-row "  # how a worker process hands a row to its parent, one JSON line each
 
@@ -99,6 +100,15 @@ def compare(name: str, ours: Callable[[], object], reference: Callable[[], objec
         ours_t.append(seconds_per_call(ours, device, warmup=0, iters=1))
         ref_t.append(seconds_per_call(reference, device, warmup=0, iters=1))
     return Row(name, tuple(ours_t), tuple(ref_t), reference_name, unit_items)
+
+
+def classifier_training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
+                             labels: torch.Tensor) -> None:
+    """One training step: ``model(images [N,3,H,W]) -> logits [N,K]``, cross-entropy with ``labels [N]``,
+    backward, ``optimizer.step()``."""
+    optimizer.zero_grad(set_to_none=True)
+    F.cross_entropy(model(images), labels).backward()
+    optimizer.step()
 
 
 def emit_row(row: Row) -> None:

@@ -6,7 +6,9 @@ and GELU is one more pass over the result: for the narrow, tall matrices of visi
 oneDNN's ``linear_pointwise`` kernel (one that ``torch.compile``'s CPU backend emits) applies bias and
 activation while the output is still in registers. It has no backward, so it is taken only where
 no gradient is asked for, in float32 or bfloat16 (plain or under CPU bf16 autocast, whose casts it
-applies itself); training and every other device and dtype use ``F.linear``.
+applies itself). With a gradient, float32 CPU tensors outside autocast take
+:func:`vision_tx.ops.linear_autograd.onednn_linear_with_grad` (every product of forward and backward by
+oneDNN); every other device and dtype uses ``F.linear``.
 
 The kernel also takes its weight pre-arranged in oneDNN's blocked layout (and, for bf16, converted);
 given the plain fp32 matrix it converts and re-arranges it on every call, a pass over weights that are
@@ -24,27 +26,11 @@ import weakref
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+
+from vision_tx.ops.linear_autograd import onednn_linear_with_grad, onednn_trains
+from vision_tx.ops.onednn import _ONEDNN_DTYPES, _ONEDNN_LINEAR, onednn_linear_may_run
 
 _ACTIVATIONS = {None: ("none", ""), "gelu": ("gelu", "none")}  # oneDNN's name and GELU's approximation
-
-
-def _onednn_linear_op():
-    try:
-        return torch.ops.mkldnn._linear_pointwise.default if torch.backends.mkldnn.is_available() else None
-    except (AttributeError, RuntimeError):  # a build without oneDNN
-        return None
-
-
-def _onednn_bf16_supported() -> bool:
-    try:
-        return _ONEDNN_LINEAR is not None and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    except (AttributeError, RuntimeError):
-        return False
-
-
-_ONEDNN_LINEAR = _onednn_linear_op()
-_ONEDNN_DTYPES = (torch.float32, torch.bfloat16) if _onednn_bf16_supported() else (torch.float32,)
 INFERENCE_ROWS_HINT = 2048  # rows per call that the packed layout is tuned for; any count works
 _PACK_WEIGHTS = True
 # layer -> {dtype: (what the copy was made from, packed weight, bias)}: a side table, so that copying
@@ -59,18 +45,6 @@ def set_weight_packing(enabled: bool) -> None:
     _PACK_WEIGHTS = enabled
     if not enabled:
         _PACKED.clear()
-
-
-def onednn_linear_may_run(x: torch.Tensor) -> bool:
-    """Whether oneDNN's fused linear kernel may compute on ``x``: a plain CPU tensor, outside code being
-    compiled and outside dispatch modes (FLOP counters and other modes must see the aten ops)."""
-    return (
-        _ONEDNN_LINEAR is not None
-        and type(x) is torch.Tensor  # not an FX proxy or a tensor subclass
-        and x.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and not is_in_torch_dispatch_mode()
-    )
 
 
 def _onednn_dtype(x: torch.Tensor, layer: nn.Linear) -> torch.dtype | None:
@@ -125,6 +99,8 @@ class Linear(nn.Linear):
         if dtype is not None:
             name, approximation = _ACTIVATIONS[self.activation]
             return _ONEDNN_LINEAR(x.to(dtype), *self._onednn_parameters(dtype), name, [], approximation)
+        if torch.is_grad_enabled() and onednn_trains(x, self.weight):
+            return onednn_linear_with_grad(x, self.weight, self.bias, gelu=self.activation == "gelu")
         x = F.linear(x, self.weight, self.bias)
         return F.gelu(x) if self.activation == "gelu" else x
 

@@ -11,6 +11,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from vision_tx import ops
+from vision_tx.ops.linear_autograd import linear
 
 
 class Attention(nn.Module):
@@ -29,7 +30,7 @@ class Attention(nn.Module):
         self.dropout = dropout
         self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * dim))
-        self.out_proj = nn.Linear(dim, dim)
+        self.out_proj = ops.Linear(dim, dim)
         nn.init.xavier_uniform_(self.in_proj_weight)
         nn.init.zeros_(self.out_proj.bias)
 
@@ -40,11 +41,11 @@ class Attention(nn.Module):
         dim = query.shape[-1]
         w, b = self.in_proj_weight, self.in_proj_bias
         if query is key:
-            q, k = F.linear(query, w[: 2 * dim], b[: 2 * dim]).chunk(2, dim=-1)
+            q, k = linear(query, w[: 2 * dim], b[: 2 * dim]).chunk(2, dim=-1)
         else:
-            q = F.linear(query, w[:dim], b[:dim])
-            k = F.linear(key, w[dim : 2 * dim], b[dim : 2 * dim])
-        v = F.linear(value, w[2 * dim :], b[2 * dim :])
+            q = linear(query, w[:dim], b[:dim])
+            k = linear(key, w[dim : 2 * dim], b[dim : 2 * dim])
+        v = linear(value, w[2 * dim :], b[2 * dim :])
         q, k, v = (t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for t in (q, k, v))
         mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
         p = self.dropout if self.training else 0.0
@@ -64,8 +65,8 @@ class EncoderLayer(nn.Module):
     def __init__(self, dim: int, num_heads: int, dim_feedforward: int, dropout: float) -> None:
         super().__init__()
         self.self_attn = Attention(dim, num_heads, dropout)
-        self.linear1 = nn.Linear(dim, dim_feedforward)
-        self.linear2 = nn.Linear(dim_feedforward, dim)
+        self.linear1 = ops.Linear(dim, dim_feedforward)
+        self.linear2 = ops.Linear(dim_feedforward, dim)
         self.norm1 = nn.LayerNorm(dim)
         self.norm2 = nn.LayerNorm(dim)
         self.dropout = ops.Dropout(dropout)
@@ -83,8 +84,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(dim, num_heads, dropout)
         self.cross_attn = Attention(dim, num_heads, dropout)
-        self.linear1 = nn.Linear(dim, dim_feedforward)
-        self.linear2 = nn.Linear(dim_feedforward, dim)
+        self.linear1 = ops.Linear(dim, dim_feedforward)
+        self.linear2 = ops.Linear(dim_feedforward, dim)
         self.norm1 = nn.LayerNorm(dim)
         self.norm2 = nn.LayerNorm(dim)
         self.norm3 = nn.LayerNorm(dim)

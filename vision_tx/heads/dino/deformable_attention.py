@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from vision_tx.ops import ms_deform_attn
+from vision_tx.ops import Linear, ms_deform_attn
 
 
 class MultiScaleDeformableAttention(nn.Module):
@@ -23,10 +23,10 @@ class MultiScaleDeformableAttention(nn.Module):
         if dim % num_heads:
             raise ValueError(f"vision_tx/heads/dino/deformable_attention.py: dim {dim} is not divisible by num_heads {num_heads}")
         self.num_heads, self.num_levels, self.num_points = num_heads, num_levels, num_points
-        self.sampling_offsets = nn.Linear(dim, num_heads * num_levels * num_points * 2)
-        self.attention_weights = nn.Linear(dim, num_heads * num_levels * num_points)
-        self.value_proj = nn.Linear(dim, dim)
-        self.output_proj = nn.Linear(dim, dim)
+        self.sampling_offsets = Linear(dim, num_heads * num_levels * num_points * 2)
+        self.attention_weights = Linear(dim, num_heads * num_levels * num_points)
+        self.value_proj = Linear(dim, dim)
+        self.output_proj = Linear(dim, dim)
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
