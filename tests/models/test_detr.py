@@ -79,7 +79,9 @@ def test_auxiliary_losses_match_transformers(models, batch) -> None:
     assert len(compared) == 3 * len(layers)
     for key in compared:
         torch.testing.assert_close(losses[key], ref_dict[key], rtol=0, atol=1e-5, msg=key)
-    torch.testing.assert_close(losses["loss"], ref_loss, rtol=0, atol=1e-5)
+    # The weighted sum of the 18 terms is about 73, where float32 steps by 7.6e-6: relative (measured 2.1e-7
+    # with two threads, where the sums of the terms' own reductions fall in another order).
+    torch.testing.assert_close(losses["loss"], ref_loss, rtol=1e-6, atol=0)
 
 
 def test_resnet_reads_torchvision_weights() -> None:
