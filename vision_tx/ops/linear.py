@@ -24,10 +24,9 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from vision_tx.ops.linear_autograd import onednn_linear_with_grad, onednn_trains
+from vision_tx.ops.linear_autograd import linear
 from vision_tx.ops.onednn import _ONEDNN_DTYPES, _ONEDNN_LINEAR, onednn_linear_may_run
 
 _ACTIVATIONS = {None: ("none", ""), "gelu": ("gelu", "none")}  # oneDNN's name and GELU's approximation
@@ -99,10 +98,7 @@ class Linear(nn.Linear):
         if dtype is not None:
             name, approximation = _ACTIVATIONS[self.activation]
             return _ONEDNN_LINEAR(x.to(dtype), *self._onednn_parameters(dtype), name, [], approximation)
-        if torch.is_grad_enabled() and onednn_trains(x, self.weight):
-            return onednn_linear_with_grad(x, self.weight, self.bias, gelu=self.activation == "gelu")
-        x = F.linear(x, self.weight, self.bias)
-        return F.gelu(x) if self.activation == "gelu" else x
+        return linear(x, self.weight, self.bias, gelu=self.activation == "gelu")
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation}" if self.activation else "")

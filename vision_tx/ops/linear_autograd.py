@@ -71,9 +71,10 @@ def onednn_linear_with_grad(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return _OneDNNLinear.apply(x, weight, bias, gelu)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, through :func:`onednn_linear_with_grad` where a gradient is asked for
-    and :func:`onednn_trains` holds."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` (then exact GELU if ``gelu``), through :func:`onednn_linear_with_grad`
+    where a gradient is asked for and :func:`onednn_trains` holds."""
     if torch.is_grad_enabled() and onednn_trains(x, weight):
-        return onednn_linear_with_grad(x, weight, bias)
-    return F.linear(x, weight, bias)
+        return onednn_linear_with_grad(x, weight, bias, gelu)
+    x = F.linear(x, weight, bias)
+    return F.gelu(x) if gelu else x
