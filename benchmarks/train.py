@@ -16,15 +16,14 @@ from unittest import mock
 
 import timm
 import torch
-from transformers import SwinConfig, UperNetConfig, UperNetForSemanticSegmentation
 
 from benchmarks.na2d import masked_sdpa
 from benchmarks.timing import Row, classifier_training_step, compare
+from benchmarks.upernet import NUM_CLASSES as SEG_CLASSES, transformers_upernet
 from vision_tx.backbones import build_backbone, build_classifier, load_weights
 from vision_tx.models.segmentor import UperNetSegmentor
 
 DROP_PATH = 0.2
-SEG_CLASSES = 150
 
 
 def _swin(device: str, quick: bool) -> Row:
@@ -65,11 +64,7 @@ def to_transformers_upernet(state: dict[str, torch.Tensor]) -> dict[str, torch.T
 def _upernet(device: str, quick: bool) -> Row:
     torch.manual_seed(0)
     ours = UperNetSegmentor(build_backbone("swin_t", drop_path_rate=DROP_PATH), SEG_CLASSES).train().to(device)
-    swin = SwinConfig(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], window_size=7, drop_path_rate=DROP_PATH,
-                      out_features=["stage1", "stage2", "stage3", "stage4"])
-    config = UperNetConfig(backbone_config=swin, num_labels=SEG_CLASSES, use_auxiliary_head=True, auxiliary_loss_weight=0.4,
-                           loss_ignore_index=255)
-    reference = UperNetForSemanticSegmentation(config).train().to(device)
+    reference = transformers_upernet(True, device, drop_path_rate=DROP_PATH).train()
     result = reference.load_state_dict(to_transformers_upernet(ours.state_dict()), strict=False)
     if result.unexpected_keys or set(result.missing_keys) - {"backbone.swin.layernorm.weight", "backbone.swin.layernorm.bias"}:
         raise RuntimeError(f"UperNet weights do not map onto transformers': {result}")

@@ -17,9 +17,11 @@ from vision_tx.models.segmentor import UperNetSegmentor
 NUM_CLASSES = 150
 
 
-def _reference(aux: bool, device: str) -> UperNetForSemanticSegmentation:
+def transformers_upernet(aux: bool, device: str, drop_path_rate: float = 0.0) -> UperNetForSemanticSegmentation:
+    """transformers' UperNet Swin-T, ``NUM_CLASSES`` classes, with the FCN auxiliary head (loss weight 0.4,
+    its default) if ``aux``, in eval mode."""
     swin = SwinConfig(
-        embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], window_size=7,
+        embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], window_size=7, drop_path_rate=drop_path_rate,
         out_features=["stage1", "stage2", "stage3", "stage4"],
     )
     config = UperNetConfig(backbone_config=swin, num_labels=NUM_CLASSES, use_auxiliary_head=aux)
@@ -34,7 +36,7 @@ def run(device: str = "cpu", quick: bool = False) -> list[Row]:
     rows = []
     with torch.inference_mode():
         for aux in (True, False):
-            reference = _reference(aux, device)
+            reference = transformers_upernet(aux, device)
             label = "transformers" if aux else "transformers, no aux head"
             rows.append(compare(
                 f"upernet swin_t 512x512 b1 eval ({'vs default' if aux else 'vs no aux'})",
