@@ -37,6 +37,7 @@ PQ = "tests/metrics/test_panoptic_rules.py"
 COCO = "tests/metrics/test_coco_rules.py"
 MSDA = "tests/ops/test_ms_deform_attn.py"
 FFN = "tests/ops/test_feed_forward.py"
+LINEAR_TRAINING = "tests/ops/test_linear_autograd.py"
 DINO_FFN = "tests/ops/test_feed_forward.py::test_dino_block_is_the_post_norm_ffn_with_and_without_dropout"
 DINO_TX = "tests/models/test_dino.py::test_outputs_and_loss_match_transformers"
 DINO_TX_GRAD = "tests/models/test_dino.py::test_gradients_match_transformers"
@@ -180,6 +181,19 @@ MUTANTS = [
            'hidden = _ONEDNN_LINEAR(rows, weight1, bias1, "relu", [], "")', 'hidden = _ONEDNN_LINEAR(rows, weight1, bias1, "none", [], "")', (FFN,)),
     Mutant("feed forward: second bias dropped", "vision_tx/ops/feed_forward.py",
            "output = (rows + bias2).addmm_(hidden, weight2.t())", "output = rows.clone().addmm_(hidden, weight2.t())", (FFN, DINO_TX)),
+    Mutant("feed forward (oneDNN, float32): residual not added to the output", "vision_tx/ops/feed_forward.py",
+           'output = _ONEDNN_LINEAR(hidden, weight2, bias2, "none", [], "").add_(rows)', 'output = _ONEDNN_LINEAR(hidden, weight2, bias2, "none", [], "")', (FFN,)),
+    Mutant("feed forward (oneDNN, float32): residual gradient dropped", "vision_tx/ops/feed_forward.py",
+           "grad_x = product(grad_hidden, weight1).add_(grad) if ctx.onednn", "grad_x = product(grad_hidden, weight1) if ctx.onednn", (FFN,)),
+    # The oneDNN training path of the linear layers (against float64 autograd)
+    Mutant("linear training: GELU skipped in the forward", "vision_tx/ops/linear_autograd.py",
+           "            out = F.gelu(out)", "            out = out", (LINEAR_TRAINING,)),
+    Mutant("linear training: bias gradient taken before GELU's gradient", "vision_tx/ops/linear_autograd.py",
+           "grad_bias = grad.sum(0) if ctx.needs_input_grad[2]", "grad_bias = grad_output.flatten(0, -2).sum(0) if ctx.needs_input_grad[2]", (LINEAR_TRAINING,)),
+    Mutant("linear training: GELU's gradient at the output, not the pre-activation", "vision_tx/ops/linear_autograd.py",
+           "grad = torch.ops.aten.gelu_backward(grad, pre)", "grad = torch.ops.aten.gelu_backward(grad, F.gelu(pre))", (LINEAR_TRAINING,)),
+    Mutant("linear training: the weight gradient's rows from the input's first rows only", "vision_tx/ops/linear_autograd.py",
+           "        return onednn_product(grad.t(), rows)", "        return onednn_product(grad[:1].t(), rows[:1])", (LINEAR_TRAINING,)),
     # Deformable attention module, encoder, decoder (DINO two-stage against transformers' DeformableDetr)
     Mutant("deformable attention: sigmoid for softmax", "vision_tx/heads/dino/deformable_attention.py",
            "weights = self.attention_weights(query).view(batch, queries, heads, levels * points).softmax(-1)",
