@@ -33,6 +33,7 @@ DETR = "tests/models/test_detr.py::test_outputs_and_loss_match_transformers"
 DETR_PANOPTIC = "tests/models/test_detr_panoptic.py"
 MASK_HEAD = "tests/heads/test_detr_mask_head.py"
 UPERNET = "tests/heads/test_upernet.py"
+RESIZE_CONV = "tests/ops/test_resize_concat_conv.py"
 PQ = "tests/metrics/test_panoptic_rules.py"
 COCO = "tests/metrics/test_coco_rules.py"
 MSDA = "tests/ops/test_ms_deform_attn.py"
@@ -136,6 +137,15 @@ MUTANTS = [
     Mutant("upernet: top-down pathway not added", "vision_tx/heads/upernet.py",
            "laterals[i - 1] = laterals[i - 1] + self._resize(laterals[i], laterals[i - 1].shape[-2:])",
            "laterals[i - 1] = laterals[i - 1]", (UPERNET,)),
+    Mutant("upernet: the fusing blocks' BatchNorm skipped", "vision_tx/heads/upernet.py",
+           "return block.act(block.bn(fused))", "return block.act(fused)", (UPERNET,)),
+    Mutant("resize-concat conv: taps shifted the wrong way", "vision_tx/ops/resize_concat_conv.py",
+           "torch.stack([padded[t : t + size] for t in range(kernel)], dim=-1)",
+           "torch.stack([padded[kernel - 1 - t : kernel - 1 - t + size] for t in range(kernel)], dim=-1)", (RESIZE_CONV, UPERNET)),
+    Mutant("resize-concat conv: the kernel's rows and columns swapped", "vision_tx/ops/resize_concat_conv.py",
+           "weight.permute(3, 2, 0, 1)", "weight.permute(2, 3, 0, 1)", (RESIZE_CONV, UPERNET)),
+    Mutant("resize-concat conv: align_corners ignored", "vision_tx/ops/resize_concat_conv.py",
+           'mode="linear", align_corners=align_corners)', 'mode="linear", align_corners=False)', (RESIZE_CONV,)),
     # Panoptic quality
     Mutant("pq: void/crowd threshold 0.5 -> 0.9", "vision_tx/metrics/panoptic.py",
            "if ignored / pred_area[j] <= 0.5:", "if ignored / pred_area[j] <= 0.9:", (PQ,)),

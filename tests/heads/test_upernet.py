@@ -73,3 +73,23 @@ def test_dropout_only_in_training() -> None:
     assert not torch.equal(head(inputs), head(inputs))  # Dropout2d draws new channels each call
     head.eval()
     assert torch.equal(head(inputs), head(inputs))
+
+
+def test_training_gradients_match_transformers(config: UperNetConfig) -> None:
+    """Train mode (BatchNorm on batch statistics), no dropout on either side: every parameter's and
+    every input level's gradient, for a random upstream gradient."""
+    ours = perturb_(UperNetHead(IN_CHANNELS, NUM_CLASSES, channels=32, dropout=0.0)).double()
+    reference = HFUperNetHead(config, in_channels=IN_CHANNELS).double()
+    reference.load_state_dict(to_transformers(ours.state_dict()), strict=True)
+    inputs = [f.requires_grad_() for f in features()]
+    reference_inputs = [f.detach().clone().requires_grad_() for f in inputs]
+    actual, expected = ours(inputs), reference(reference_inputs)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-12)
+    upstream = torch.randn_like(actual)
+    actual.backward(upstream)
+    expected.backward(upstream)
+    for ours_input, reference_input in zip(inputs, reference_inputs):
+        torch.testing.assert_close(ours_input.grad, reference_input.grad, rtol=0, atol=1e-11)
+    reference_grads = dict(reference.named_parameters())
+    for name, parameter in to_transformers(dict(ours.named_parameters())).items():
+        torch.testing.assert_close(parameter.grad, reference_grads[name].grad, rtol=0, atol=1e-10, msg=name)

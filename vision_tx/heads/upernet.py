@@ -14,23 +14,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.heads.fcn import ConvBNReLU, init_classifier
+from vision_tx.ops.resize_concat_conv import resize_concat_conv2d
 
 
 class PyramidPooling(nn.ModuleList):
-    """PSPNet's pyramid pooling: average pools to ``s x s`` for each scale, 1x1 conv-BN-ReLU, upsampled back.
+    """PSPNet's pyramid pooling: average pools to ``s x s`` for each scale, then 1x1 conv-BN-ReLU.
 
-    ``[B, C, H, W] -> list of [B, channels, H, W]``, one per scale.
+    ``[B, C, H, W] -> list of [B, channels, s, s]``, one per scale; PSPNet upsamples them back to
+    ``H x W`` before concatenating, which :class:`UperNetHead` folds into its bottleneck convolution.
     """
 
-    def __init__(self, in_channels: int, channels: int, pool_scales: Sequence[int], align_corners: bool = False) -> None:
+    def __init__(self, in_channels: int, channels: int, pool_scales: Sequence[int]) -> None:
         super().__init__(
             nn.Sequential(nn.AdaptiveAvgPool2d(scale), ConvBNReLU(in_channels, channels, 1)) for scale in pool_scales
         )
-        self.align_corners = align_corners
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        size = x.shape[-2:]
-        return [F.interpolate(stage(x), size, mode="bilinear", align_corners=self.align_corners) for stage in self]
+        return [stage(x) for stage in self]
 
 
 class UperNetHead(nn.Module):
@@ -54,7 +54,7 @@ class UperNetHead(nn.Module):
     ) -> None:
         super().__init__()
         self.align_corners = align_corners
-        self.psp_modules = PyramidPooling(in_channels[-1], channels, pool_scales, align_corners)
+        self.psp_modules = PyramidPooling(in_channels[-1], channels, pool_scales)
         self.bottleneck = ConvBNReLU(in_channels[-1] + len(pool_scales) * channels, channels, 3)
         self.lateral_convs = nn.ModuleList(ConvBNReLU(c, channels, 1) for c in in_channels[:-1])
         self.fpn_convs = nn.ModuleList(ConvBNReLU(channels, channels, 3) for _ in in_channels[:-1])
@@ -66,13 +66,16 @@ class UperNetHead(nn.Module):
     def _resize(self, x: torch.Tensor, size: torch.Size) -> torch.Tensor:
         return F.interpolate(x, size, mode="bilinear", align_corners=self.align_corners)
 
+    def _fuse(self, block: ConvBNReLU, maps: list[torch.Tensor]) -> torch.Tensor:
+        """``block(cat(maps resized to the first's size))``, without building the concatenation."""
+        fused = resize_concat_conv2d(maps, block.conv.weight, maps[0].shape[-2:], self.align_corners)
+        return block.act(block.bn(fused))
+
     def forward(self, features: Sequence[torch.Tensor]) -> torch.Tensor:
         top = features[-1]
         laterals = [conv(f) for conv, f in zip(self.lateral_convs, features)]
-        laterals.append(self.bottleneck(torch.cat([top, *self.psp_modules(top)], dim=1)))
+        laterals.append(self._fuse(self.bottleneck, [top, *self.psp_modules(top)]))
         for i in range(len(laterals) - 1, 0, -1):
             laterals[i - 1] = laterals[i - 1] + self._resize(laterals[i], laterals[i - 1].shape[-2:])
         outputs = [conv(x) for conv, x in zip(self.fpn_convs, laterals)] + [laterals[-1]]
-        size = outputs[0].shape[-2:]
-        fused = self.fpn_bottleneck(torch.cat([outputs[0], *(self._resize(x, size) for x in outputs[1:])], dim=1))
-        return self.classifier(self.dropout(fused))
+        return self.classifier(self.dropout(self._fuse(self.fpn_bottleneck, outputs)))
