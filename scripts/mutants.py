@@ -204,6 +204,8 @@ MUTANTS = [
            "grad = torch.ops.aten.gelu_backward(grad, pre)", "grad = torch.ops.aten.gelu_backward(grad, F.gelu(pre))", (LINEAR_TRAINING,)),
     Mutant("linear training: the weight gradient's rows from the input's first rows only", "vision_tx/ops/linear_autograd.py",
            "        return onednn_product(grad.t(), rows)", "        return onednn_product(grad[:1].t(), rows[:1])", (LINEAR_TRAINING,)),
+    Mutant("linear training: broadcast (stride-0) gradients handed to oneDNN as they are", "vision_tx/ops/linear_autograd.py",
+           "a, b = (t.contiguous() if 0 in t.stride() else t for t in (a, b))", "pass", (LINEAR_TRAINING,)),
     # Deformable attention module, encoder, decoder (DINO two-stage against transformers' DeformableDetr)
     Mutant("deformable attention: sigmoid for softmax", "vision_tx/heads/dino/deformable_attention.py",
            "weights = self.attention_weights(query).view(batch, queries, heads, levels * points).softmax(-1)",

@@ -98,3 +98,27 @@ def test_the_functional_form_on_weight_slices_gives_f_linears_gradients(onednn_l
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(results[0][2][:4], torch.zeros(4, 8))
+
+
+def test_broadcast_gradients_reach_onednn_dense(onednn_linear: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``out.sum()`` hands the backward a stride-0 gradient; oneDNN takes such operands down a path about
+    400x slower (a 256x512 -> 4608 layer: 6.3 s against 17 ms), so no product may see one."""
+    import vision_tx.ops.linear_autograd as linear_autograd
+
+    strides = []
+
+    def recording(a, weight, *args):
+        strides.extend([a.stride(), weight.stride()])
+        return _ONEDNN_LINEAR(a, weight, *args)
+
+    monkeypatch.setattr(linear_autograd, "_ONEDNN_LINEAR", recording)
+    layer = perturb_(Linear(16, 24))
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    out = layer(x)
+    assert _fast_path_ran(out)
+    out.sum().backward()
+    assert len(strides) == 6  # the forward, the input gradient, the weight gradient
+    assert all(0 not in s for s in strides), strides
+    expected = torch.autograd.grad(F.linear(x.double(), layer.weight.double(), layer.bias.double()).sum(), [x, layer.weight])
+    torch.testing.assert_close(x.grad, expected[0].float())
+    torch.testing.assert_close(layer.weight.grad, expected[1].float())

@@ -30,7 +30,9 @@ def onednn_trains(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def onednn_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a [M, K] @ b [K, N] -> [M, N]`` by oneDNN (strided views taken as they are)."""
+    """``a [M, K] @ b [K, N] -> [M, N]`` by oneDNN (strided views taken as they are, except broadcast ones:
+    a stride-0 operand, such as the gradient of ``out.sum()``, sends oneDNN down a path about 400x slower)."""
+    a, b = (t.contiguous() if 0 in t.stride() else t for t in (a, b))
     return _ONEDNN_LINEAR(a, b.t(), None, "none", [], "")
 
 
