@@ -65,6 +65,10 @@ def test_loss_matches_hand_computation() -> None:
     torch.testing.assert_close(losses["loss_ce"], by_hand(out["logits"]))
     torch.testing.assert_close(losses["loss_aux"], by_hand(out["aux_logits"]))
     torch.testing.assert_close(losses["loss"], losses["loss_ce"] + 0.4 * losses["loss_aux"])
+    logits = [out["logits"], out["aux_logits"]]
+    expected = torch.autograd.grad(by_hand(logits[0]) + 0.4 * by_hand(logits[1]), logits, retain_graph=True)
+    for actual, wanted in zip(torch.autograd.grad(losses["loss"], logits, retain_graph=True), expected):
+        torch.testing.assert_close(actual, wanted)
     losses["loss"].backward()
     assert model.auxiliary_head.classifier.weight.grad.abs().sum() > 0
 
