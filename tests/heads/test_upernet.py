@@ -93,3 +93,18 @@ def test_training_gradients_match_transformers(config: UperNetConfig) -> None:
     reference_grads = dict(reference.named_parameters())
     for name, parameter in to_transformers(dict(ours.named_parameters())).items():
         torch.testing.assert_close(parameter.grad, reference_grads[name].grad, rtol=0, atol=1e-10, msg=name)
+
+
+def test_bf16_autocast_stays_close_to_fp32() -> None:
+    """Under CPU bf16 autocast the fused convolutions' products and resizing run in bf16: logits within
+    bf16 rounding of the fp32 head (mean relative error measured 0.47%; the unfused head: 0.42%)."""
+    torch.manual_seed(0)
+    head = perturb_(UperNetHead(IN_CHANNELS, NUM_CLASSES, channels=32).eval())
+    inputs = [f.float() for f in features()]
+    with torch.no_grad():
+        expected = head(inputs)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            actual = head(inputs)
+    assert actual.dtype == torch.bfloat16
+    error = (actual.float() - expected).abs().mean() / expected.abs().mean()
+    assert error < 0.015, error
