@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from vision_tx.ops import Linear
+from vision_tx.ops import Linear, linear_autograd
 from vision_tx.ops.linear_autograd import linear, onednn_trains
 from vision_tx.ops.onednn import _ONEDNN_LINEAR
 
@@ -103,8 +103,6 @@ def test_the_functional_form_on_weight_slices_gives_f_linears_gradients(onednn_l
 def test_broadcast_gradients_reach_onednn_dense(onednn_linear: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """``out.sum()`` hands the backward a stride-0 gradient; oneDNN takes such operands down a path about
     400x slower (a 256x512 -> 4608 layer: 6.3 s against 17 ms), so no product may see one."""
-    import vision_tx.ops.linear_autograd as linear_autograd
-
     strides = []
 
     def recording(a, weight, *args):
