@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vision_tx.data.coco import CocoDetection, coco_split_paths, load_coco
 from vision_tx.data.collate import collate_detection
+from vision_tx.data.mosaic import MosaicDetection
 from vision_tx.data.sampling import ResumableLoader
 from vision_tx.data.toy import toy_coco_root
 from vision_tx.data.transforms import DetectionTransform, DetrTrainTransform, DetrValTransform
@@ -25,7 +26,9 @@ class CocoDetectionDataModule(LightningDataModule):
 
     ``root=None`` uses the built-in toy dataset (cached under ``toy_cache_dir``). Transforms default
     to DETR's recipe (``DetrTrainTransform()``, ``DetrValTransform()``); pass smaller ones to train
-    at low resolution. Batches come from ``collate_detection``. Another annotation format reuses
+    at low resolution. ``mosaic_probability`` > 0 tiles that fraction of the training images into
+    ``mosaic_size`` mosaics of four (:class:`vision_tx.data.mosaic.MosaicDetection`) before the
+    training transform. Batches come from ``collate_detection``. Another annotation format reuses
     this class by overriding ``toy_root``, ``split_paths``, ``make_dataset`` and ``val_coco``.
     """
 
@@ -43,6 +46,8 @@ class CocoDetectionDataModule(LightningDataModule):
         size_divisibility: int = 0,
         toy_cache_dir: str | None = None,
         skip_invalid: bool = False,
+        mosaic_probability: float = 0.0,
+        mosaic_size: int = 256,
     ):
         super().__init__()
         if root is None:
@@ -59,6 +64,8 @@ class CocoDetectionDataModule(LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.skip_invalid = skip_invalid  # invalid images skipped with a warning instead of an error
+        self.mosaic_probability = mosaic_probability
+        self.mosaic_size = mosaic_size
         self.collate_fn = functools.partial(collate_detection, size_divisibility=size_divisibility)
         self.val_paths = self.split_paths(val_split)  # checks the layout before training starts
         self.val_image_dir, self.val_ann_file = self.val_paths[:2]
@@ -93,9 +100,18 @@ class CocoDetectionDataModule(LightningDataModule):
         """Largest category id + 1: the class head's real classes (DETR convention)."""
         return max(self.category_names) + 1
 
+    def make_train_dataset(self) -> Dataset:
+        """The training split, through mosaics when ``mosaic_probability`` > 0."""
+        paths = self.split_paths(self.train_split)
+        if self.mosaic_probability == 0:
+            return self.make_dataset(paths, self.train_transform)
+        return MosaicDetection(
+            self.make_dataset(paths, None), self.train_transform, self.mosaic_size, self.mosaic_probability
+        )
+
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit") and self.train_dataset is None:
-            self.train_dataset = self.make_dataset(self.split_paths(self.train_split), self.train_transform)
+            self.train_dataset = self.make_train_dataset()
         if self.val_dataset is None:
             self.val_dataset = self.make_dataset(self.val_paths, self.val_transform)
 

@@ -1,0 +1,103 @@
+"""Mosaic augmentation: every kept box is where its object's pixels are; cut objects are dropped or clipped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision import tv_tensors
+
+from vision_tx.data.mosaic import FILL, MosaicDetection
+
+
+class RectangleImages(torch.utils.data.Dataset):
+    """Images of odd sizes on a black background, each with two solid rectangles of colours no other uses."""
+
+    sizes = [(90, 150), (160, 70), (120, 120), (50, 200), (140, 100)]
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, index: int) -> tuple[tv_tensors.Image, dict]:
+        height, width = self.sizes[index]
+        image = torch.zeros(3, height, width, dtype=torch.uint8)
+        boxes = torch.tensor([[0.1, 0.1, 0.45, 0.5], [0.5, 0.55, 0.95, 0.9]]) * torch.tensor([width, height] * 2)
+        boxes = boxes.round()
+        labels = torch.tensor([2 * index + 1, 2 * index + 2])
+        for (x1, y1, x2, y2), label in zip(boxes.int().tolist(), labels.tolist()):
+            image[:, y1:y2, x1:x2] = torch.tensor([20 * label, 250 - 20 * label, 200]).view(3, 1, 1)
+        size = torch.tensor([height, width])
+        target = {
+            "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(height, width)),
+            "labels": labels,
+            "image_id": 100 + index,
+            "orig_size": size,
+            "size": size.clone(),
+        }
+        return tv_tensors.Image(image), target
+
+
+def _colour_extent(image: torch.Tensor, label: int, around: list[float] | None = None) -> list[float] | None:
+    """The xyxy extent of the pixels within 8 of ``label``'s colour (None when too few), within 3
+    pixels of the box ``around`` when given (the same image can appear twice in a mosaic)."""
+    colour = torch.tensor([20 * label, 250 - 20 * label, 200]).view(3, 1, 1)
+    near = (image.int() - colour).abs().amax(0) < 8
+    if around is not None:
+        window = torch.zeros_like(near)
+        x1, y1, x2, y2 = (int(v) for v in around)
+        window[max(y1 - 3, 0):y2 + 3, max(x1 - 3, 0):x2 + 3] = True
+        near &= window
+    if near.sum() < 9:
+        return None
+    ys, xs = torch.nonzero(near, as_tuple=True)
+    return [xs.min().item(), ys.min().item(), xs.max().item() + 1.0, ys.max().item() + 1.0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_boxes_follow_the_pixels_of_their_objects(seed: int) -> None:
+    torch.manual_seed(seed)
+    dataset = MosaicDetection(RectangleImages(), lambda image, target: (image, target), size=128)
+    image, target = dataset[seed % len(dataset)]
+    assert image.shape == (3, 128, 128) and target["size"].tolist() == [128, 128]
+    assert target["image_id"] == 100 + seed % len(dataset)
+    assert target["boxes"].canvas_size == (128, 128)
+    for box, label in zip(target["boxes"].tolist(), target["labels"].tolist()):
+        extent = _colour_extent(image, label, around=box)
+        assert extent is not None, f"label {label} kept but not visible"
+        assert box == pytest.approx(extent, abs=2.0), f"label {label}"
+    # An object that is visible over most of its pixels keeps its box; the canvas is grey elsewhere.
+    kept = set(target["labels"].tolist())
+    for label in range(1, 2 * len(RectangleImages.sizes) + 1):
+        extent = _colour_extent(image, label)
+        if extent is not None and (extent[2] - extent[0]) * (extent[3] - extent[1]) > 0.5 * 128 * 128 / 10:
+            assert label in kept or _touches_border(extent, 128)
+    assert (image == FILL).all(0).any() or len(kept) > 0
+
+
+def _touches_border(extent: list[float], size: int) -> bool:
+    return extent[0] <= 0 or extent[1] <= 0 or extent[2] >= size or extent[3] >= size
+
+
+def test_boxes_cut_below_the_visible_fraction_are_dropped() -> None:
+    dataset = MosaicDetection(RectangleImages(), lambda image, target: (image, target), size=128, min_visible=0.25)
+    for seed in range(20):
+        torch.manual_seed(seed)
+        _, target = dataset[0]
+        boxes = target["boxes"].as_subclass(torch.Tensor)
+        assert ((boxes >= 0) & (boxes <= 128)).all()
+        assert ((boxes[:, 2:] - boxes[:, :2]) >= 2).all()
+
+
+def test_probability_zero_is_the_plain_transform() -> None:
+    plain = RectangleImages()
+    dataset = MosaicDetection(plain, lambda image, target: (image, target), size=64, probability=0.0)
+    image, target = dataset[3]
+    assert torch.equal(image, plain[3][0]) and torch.equal(target["labels"], plain[3][1]["labels"])
+
+
+def test_bad_settings_and_masks_are_refused() -> None:
+    with pytest.raises(ValueError, match="probability"):
+        MosaicDetection(RectangleImages(), lambda i, t: (i, t), probability=1.5)
+    image, target = RectangleImages()[0]
+    target["masks"] = tv_tensors.Mask(torch.zeros(2, *image.shape[-2:], dtype=torch.bool))
+    with pytest.raises(ValueError, match="masks"):
+        MosaicDetection(RectangleImages(), lambda i, t: (i, t)).mosaic([(image, target)] * 4)

@@ -1,0 +1,100 @@
+"""Mosaic augmentation (YOLOv4's): four training images tiled around a random point into one.
+
+A mosaic shows four times the objects of one image at about half their size, each image cut at a
+random place and seen beside unrelated context, which gives a detector trained for a few hundred
+steps more, and more varied, supervision per step. torchvision's ``transforms.v2`` has no mosaic (it
+needs several dataset items at once), so it wraps the dataset rather than being a transform.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F
+
+Target = dict[str, Any]
+Transform = Callable[[tv_tensors.Image, Target], tuple[torch.Tensor, Target]]
+FILL = 114  # the grey of the canvas where no image falls (YOLO's letterbox colour)
+
+
+class MosaicDetection(Dataset):
+    """Yields ``transform(mosaic, target)`` with probability ``probability``, else ``transform(image, target)``.
+
+    ``dataset`` yields untransformed ``(tv_tensors.Image [3,H,W] uint8, target)`` pairs with
+    ``target["boxes"]`` (``tv_tensors.BoundingBoxes`` xyxy pixels) and ``target["labels"]`` [K], as
+    :class:`vision_tx.data.coco.CocoDetection` does with ``transforms=None``. A mosaic is ``size x size``:
+    item ``index`` and three others drawn at random are each scaled so that their longer side is ``size``
+    and placed in the four quadrants around a point drawn uniformly in the canvas's middle half, on a
+    ``2 size x 2 size`` canvas whose central ``size x size`` window is kept. Boxes are clipped to the
+    window; a box left with less than ``min_visible`` of its area, or under 2 pixels a side, is dropped.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        transform: Transform,
+        size: int = 256,
+        probability: float = 1.0,
+        min_visible: float = 0.25,
+    ) -> None:
+        if size < 2:
+            raise ValueError(f"MosaicDetection: size must be at least 2 pixels, got {size}")
+        if not 0.0 <= probability <= 1.0:
+            raise ValueError(f"MosaicDetection: probability must lie in [0, 1], got {probability}")
+        self.dataset = dataset
+        self.transform = transform
+        self.size = size
+        self.probability = probability
+        self.min_visible = min_visible
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
+        image, target = self.dataset[index]
+        if float(torch.rand(())) < self.probability:
+            others = torch.randint(len(self), (3,)).tolist()
+            image, target = self.mosaic([(image, target)] + [self.dataset[i] for i in others])
+        return self.transform(image, target)
+
+    def mosaic(self, items: list[tuple[tv_tensors.Image, Target]]) -> tuple[tv_tensors.Image, Target]:
+        """Four ``(image, target)`` pairs -> one ``size x size`` mosaic and its target (``image_id`` of the first)."""
+        if any("masks" in target for _, target in items):
+            raise ValueError("MosaicDetection: mosaics of instance masks are not supported; set mosaic_probability to 0")
+        size = self.size
+        canvas = torch.full((3, 2 * size, 2 * size), FILL, dtype=torch.uint8)
+        centre_x, centre_y = (int(v) for v in torch.randint(size // 2, 3 * size // 2 + 1, (2,)))
+        boxes, labels = [], []
+        for quadrant, (image, target) in enumerate(items):
+            height, width = image.shape[-2:]
+            scale = size / max(height, width)
+            new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))
+            image = F.resize(image, [new_h, new_w], antialias=True)
+            # Quadrants 0-3: top-left, top-right, bottom-left, bottom-right of the centre.
+            left = centre_x - new_w if quadrant in (0, 2) else centre_x
+            top = centre_y - new_h if quadrant in (0, 1) else centre_y
+            x0, y0 = max(left, 0), max(top, 0)
+            x1, y1 = min(left + new_w, 2 * size), min(top + new_h, 2 * size)
+            canvas[:, y0:y1, x0:x1] = image[:, y0 - top:y1 - top, x0 - left:x1 - left]
+            scaled = target["boxes"].as_subclass(torch.Tensor).float() * torch.tensor([new_w / width, new_h / height] * 2)
+            boxes.append(scaled + torch.tensor([left, top, left, top], dtype=torch.float32))
+            labels.append(target["labels"])
+        offset = size // 2  # the kept window's top-left corner in the canvas
+        boxes_in_canvas = torch.cat(boxes)
+        full_area = (boxes_in_canvas[:, 2:] - boxes_in_canvas[:, :2]).prod(1)
+        clipped = (boxes_in_canvas - offset).clamp(0, size)
+        sides = clipped[:, 2:] - clipped[:, :2]
+        keep = (sides >= 2).all(1) & (sides.prod(1) >= self.min_visible * full_area)
+        mosaic = tv_tensors.Image(canvas[:, offset:offset + size, offset:offset + size])
+        canvas_size = (size, size)
+        first = items[0][1]
+        return mosaic, {
+            **{k: v for k, v in first.items() if k not in ("boxes", "labels", "masks")},
+            "boxes": tv_tensors.BoundingBoxes(clipped[keep], format="XYXY", canvas_size=canvas_size),
+            "labels": torch.cat(labels)[keep],
+            "orig_size": torch.tensor(canvas_size),
+            "size": torch.tensor(canvas_size),
+        }
