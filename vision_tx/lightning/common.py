@@ -11,13 +11,6 @@ from torch import nn
 
 from vision_tx.backbones import build_backbone, load_weights
 
-# Parameters that should not be decayed: normalisation layers, biases, position and bias tables, ViT/DeiT tokens.
-NO_DECAY_NAME_PARTS = ("relative_position_bias_table", "rpb", "pos_embed", "absolute_pos_embed", "cls_token", "dist_token")
-
-
-def _is_no_decay(name: str, param: nn.Parameter, norm_param_names: set[str]) -> bool:
-    return param.ndim <= 1 or name in norm_param_names or any(part in name for part in NO_DECAY_NAME_PARTS)
-
 
 def param_groups(
     model: nn.Module,
@@ -29,23 +22,17 @@ def param_groups(
 ) -> list[dict[str, Any]]:
     """Optimiser parameter groups: ``{backbone_prefix}*`` at ``backbone_lr`` (default ``lr``), the rest at ``lr``.
 
-    With ``decay_norms_and_biases=False`` norms, biases and position/bias tables get no weight
-    decay (Swin/UperNet recipe); DETR decays everything. Frozen parameters are left out.
+    With ``decay_norms_and_biases=False`` the parameters ``model.no_weight_decay()`` names (norms,
+    biases, position/bias tables, tokens) get no weight decay (Swin/UperNet recipe); DETR decays
+    everything. Frozen parameters are left out.
     """
-    norm_param_names = {
-        f"{module_name}.{param_name}" if module_name else param_name
-        for module_name, module in model.named_modules()
-        if isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm))
-        for param_name, _ in module.named_parameters(recurse=False)
-    }
+    no_decay = set() if decay_norms_and_biases else model.no_weight_decay()
     groups: dict[tuple[float, float], list[nn.Parameter]] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         group_lr = backbone_lr if backbone_lr is not None and name.startswith(backbone_prefix) else lr
-        decay = weight_decay
-        if not decay_norms_and_biases and _is_no_decay(name, param, norm_param_names):
-            decay = 0.0
+        decay = 0.0 if name in no_decay else weight_decay
         groups.setdefault((group_lr, decay), []).append(param)
     return [{"params": params, "lr": group_lr, "weight_decay": decay} for (group_lr, decay), params in groups.items()]
 

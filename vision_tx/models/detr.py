@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.criterion import SetCriterion
 from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.position_encoding import SinePositionEncoding
@@ -124,6 +125,10 @@ class DETR(nn.Module):
         if self.aux_loss:
             outputs["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
         return outputs
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        return norms_and_biases_and(self, "backbone")
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads facebookresearch/detr checkpoints (e.g. ``detr-r50-e632da11.pth``); native keys pass.

@@ -9,6 +9,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.mask_head import AttentionMaps, MaskHead
 from vision_tx.models.detr import DETR
 
@@ -69,6 +70,10 @@ class DETRPanoptic(nn.Module):
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """DETR's box detections (the panoptic segments come from ``postprocess_panoptic``)."""
         return self.detr.postprocess(outputs, image_sizes)
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the detector's exemptions."""
+        return norms_and_biases_and(self, "detr")
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads facebookresearch/detr panoptic checkpoints (``detr-r50-panoptic-*.pth``); native keys pass.

@@ -13,6 +13,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections
 from vision_tx.heads.dino.criterion import DINOCriterion
@@ -184,6 +185,10 @@ class DINO(nn.Module):
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
         return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        return norms_and_biases_and(self, "backbone")
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads IDEA-Research/DINO checkpoints (see :func:`convert_official_dino`); native keys pass."""
