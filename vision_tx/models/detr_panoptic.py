@@ -9,6 +9,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from vision_tx.backbones import build_backbone
 from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.mask_head import AttentionMaps, MaskHead
 from vision_tx.models.detr import DETR
@@ -94,3 +95,8 @@ class DETRPanoptic(nn.Module):
                 detector[key.removeprefix("detr.")] = value
         converted.update({f"detr.{k}": v for k, v in self.detr.convert_state_dict(detector).items()})
         return converted
+
+    @classmethod
+    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "DETRPanoptic":
+        """The model an official checkpoint with backbone ``backbone`` loads into (COCO panoptic's 250 classes by default)."""
+        return cls(DETR(build_backbone(backbone, out_indices=(0, 1, 2, 3)), num_classes or 250))
