@@ -26,7 +26,9 @@ _CLASSIFIERS: dict[str, Callable[..., nn.Module]] = {}
 ModelClass = TypeVar("ModelClass", bound=type)
 
 
-def _register(table: dict[str, Callable[..., nn.Module]], variants: Mapping[str, Mapping[str, Any]], what: str):
+def _register(
+    table: dict[str, Callable[..., nn.Module]], variants: Mapping[str, Mapping[str, Any]], what: str
+) -> Callable[[ModelClass], ModelClass]:
     def decorate(cls: ModelClass) -> ModelClass:
         for name, config in variants.items():
             if name in table:
