@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import platform
+import re
 import statistics
 import subprocess
 import time
@@ -88,6 +90,20 @@ def seconds_per_call(fn: Callable[[], object], device: str = "cpu", warmup: int 
         _sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def machine() -> str:
+    """What every timing names: the CPU model and its widest vector extensions, the threads torch uses and
+    torch's version (ratios against MKL-based references change with the CPU's vendor; docs/BENCHMARKS.md)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        text = cpuinfo.read_text()
+        name, found = re.search(r"^model name\s*:\s*(.+)$", text, re.M), re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+        model, flags = (name[1] if name else model), set(found[1].split() if found else ())
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    vector += ", AMX" if "amx_tile" in flags else ""
+    return f"{model} ({vector}), {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def compare(name: str, ours: Callable[[], object], reference: Callable[[], object], reference_name: str,

@@ -116,15 +116,14 @@ def test_patch_grid() -> None:
 def test_pictures_for_a_classifier_and_a_detector(tmp_path) -> None:
     from types import SimpleNamespace
 
-    from vision_tx.attention import attention_pictures
+    from vision_tx.attention import classifier_attention_pictures
     from vision_tx.data.imagefolder import val_transforms
     from vision_tx.data.transforms import DetrValTransform
     from vision_tx.lightning.detection import DetectionModule
 
     torch.manual_seed(0)
     image = torch.randint(0, 256, (3, 40, 48), dtype=torch.uint8)
-    classifier = SimpleNamespace(model=TinyViT().eval(), parameters=lambda: iter([torch.zeros(1)]))
-    pictures = attention_pictures(classifier, image, SimpleNamespace(val_transform=val_transforms(8, 1.0)))
+    pictures = classifier_attention_pictures(TinyViT().eval(), image, val_transforms(8, 1.0))
     assert len(pictures) == 1 + 1 + 2 and all(p.shape == (3, 8, 8) and p.dtype == torch.uint8 for p in pictures)
 
     detr = {"num_queries": 5, "hidden_dim": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64}
@@ -133,14 +132,13 @@ def test_pictures_for_a_classifier_and_a_detector(tmp_path) -> None:
     detector.configure_model()
     detector.eval()
     datamodule = SimpleNamespace(val_transform=DetrValTransform(size=64, max_size=96), category_names={1: "a", 2: "b", 3: "c"})
-    pictures = attention_pictures(detector, image, datamodule, score_threshold=2.0)  # none above: the 4 best
+    pictures = detector.attention_pictures(image, datamodule, score_threshold=2.0)  # none above: the 4 best
     assert len(pictures) == 1 + 4 and pictures[0].shape[0] == 3
 
 
 def test_detr_cross_attention_is_torchs_head_averaged_attention() -> None:
     """The last decoder layer's cross-attention map against ``nn.MultiheadAttention``'s weights (averaged
     over heads) on the same inputs and weights."""
-    from vision_tx.attention import detr_cross_attention
     from vision_tx.lightning.detection import DetectionModule
 
     from tests.parity import perturb_
@@ -156,7 +154,7 @@ def test_detr_cross_attention_is_torchs_head_averaged_attention() -> None:
     cross.register_forward_hook(lambda _module, args, _output: inputs.append(args))
     images, pixel_mask = torch.randn(2, 3, 64, 96), torch.zeros(2, 64, 96, dtype=torch.bool)
     pixel_mask[1, :, 64:] = True
-    result = detr_cross_attention(model, images, pixel_mask)
+    result = model.cross_attention(images, pixel_mask)
     query, key, value, padding_mask = inputs[-1]
     reference = nn.MultiheadAttention(32, 4, batch_first=True)
     reference.load_state_dict(cross.state_dict())
@@ -190,7 +188,6 @@ def test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query()
     and the pictures show the input and the 4 best queries."""
     from types import SimpleNamespace
 
-    from vision_tx.attention import attention_pictures, dino_cross_attention
     from vision_tx.data.transforms import DetrValTransform
     from vision_tx.lightning.detection import DetectionModule
 
@@ -206,7 +203,7 @@ def test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query()
     cross = model.decoder.layers[-1].cross_attn
     inputs = []
     cross.register_forward_hook(lambda _module, args, _output: inputs.append(args))
-    result = dino_cross_attention(model, torch.randn(1, 3, 64, 96))
+    result = model.cross_attention(torch.randn(1, 3, 64, 96))
     query, reference, _, shapes = inputs[-1][:4]
     with torch.no_grad():
         locations, weights = cross.sampling(query, reference, shapes)
@@ -220,5 +217,5 @@ def test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query()
 
     image = torch.randint(0, 256, (3, 40, 48), dtype=torch.uint8)
     datamodule = SimpleNamespace(val_transform=DetrValTransform(size=64, max_size=96), category_names={1: "a", 2: "b", 3: "c"})
-    pictures = attention_pictures(detector.eval(), image, datamodule, score_threshold=2.0)  # none above: the 4 best
+    pictures = detector.eval().attention_pictures(image, datamodule, score_threshold=2.0)  # none above: the 4 best
     assert len(pictures) == 1 + 4 and all(p.shape[0] == 3 for p in pictures)

@@ -40,3 +40,13 @@ def test_rows_from_worker_processes_are_merged_in_order() -> None:
 def test_a_failing_worker_is_reported() -> None:
     with pytest.raises(RuntimeError, match="failed with exit status 3"):
         list(rows_from_processes([sys.executable, "-c", "import sys; sys.exit(3)"], processes=1))
+
+
+def test_the_machine_line_names_cpu_vector_extensions_threads_and_torch() -> None:
+    import torch
+
+    from benchmarks.timing import machine
+
+    line = machine()
+    assert f"{torch.get_num_threads()} threads, torch {torch.__version__}" in line
+    assert any(ext in line for ext in ("AVX-512", "AVX2", "no AVX2"))

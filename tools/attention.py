@@ -7,7 +7,6 @@ cross-attention (DINO's deformable one drawn at its sampling points).
 
 import argparse
 
-from vision_tx.attention import attention_pictures
 from vision_tx.lightning.inference import load_trained, read_rgb_image
 from vision_tx.visualize import save_grid
 
@@ -19,5 +18,5 @@ if __name__ == "__main__":
     parser.add_argument("--score-threshold", type=float, default=0.7, help="detectors: objects shown from this score")
     args, config_args = parser.parse_known_args()
     module, datamodule = load_trained(config_args, args.ckpt)
-    pictures = attention_pictures(module, read_rgb_image(args.image), datamodule, args.score_threshold)
+    pictures = module.attention_pictures(read_rgb_image(args.image), datamodule, args.score_threshold)
     print(f"wrote {save_grid(pictures, args.out)}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.timing import emit_row, rows_from_processes  # noqa: E402
+from benchmarks.timing import emit_row, machine, rows_from_processes  # noqa: E402
 
 BENCHMARKS = ("swin", "vit_convnext", "na2d", "ms_deform_attn", "detr", "dino", "upernet", "train", "compile")
 
@@ -38,6 +38,8 @@ def main() -> None:
         parser.error(f"unknown benchmark {', '.join(unknown)}: choose from {', '.join(BENCHMARKS)}")
     if args.processes < 1:
         parser.error("--processes must be at least 1")
+    if not args.worker:
+        print(f"machine: {machine()}", flush=True)
     for name in args.names or BENCHMARKS:
         if args.worker:
             for row in importlib.import_module(f"benchmarks.{name}").run(device=args.device, quick=args.quick):

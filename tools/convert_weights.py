@@ -10,7 +10,7 @@ native vision_tx one, reporting what matched.
 
 import argparse
 
-from vision_tx.backbones.convert import convert_checkpoint
+from vision_tx.models.convert import convert_checkpoint
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

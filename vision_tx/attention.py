@@ -1,7 +1,8 @@
 """Attention maps: the weights of any attention computed with ``F.scaled_dot_product_attention``,
-attention rollout (Abnar & Zuidema, 2020) and class-token maps for ViT/DeiT, and DETR's decoder
-cross-attention per detected object (the DETR paper's figure), and DINO's deformable cross-attention
-drawn at its sampling points (as the Deformable DETR paper shows it)."""
+attention rollout (Abnar & Zuidema, 2020) and class-token maps for ViT/DeiT, and pictures of a
+detector's cross-attention per detected object (the detector draws its own: ``model.cross_attention``,
+e.g. DETR's as the DETR paper's figure, DINO's deformable one at its sampling points, with
+:func:`splat_bilinear`)."""
 
 from __future__ import annotations
 
@@ -135,18 +136,6 @@ def vit_attention_maps(model: nn.Module, images: Tensor, residual: float = 0.5) 
     }
 
 
-@torch.no_grad()
-def detr_cross_attention(model: nn.Module, images: Tensor, pixel_mask: Tensor | None = None) -> dict[str, Any]:
-    """DETR's outputs for ``images [B,3,H,W]`` and its last decoder layer's cross-attention,
-    averaged over heads: ``attention [B, queries, h, w]`` over the encoder's feature grid."""
-    cross = model.transformer.decoder.layers[-1].cross_attn
-    with record_attention({"cross": cross}) as records:
-        features = model.forward_features(images, pixel_mask)
-    outputs = model.predict(features.hidden)
-    weights = records["cross"][-1].mean(1)  # [B, Q, h*w]
-    return {"outputs": outputs, "attention": weights.unflatten(-1, features.mask.shape[-2:])}
-
-
 def splat_bilinear(locations: Tensor, weights: Tensor, size: tuple[int, int]) -> Tensor:
     """Weighted points drawn on an ``h x w`` grid, each spread over its four nearest cells with the
     weights bilinear sampling (``grid_sample``, ``align_corners=False``) would read them with: the adjoint
@@ -166,59 +155,37 @@ def splat_bilinear(locations: Tensor, weights: Tensor, size: tuple[int, int]) ->
     return grid.view(-1, height, width)
 
 
-@torch.no_grad()
-def dino_cross_attention(model: nn.Module, images: Tensor, pixel_mask: Tensor | None = None) -> dict[str, Any]:
-    """DINO's outputs for ``images [B,3,H,W]`` and its last decoder layer's deformable cross-attention of
-    each query: the weights of its sampling points (every head, level and point) drawn on the finest
-    level's grid by :func:`splat_bilinear` and averaged over heads, ``attention [B, queries, h, w]``."""
-    cross = model.decoder.layers[-1].cross_attn
-    recorded: list[tuple[Tensor, Tensor, list[tuple[int, int]]]] = []
-
-    def record(module: nn.Module, args: tuple, _output: Tensor) -> None:
-        query, reference, _value, shapes = args[:4]
-        recorded.append((*module.sampling(query, reference, shapes), shapes))
-
-    handle = cross.register_forward_hook(record)
-    try:
-        outputs = model(images, pixel_mask)
-    finally:
-        handle.remove()
-    locations, weights, shapes = recorded[-1]
-    batch, queries, heads = weights.shape[:3]
-    maps = splat_bilinear(locations.flatten(0, 1).flatten(1, -2), weights.flatten(0, 1).flatten(1), shapes[0])
-    return {"outputs": outputs, "attention": maps.view(batch, queries, *shapes[0]) / heads}
-
-
-def attention_pictures(module: nn.Module, image: Tensor, datamodule: Any, score_threshold: float = 0.7) -> list[Tensor]:
-    """Pictures ``[3,H,W]`` uint8 of a trained task module's attention on ``image`` ``[3,H,W]`` uint8, after
-    the datamodule's validation transform: for a classifier the input, the rollout and the last layer's
-    class-token attention of each head; for a DETR or DINO detector each object scored above
-    ``score_threshold`` (the 4 best when none is) with its box and its last decoder layer's cross-attention."""
+def classifier_attention_pictures(model: nn.Module, image: Tensor, transform: Any) -> list[Tensor]:
+    """Pictures ``[3,H,W]`` uint8 of a ViT/DeiT classifier's attention on ``image`` ``[3,H,W]`` uint8 after
+    ``transform`` (the validation one): the input, the rollout and the last layer's class-token attention of each head."""
     from torchvision import tv_tensors
 
-    from vision_tx.heads.detr import postprocess_detections, postprocess_sigmoid_per_query
-    from vision_tx.lightning.detection import denormalize
-    from vision_tx.visualize import draw_detections, overlay_heatmap
+    from vision_tx.visualize import denormalize, overlay_heatmap
 
-    device = next(module.parameters()).device
-    detr, dino = hasattr(module.model, "transformer"), hasattr(module.model, "decoder")
-    if detr or dino:
-        height, width = image.shape[-2:]
-        target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(height, width))}
-        inputs, _ = datamodule.val_transform(tv_tensors.Image(image), target)
-        result = (detr_cross_attention if detr else dino_cross_attention)(module.model, inputs[None].to(device))
-        shown = denormalize(inputs)
-        per_query = postprocess_detections if detr else postprocess_sigmoid_per_query
-        detection = per_query(result["outputs"], torch.tensor([inputs.shape[-2:]], device=device))[0]
-        keep = (detection["scores"] >= score_threshold).nonzero()[:, 0]
-        if not len(keep):
-            keep = detection["scores"].topk(min(4, len(detection["scores"]))).indices
-        names = getattr(datamodule, "category_names", None)
-        pictures = [draw_detections(overlay_heatmap(shown, result["attention"][0, q]),
-                                    **{k: v[q : q + 1].cpu() for k, v in detection.items()}, category_names=names, score_threshold=0.0)
-                    for q in keep.tolist()]
-        return [shown, *pictures]
-    inputs = datamodule.val_transform(tv_tensors.Image(image))
-    maps = vit_attention_maps(module.model, inputs[None].to(device))
+    inputs = transform(tv_tensors.Image(image))
+    maps = vit_attention_maps(model, inputs[None].to(next(model.parameters()).device))
     shown = denormalize(inputs)
     return [shown, overlay_heatmap(shown, maps["rollout"][0]), *(overlay_heatmap(shown, m) for m in maps["last_layer"][0])]
+
+
+def detector_attention_pictures(model: nn.Module, image: Tensor, transform: Any, category_names: Mapping[int, str] | None = None,
+                                score_threshold: float = 0.7) -> list[Tensor]:
+    """Pictures ``[3,H,W]`` uint8 of a detector's cross-attention on ``image`` ``[3,H,W]`` uint8 after ``transform``
+    (the validation one, on an image and its target): the input, then each object scored above
+    ``score_threshold`` (the 4 best when none is) with its box and the map ``model.cross_attention`` draws for it."""
+    from torchvision import tv_tensors
+
+    from vision_tx.visualize import denormalize, draw_detections, overlay_heatmap
+
+    device = next(model.parameters()).device
+    height, width = image.shape[-2:]
+    target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(height, width))}
+    inputs, _ = transform(tv_tensors.Image(image), target)
+    result = model.cross_attention(inputs[None].to(device))
+    shown = denormalize(inputs)
+    detection = model.postprocess_per_query(result["outputs"], torch.tensor([inputs.shape[-2:]], device=device))[0]
+    keep = (detection["scores"] >= score_threshold).nonzero()[:, 0]
+    if not len(keep):
+        keep = detection["scores"].topk(min(4, len(detection["scores"]))).indices
+    return [shown, *(draw_detections(overlay_heatmap(shown, result["attention"][0, q]), **{k: v[q : q + 1].cpu() for k, v in detection.items()},
+                                     category_names=category_names, score_threshold=0.0) for q in keep.tolist())]

@@ -13,6 +13,15 @@ from torch import Tensor
 from torchvision.io import write_png
 from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks, make_grid
 
+from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+
+def denormalize(image: torch.Tensor) -> torch.Tensor:
+    """Undoes the ImageNet normalisation: ``[3,H,W]`` float -> uint8."""
+    mean = image.new_tensor(IMAGENET_MEAN)[:, None, None]
+    std = image.new_tensor(IMAGENET_STD)[:, None, None]
+    return (image.float() * std + mean).clamp(0, 1).mul(255).round().to(torch.uint8).cpu()
+
 
 def palette(num_colors: int, seed: int = 0) -> list[tuple[int, int, int]]:
     """``num_colors`` distinct-looking RGB colours, the same for the same ``seed``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from vision_tx.backbones import build_classifier, load_weights
-from vision_tx.backbones.convert import build_for_conversion, convert_checkpoint
+from vision_tx.models.convert import build_for_conversion, convert_checkpoint
 
 from tests.conftest import require_reference
 from tests.parity import perturb_

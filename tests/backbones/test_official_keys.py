@@ -10,7 +10,7 @@ import torch
 from tests.backbones.nat_reference import ReferenceNAT
 from tests.official_layout import FIXTURES, RECOMPUTED, random_state, read_layout
 from vision_tx.backbones import build_backbone, build_classifier, load_weights
-from vision_tx.backbones.convert import build_for_conversion
+from vision_tx.models.convert import build_for_conversion
 
 # fixture -> (vision_tx architecture, form, keyword overrides)
 MODELS = {

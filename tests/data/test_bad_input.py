@@ -1,5 +1,5 @@
 """Bad dataset input ends in an error naming the file, the record and the problem, or, with
-``skip_invalid=True``, in a warning and the record skipped. The README's "Bad input" table lists
+``skip_invalid=True``, in a warning and the record skipped. The "Bad input" table of docs/CORRECTNESS.md lists
 these tests (and the ones in test_coco.py, test_ade20k.py and test_coco_panoptic.py it names)."""
 
 from __future__ import annotations
@@ -245,20 +245,20 @@ def test_datamodules_pass_skip_invalid_on(tmp_path: Path) -> None:
     assert len(datamodule.val_set) == 1
 
 
-def _readme_table(title: str) -> list[str]:
-    section = (ROOT / "README.md").read_text().split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+def _docs_table(title: str) -> list[str]:
+    section = (ROOT / "docs/CORRECTNESS.md").read_text().split(f"# {title}\n", 1)[1].split("\n# ", 1)[0]
     return [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| input")]
 
 
-def test_readme_bad_input_table_names_existing_tests() -> None:
-    rows = _readme_table("Bad input")
+def test_bad_input_table_names_existing_tests() -> None:
+    rows = _docs_table("Bad input")
     assert len(rows) >= 20
     defined: dict[str, set[str]] = {}
     for row in rows:
         references = re.findall(r"`(tests/[\w/]+\.py)::(\w+)", row)
-        assert references, f"README 'Bad input' row names no test: {row}"
+        assert references, f"docs/CORRECTNESS.md 'Bad input' row names no test: {row}"
         for path, name in references:
             if path not in defined:
                 tree = ast.parse((ROOT / path).read_text())
                 defined[path] = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
-            assert name in defined[path], f"README 'Bad input' row names {path}::{name}, which does not exist"
+            assert name in defined[path], f"docs/CORRECTNESS.md 'Bad input' row names {path}::{name}, which does not exist"

@@ -10,6 +10,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.trainer.states import TrainerFn
 
 from vision_tx.backbones import build_backbone, save_weights
+from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.lightning.common import build_task_backbone, param_groups, sync_batchnorm_where_supported
 
 SMALL = {"embed_dim": 16, "depths": (1, 1, 1, 1), "num_heads": (1, 1, 1, 1)}
@@ -49,22 +50,35 @@ def test_num_classes_needs_a_datamodule() -> None:
         build_task_backbone(_Task(backbone_kwargs=SMALL))
 
 
+class _BackboneAndHead(torch.nn.Module):
+    def __init__(self, backbone: torch.nn.Module) -> None:
+        super().__init__()
+        self.backbone, self.head = backbone, torch.nn.Linear(4, 2)
+
+    def no_weight_decay(self) -> set[str]:
+        return norms_and_biases_and(self, "backbone")
+
+
 def test_param_groups_split_backbone_and_decay() -> None:
-    model = torch.nn.ModuleDict({"backbone": build_backbone("swin_t", **SMALL), "head": torch.nn.Linear(4, 2)})
+    model = _BackboneAndHead(build_backbone("swin_t", **SMALL))
     groups = param_groups(model, lr=1e-4, weight_decay=0.05, backbone_lr=1e-5, decay_norms_and_biases=False)
     by_setting = {(g["lr"], g["weight_decay"]): g["params"] for g in groups}
     assert set(by_setting) == {(1e-5, 0.05), (1e-5, 0.0), (1e-4, 0.05), (1e-4, 0.0)}
     assert sum(len(p) for p in by_setting.values()) == len(list(model.parameters()))
-    assert model["head"].bias in [p for p in by_setting[(1e-4, 0.0)]]
+    assert model.head.bias in [p for p in by_setting[(1e-4, 0.0)]]
+    assert [g["weight_decay"] for g in param_groups(model, lr=1e-4, weight_decay=0.05)] == [0.05]  # DETR decays everything
 
 
-def test_vit_tokens_and_position_embeddings_are_not_decayed() -> None:
-    model = torch.nn.ModuleDict({"backbone": build_backbone("deit_tiny_distilled", depth=1)})
+def test_param_groups_follow_no_weight_decay() -> None:
+    """Exactly the parameters ``no_weight_decay()`` names are undecayed: ViT/DeiT's tokens and position embeddings among them."""
+    model = _BackboneAndHead(build_backbone("deit_tiny_distilled", depth=1))
     groups = param_groups(model, lr=1e-4, weight_decay=0.05, decay_norms_and_biases=False)
-    undecayed = [p for g in groups if g["weight_decay"] == 0.0 for p in g["params"]]
-    stem = model["backbone"].stem
-    assert all(any(p is q for q in undecayed) for p in (stem.cls_token, stem.dist_token, stem.pos_embed))
-    assert not any(stem.patch_embed.proj.weight is q for q in undecayed)
+    undecayed = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    assert undecayed == {id(p) for name, p in model.named_parameters() if name in model.no_weight_decay()}
+    stem = model.backbone.stem
+    assert {id(stem.cls_token), id(stem.dist_token), id(stem.pos_embed)} <= undecayed
+    assert id(stem.patch_embed.proj.weight) not in undecayed
+
 
 @pytest.mark.parametrize(("world_size", "device", "synced"), [(2, "cuda", True), (2, "cpu", False), (1, "cuda", False)])
 def test_batchnorm_is_synced_only_over_several_gpu_processes(world_size: int, device: str, synced: bool) -> None:

@@ -8,7 +8,7 @@ import torch
 import torchvision
 
 from vision_tx.backbones import load_weights
-from vision_tx.backbones.convert import build_for_conversion
+from vision_tx.models.convert import build_for_conversion
 from vision_tx.backbones.resnet import ResNet, ResNetClassifier
 from vision_tx.heads.detr import SetCriterion
 from vision_tx.models import DETR

@@ -111,7 +111,7 @@ def test_mis_shaped_official_tensor_is_named() -> None:
 
 
 def test_convert_weights_tool_writes_a_native_checkpoint(tmp_path) -> None:
-    from vision_tx.backbones.convert import convert_checkpoint
+    from vision_tx.models.convert import convert_checkpoint
 
     official = official_state("dino_4scale_r50")
     torch.save({"model": official}, tmp_path / "checkpoint0011_4scale.pth")

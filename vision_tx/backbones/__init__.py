@@ -4,6 +4,8 @@
 >>> m = build_backbone("swin_t")          # images [N,3,H,W] -> {"res2": ..., "res5": ...}
 """
 
+# Importing each architecture file registers its variants.
+from vision_tx.backbones import convnext, mixer, nat, resnet, swin, vit  # noqa: F401
 from vision_tx.backbones.registry import build_backbone, build_classifier, list_backbones
 from vision_tx.backbones.weights import LoadReport, load_weights, save_weights
 

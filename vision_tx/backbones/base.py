@@ -1,10 +1,21 @@
-"""What every dense-prediction backbone shares: output naming, channel/stride tables, freezing."""
+"""What every dense-prediction backbone shares: output naming, channel/stride tables, freezing, weight-decay exemptions."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 from torch import nn
+
+
+def norms_and_biases(module: nn.Module) -> set[str]:
+    """Names of ``module``'s parameters of at most one dimension: norm scales and shifts, biases, layer scales."""
+    return {name for name, param in module.named_parameters() if param.ndim <= 1}
+
+
+def norms_and_biases_and(model: nn.Module, part: str) -> set[str]:
+    """``model``'s norms and biases and what its sub-module ``part`` (e.g. ``"backbone"``) exempts from weight
+    decay (its ``no_weight_decay()``), named from ``model``: the ``no_weight_decay`` of a composed model."""
+    return norms_and_biases(model) | {f"{part}.{name}" for name in model.get_submodule(part).no_weight_decay()}
 
 
 class Backbone(nn.Module):
@@ -57,6 +68,11 @@ class Backbone(nn.Module):
         for module in self.freezable_parts()[: self.frozen_stages + 1]:
             module.eval()
         return self
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): here the norms and biases;
+        architectures with position tables or tokens add them."""
+        return norms_and_biases(self)
 
     def freezable_parts(self) -> list[nn.Module]:
         """What ``freeze_stages(n)`` freezes the first ``n + 1`` of, in input-to-output order: the stem and the stages."""

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vision_tx.backbones.layers import Mlp, PatchEmbed, Stage, StagedBackbone, drop_path, init_weights, register_variants
+from vision_tx.backbones.layers import Mlp, PatchEmbed, Stage, StagedBackbone, drop_path, init_weights
+from vision_tx.backbones.registry import register_backbone, register_classifier
 
 # Widths, depths and the stochastic depth of the ImageNet-1K recipe of each size (the paper's Section 3 and Table 9).
 VARIANTS: dict[str, dict] = {
@@ -75,6 +76,7 @@ def _init_convnext(module: nn.Module) -> None:
         init_weights(module)
 
 
+@register_backbone(VARIANTS)
 class ConvNeXt(StagedBackbone):
     """ConvNeXt dense-prediction backbone: ``images [N,3,H,W] -> {"res2": [N,C,H/4,W/4], ..., "res5": [N,8C,H/32,W/32]}``.
 
@@ -148,6 +150,7 @@ def _native_key(key: str) -> str:
     return key
 
 
+@register_classifier(VARIANTS)
 class ConvNeXtClassifier(ConvNeXt):
     """The ImageNet form: ``images [N,3,H,W] -> logits [N,num_classes]``: last stage, global average pool, ``head``
     (LayerNorm, then the linear classifier)."""
@@ -168,5 +171,3 @@ class ConvNeXtClassifier(ConvNeXt):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.forward_features(images).mean((2, 3)))
 
-
-register_variants(VARIANTS, ConvNeXt, ConvNeXtClassifier)

@@ -7,9 +7,8 @@ classes here hold that common part and keep the modules' attribute (state-dict k
 
 from __future__ import annotations
 
-import functools
 from collections import OrderedDict
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +16,6 @@ import torch.utils.checkpoint
 from torch import nn
 
 from vision_tx.backbones.base import Backbone
-from vision_tx.backbones.registry import register_backbone
 from vision_tx.ops import Linear
 
 
@@ -172,16 +170,3 @@ class ClassifierMixin:
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.forward_features(images).mean((2, 3)))
-
-
-def _build(cls: type[nn.Module], variants: Mapping[str, dict], name: str, **kwargs) -> nn.Module:
-    return cls(**{**variants[name], **kwargs})
-
-
-def register_variants(variants: Mapping[str, dict], backbone: type[nn.Module], classifier: type[nn.Module]) -> None:
-    """Registers each ``name -> config`` of ``variants`` as ``backbone(**config)`` and ``classifier(**config)``;
-    keyword arguments given at build time override the config."""
-    for name in variants:
-        register_backbone(
-            name, functools.partial(_build, backbone, variants, name), functools.partial(_build, classifier, variants, name)
-        )

@@ -10,13 +10,12 @@ Layout: timm's (``stem.proj``, ``blocks.{i}.norm1/mlp_tokens/norm2/mlp_channels`
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
+from vision_tx.backbones.base import norms_and_biases
 from vision_tx.backbones.layers import Mlp, PatchEmbed, drop_path, init_weights
-from vision_tx.backbones.registry import register_backbone
+from vision_tx.backbones.registry import register_classifier
 from vision_tx.ops import Linear
 
 # Patch size, width and depth of each size (the paper's Table 1); hidden widths are C/2 (tokens) and 4C (channels).
@@ -46,8 +45,14 @@ class MixerBlock(nn.Module):
         return x + drop_path(self.mlp_channels(self.norm2(x)), self.drop_path_rate, self.training)
 
 
+@register_classifier(VARIANTS)
 class MLPMixer(nn.Module):
     """Classifier: ``images [N, 3, img_size, img_size] -> logits [N, num_classes]`` (blocks, norm, mean over patches, head)."""
+
+    no_dense_form = (
+        "MLP-Mixer's token-mixing MLPs are tied to one input size (one weight per patch position), so it "
+        "cannot give multi-scale feature maps at any size for dense prediction"
+    )
 
     def __init__(
         self,
@@ -82,17 +87,9 @@ class MLPMixer(nn.Module):
             )
         return self.norm(self.blocks(self.stem(images).flatten(1, 2)))
 
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): the norms and biases."""
+        return norms_and_biases(self)
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.forward_features(images).mean(1))
-
-
-def _no_dense_form(name: str, **kwargs) -> nn.Module:
-    raise ValueError(
-        f"{name} is a classifier only: MLP-Mixer's token-mixing MLPs are tied to one input size (one weight per "
-        f"patch position), so it cannot give multi-scale feature maps at any size for dense prediction; use "
-        f"build_classifier({name!r}) or a backbone such as vit_base or convnext_tiny"
-    )
-
-
-for _name, _config in VARIANTS.items():
-    register_backbone(_name, functools.partial(_no_dense_form, _name), functools.partial(MLPMixer, **_config))

@@ -21,7 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import stochastic_depth
 
-from vision_tx.backbones.layers import ClassifierMixin, Mlp, Stage, StagedBackbone, add_chunked, init_weights, register_variants
+from vision_tx.backbones.base import norms_and_biases
+from vision_tx.backbones.layers import ClassifierMixin, Mlp, Stage, StagedBackbone, add_chunked, init_weights
+from vision_tx.backbones.registry import register_backbone, register_classifier
 from vision_tx.ops import Linear, na2d
 
 # Architecture of each size and the stochastic depth of its ImageNet recipe, from the official
@@ -134,6 +136,7 @@ class NATStage(Stage):
         )
 
 
+@register_backbone(VARIANTS)
 class NAT(StagedBackbone):
     """NAT dense-prediction backbone: ``images [N,3,H,W] -> {"res2": [N,C,H/4,W/4], ..., "res5": [N,8C,H/32,W/32]}``.
 
@@ -182,6 +185,11 @@ class NAT(StagedBackbone):
         self.set_grad_checkpointing(grad_checkpointing)
         self.apply(init_weights)
 
+    def no_weight_decay(self) -> set[str]:
+        """Norms, biases, layer scales and every block's relative position bias (``rpb``)."""
+        tables = {f"{name}.rpb" for name, module in self.named_modules() if isinstance(module, NeighborhoodAttention)}
+        return norms_and_biases(self) | tables
+
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Maps official SHI-Labs NAT state dicts (classification, or mmdet/mmseg with ``backbone.``) onto this model.
 
@@ -221,8 +229,7 @@ def resize_rpb(rpb: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return resized.squeeze(0).to(rpb.dtype)
 
 
+@register_classifier(VARIANTS)
 class NATClassifier(ClassifierMixin, NAT):
     """The ImageNet form: ``images [N,3,H,W] -> logits [N,num_classes]`` (last stage, its norm, average pool, ``head``)."""
 
-
-register_variants(VARIANTS, NAT, NATClassifier)

@@ -17,12 +17,14 @@ from torchvision.models import resnet
 from torchvision.ops import FrozenBatchNorm2d
 
 from vision_tx.backbones.base import Backbone
-from vision_tx.backbones.registry import register_backbone
+from vision_tx.backbones.registry import register_backbone, register_classifier
 
 _BLOCKS_PER_STAGE = {50: [3, 4, 6, 3], 101: [3, 4, 23, 3]}
+VARIANTS: dict[str, dict] = {f"resnet{depth}": dict(depth=depth) for depth in _BLOCKS_PER_STAGE}
 _TORCHVISION_PREFIXES = {"conv1.": "stem.0.", "bn1.": "stem.1.", **{f"layer{i + 1}.": f"stages.{i}." for i in range(4)}}
 
 
+@register_backbone(VARIANTS)
 class ResNet(Backbone):
     """Bottleneck ResNet: ``images [N,3,H,W] -> {"res2": [N,256,H/4,W/4], ..., "res5": [N,2048,H/32,W/32]}``.
 
@@ -99,6 +101,7 @@ def _bottleneck(block: resnet.Bottleneck, x: torch.Tensor) -> torch.Tensor:
     return F.relu(_conv_norm(block.conv3, block.bn3, out) + shortcut, inplace=True)
 
 
+@register_classifier(VARIANTS)
 class ResNetClassifier(ResNet):
     """The ImageNet form: ``images [N,3,H,W] -> logits [N,num_classes]`` (global pool + ``fc``), trainable BatchNorm."""
 
@@ -108,15 +111,3 @@ class ResNetClassifier(ResNet):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.fc(super().forward(images)["res5"].mean((2, 3)))
-
-
-def _register(name: str, depth: int) -> None:
-    register_backbone(
-        name,
-        lambda **kwargs: ResNet(depth, **kwargs),
-        lambda **kwargs: ResNetClassifier(depth, **kwargs),
-    )
-
-
-_register("resnet50", 50)
-_register("resnet101", 101)

@@ -21,7 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vision_tx.backbones.layers import ClassifierMixin, Mlp, PatchEmbed, Stage, StagedBackbone, add_chunked, drop_path, init_weights, register_variants
+from vision_tx.backbones.base import norms_and_biases
+from vision_tx.backbones.layers import ClassifierMixin, Mlp, PatchEmbed, Stage, StagedBackbone, add_chunked, drop_path, init_weights
+from vision_tx.backbones.registry import register_backbone, register_classifier
 from vision_tx.ops import Linear
 from vision_tx.ops.size_tables import cached_size_table
 
@@ -252,6 +254,7 @@ class SwinStage(Stage):
         )
 
 
+@register_backbone(VARIANTS)
 class SwinTransformer(StagedBackbone):
     """Swin dense-prediction backbone: ``images [N,3,H,W] -> {"res2": [N,C,H/4,W/4], ..., "res5": [N,8C,H/32,W/32]}``.
 
@@ -293,6 +296,11 @@ class SwinTransformer(StagedBackbone):
         self._init_outputs(dims, [patch_size * 2**i for i in range(len(depths))], out_indices, frozen_stages)
         self.set_grad_checkpointing(grad_checkpointing)
         self.apply(init_weights)
+
+    def no_weight_decay(self) -> set[str]:
+        """Norms, biases and every block's relative position bias table."""
+        tables = {f"{name}.relative_position_bias_table" for name, module in self.named_modules() if isinstance(module, WindowAttention)}
+        return norms_and_biases(self) | tables
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Maps timm, official Microsoft and native Swin state dicts onto this model's keys.
@@ -343,8 +351,7 @@ def resize_bias_table(table: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return grid.reshape(-1, target * target).T.contiguous().to(table.dtype)
 
 
+@register_classifier(VARIANTS)
 class SwinClassifier(ClassifierMixin, SwinTransformer):
     """The ImageNet form: ``images [N,3,H,W] -> logits [N,num_classes]`` (last stage, its norm, average pool, ``head``)."""
 
-
-register_variants(VARIANTS, SwinTransformer, SwinClassifier)

@@ -22,9 +22,10 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from vision_tx.backbones.base import Backbone
-from vision_tx.backbones.layers import Mlp, PatchEmbed, add_chunked, drop_path, init_weights, register_variants
+from vision_tx.backbones.base import Backbone, norms_and_biases
+from vision_tx.backbones.layers import Mlp, PatchEmbed, add_chunked, drop_path, init_weights
 from vision_tx.backbones.pyramid import PYRAMID_STRIDES, PyramidLevel
+from vision_tx.backbones.registry import register_backbone, register_classifier
 from vision_tx.ops import Linear
 
 # Width, depth and heads of ViT-Ti/S/B/L (DeiT Table 1, ViT Table 1); DeiT's recipe adds stochastic depth 0.1.
@@ -165,6 +166,10 @@ class ViTEncoder(nn.Module):
                 x = block(x)
         return self.norm(x), grid
 
+    def no_weight_decay(self) -> set[str]:
+        """Norms, biases, the class (and distillation) token and the position embeddings."""
+        return norms_and_biases(self) | {f"stem.{name}" for name, _ in self.stem.named_parameters(recurse=False)}
+
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Maps timm's and the official DeiT layout (``patch_embed``, ``cls_token``, ``dist_token`` and
         ``pos_embed`` at the top level) onto ``stem.``; position embeddings of another grid are resized
@@ -187,6 +192,7 @@ class ViTEncoder(nn.Module):
         return resize_pos_embed(pos_embed, (side, side), self.stem.grid, prefix)
 
 
+@register_classifier(VARIANTS)
 class ViTClassifier(ViTEncoder):
     """The ImageNet form: ``images [N,3,H,W] -> logits [N, num_classes]`` from the class token.
 
@@ -213,6 +219,7 @@ class ViTClassifier(ViTEncoder):
         return (logits, distilled) if self.training else (logits + distilled) / 2
 
 
+@register_backbone(VARIANTS)
 class ViTBackbone(ViTEncoder, Backbone):
     """Dense-prediction form: ``images [N,3,H,W] -> {"res2": [N,C,H/4,W/4], ..., "res5": [N,C,H/32,W/32]}``
     (``C = pyramid_channels``, sizes rounded up), the ViTDet pyramid on the last block's normalised patch tokens.
@@ -244,5 +251,3 @@ class ViTBackbone(ViTEncoder, Backbone):
         grid = patches.transpose(1, 2).reshape(patches.shape[0], -1, height, width)
         return {f"res{i + 2}": self.stages[i](grid, tuple(images.shape[-2:])) for i in self.out_indices}
 
-
-register_variants(VARIANTS, ViTBackbone, ViTClassifier)

@@ -31,7 +31,7 @@ from torchvision.ops import masks_to_boxes
 
 from vision_tx.data.coco import CocoFormatError, Target, Transforms, category_names, read_coco_image
 from vision_tx.data.invalid import SkippingDataset, warn_skipped
-from vision_tx.lightning.common import write_json_atomic
+from vision_tx.io import write_json_atomic
 
 MAX_SEGMENT_ID = 256**3 - 1
 

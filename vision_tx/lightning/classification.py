@@ -18,10 +18,12 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from vision_tx.attention import classifier_attention_pictures
 from vision_tx.backbones import build_classifier, load_weights
 from vision_tx.checkpoint import read_checkpoint, unwrap_state_dict
+from vision_tx.io import merge_metrics_json
 from vision_tx.lightning.detection import denormalize
-from vision_tx.lightning.common import is_fitting, merge_metrics_json, param_groups
+from vision_tx.lightning.common import is_fitting, param_groups
 from vision_tx.lightning.task import TaskModule
 from vision_tx.visualize import draw_confusion, draw_top_classes, save_grid
 
@@ -229,6 +231,11 @@ class ClassificationModule(TaskModule):
         inputs = datamodule.val_transform(tv_tensors.Image(image))
         probabilities = self(inputs[None].to(self.device))[0].softmax(0).cpu()
         return draw_top_classes(image, probabilities, self.class_names)
+
+    def attention_pictures(self, image: torch.Tensor, datamodule: pl.LightningDataModule, score_threshold: float = 0.7) -> list[torch.Tensor]:
+        """``image`` ``[3,H,W]`` uint8 after the validation transform, the attention rollout and the last layer's
+        class-token attention of each head (a ViT/DeiT classifier; ``score_threshold`` is the detectors')."""
+        return classifier_attention_pictures(self.model, image, datamodule.val_transform)
 
     @property
     def class_names(self) -> list[str]:

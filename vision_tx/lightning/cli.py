@@ -28,7 +28,7 @@ from vision_tx.checkpoint import CheckpointError, read_training_checkpoint
 from vision_tx.data.invalid import InvalidDataError
 from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint, TrainingMonitor, ValidationReport
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
-from vision_tx.lightning.common import merge_metrics_json
+from vision_tx.io import merge_metrics_json
 
 CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs")
 

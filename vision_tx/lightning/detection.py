@@ -10,15 +10,14 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchvision import tv_tensors
 
+from vision_tx.attention import detector_attention_pictures
 from vision_tx.backbones import load_weights
-from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from vision_tx.heads.detr import HungarianMatcher, normalize_targets
 from vision_tx.lightning.common import build_task_backbone, is_fitting, param_groups
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.coco import CLASSWISE_COLUMNS, CocoEvaluator
 from vision_tx.models import DETECTORS
-from vision_tx.visualize import draw_detections, save_grid
+from vision_tx.visualize import denormalize, draw_detections, save_grid
 
 
 class DetectionModule(TaskModule):
@@ -29,9 +28,10 @@ class DetectionModule(TaskModule):
     built (``configure_model``) and records it, so a checkpoint rebuilds the same model.
     ``pretrained`` is a backbone checkpoint, ``weights`` a whole-model one (e.g. the official
     ``detr-r50-e632da11.pth``); both are read with ``load_weights`` when training starts.
-    ``detector_kwargs``, ``matcher_kwargs`` and ``criterion_kwargs`` go to the detector, ``HungarianMatcher``
-    and the detector's criterion (``SetCriterion``, ``DINOCriterion``; their signatures hold the papers'
-    defaults). The model computes its loss and post-processing; this module only calls them. The
+    ``detector_kwargs``, ``matcher_kwargs`` and ``criterion_kwargs`` go to the detector, which builds its
+    matcher and criterion from the last two (``HungarianMatcher``, ``SetCriterion``/``DINOCriterion``;
+    their signatures hold the papers' defaults). The model computes its loss and post-processing from
+    the batch's targets; this module only calls them (the protocol: docs/CONVENTIONS.md, "Detectors"). The
     optimiser is DETR's: AdamW, the backbone at ``backbone_lr``, the learning rate divided by 10
     after ``lr_drop_epochs``, or after ``lr_drop_steps`` optimiser steps when that is given (a
     schedule that does not depend on the dataset's size, for runs budgeted by ``trainer.max_steps``).
@@ -83,12 +83,12 @@ class DetectionModule(TaskModule):
         self.compile_model()
 
     def build_model(self, backbone: torch.nn.Module) -> torch.nn.Module:
-        """The detector around the task's backbone, with its criterion."""
+        """The detector around the task's backbone (it builds its own matcher and criterion)."""
         hp = self.hparams
-        detector = DETECTORS[hp.detector]
-        matcher = HungarianMatcher(**hp.matcher_kwargs) if hp.matcher_kwargs else None
-        criterion = detector.criterion_class(hp.num_classes, matcher, **(hp.criterion_kwargs or {}))
-        return detector(backbone, hp.num_classes, criterion=criterion, **(hp.detector_kwargs or {}))
+        return DETECTORS[hp.detector](
+            backbone, hp.num_classes, matcher_kwargs=hp.matcher_kwargs, criterion_kwargs=hp.criterion_kwargs,
+            **(hp.detector_kwargs or {}),
+        )
 
     @property
     def visualize_score_threshold(self) -> float:
@@ -99,12 +99,12 @@ class DetectionModule(TaskModule):
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
     ) -> dict[str, Any]:
-        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), normalised ``targets`` (for
+        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), the batch's ``targets`` (for
         training-time queries such as DINO's denoising) -> the detector's raw outputs."""
         return self.model(images, pixel_mask, targets)
 
     def training_step(self, batch: dict[str, Any], batch_index: int) -> torch.Tensor:
-        targets = normalize_targets(batch["targets"])
+        targets = batch["targets"]
         outputs = self(batch["images"], batch["pixel_mask"], targets)
         losses = self.model.loss(outputs, targets)
         batch_size = batch["images"].shape[0]
@@ -120,7 +120,7 @@ class DetectionModule(TaskModule):
         """Scores the boxes of ``batch``; returns the model's outputs (for subclasses that score more)."""
         targets = batch["targets"]
         outputs = self(batch["images"], batch["pixel_mask"])
-        losses = self.model.loss(outputs, normalize_targets(targets))
+        losses = self.model.loss(outputs, targets)
         self.log("val/loss", losses["loss"], batch_size=len(targets), sync_dist=True)
         orig_sizes = torch.stack([t["orig_size"] for t in targets])
         detections = self.model.postprocess(outputs, orig_sizes)
@@ -188,9 +188,9 @@ class DetectionModule(TaskModule):
             category_names=datamodule.category_names, score_threshold=self.visualize_score_threshold,
         )
 
-
-def denormalize(image: torch.Tensor) -> torch.Tensor:
-    """Undoes the ImageNet normalisation: ``[3,H,W]`` float -> uint8."""
-    mean = image.new_tensor(IMAGENET_MEAN)[:, None, None]
-    std = image.new_tensor(IMAGENET_STD)[:, None, None]
-    return (image.float() * std + mean).clamp(0, 1).mul(255).round().to(torch.uint8).cpu()
+    def attention_pictures(self, image: torch.Tensor, datamodule: pl.LightningDataModule, score_threshold: float = 0.7) -> list[torch.Tensor]:
+        """``image`` ``[3,H,W]`` uint8 after the validation transform, then each object scored above
+        ``score_threshold`` (the 4 best when none is) with its box and the detector's cross-attention."""
+        return detector_attention_pictures(
+            self.model, image, datamodule.val_transform, getattr(datamodule, "category_names", None), score_threshold
+        )

@@ -14,7 +14,7 @@ from PIL import Image
 
 from vision_tx.data.coco_panoptic import rgb_to_id, write_panoptic_png, write_panoptic_predictions
 from vision_tx.heads.detr.postprocess import postprocess_panoptic
-from vision_tx.lightning.common import gather_by_image_id, merge_metrics_json
+from vision_tx.io import gather_by_image_id, merge_metrics_json
 from vision_tx.lightning.detection import DetectionModule, denormalize
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.panoptic import PanopticEvaluator

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 
-from vision_tx.lightning.common import build_task_backbone, merge_metrics_json, param_groups, sync_batchnorm_where_supported
+from vision_tx.io import merge_metrics_json
+from vision_tx.lightning.common import build_task_backbone, param_groups, sync_batchnorm_where_supported
 from vision_tx.lightning.detection import denormalize
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table

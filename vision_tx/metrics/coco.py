@@ -19,7 +19,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from vision_tx.data.coco import load_coco
-from vision_tx.lightning.common import gather_by_image_id, merge_metrics_json, write_json_atomic
+from vision_tx.io import gather_by_image_id, merge_metrics_json, write_json_atomic
 from vision_tx.metrics.classwise import coco_per_category, format_table, worst_table
 
 logger = logging.getLogger(__name__)

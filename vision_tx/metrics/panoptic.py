@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from vision_tx.data.coco_panoptic import load_panoptic_json, read_panoptic_png, segment_index
-from vision_tx.lightning.common import gather_by_image_id, merge_metrics_json
+from vision_tx.io import gather_by_image_id, merge_metrics_json
 from vision_tx.metrics.classwise import worst
 
 VOID = 0

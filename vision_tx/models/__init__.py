@@ -5,9 +5,11 @@ from vision_tx.models.detr_panoptic import DETRPanoptic
 from vision_tx.models.dino import DINO
 from vision_tx.models.segmentor import UperNetSegmentor
 
-# The detectors a config can name (``DetectionModule(detector=...)``): each takes ``(backbone,
-# num_classes, criterion=..., **kwargs)``, owns ``loss`` and ``postprocess`` and names its
-# ``criterion_class`` and the ``backbone_out_indices`` it reads.
+# The detectors a config can name (``DetectionModule(detector=...)``); each follows the protocol of
+# docs/CONVENTIONS.md ("Detectors"): built as ``(backbone, num_classes, matcher_kwargs=...,
+# criterion_kwargs=..., **kwargs)``, it owns ``loss``, ``postprocess``, ``postprocess_per_query``,
+# ``cross_attention``, ``convert_state_dict``, ``no_weight_decay`` and ``for_conversion``, and names
+# the ``backbone_out_indices`` it reads and the ``score_threshold`` pictures draw from.
 DETECTORS = {"detr": DETR, "dino": DINO}
 
 __all__ = ["DETECTORS", "DETR", "DETRFeatures", "DETRPanoptic", "DINO", "UperNetSegmentor"]

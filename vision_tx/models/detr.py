@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vision_tx.heads.detr.criterion import SetCriterion
+from vision_tx.attention import record_attention
+from vision_tx.backbones import build_backbone
+from vision_tx.backbones.base import norms_and_biases_and
+from vision_tx.heads.detr.criterion import SetCriterion, normalize_targets
+from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.position_encoding import SinePositionEncoding
 from vision_tx.heads.detr.postprocess import postprocess_detections
@@ -48,13 +52,12 @@ class DETR(nn.Module):
     ``num_classes`` follows DETR: labels are the dataset's category ids, so the class head has
     ``num_classes`` real classes (``max_id + 1``, 91 for COCO) plus a last no-object class.
     ``backbone`` is any module returning an ordered dict of feature maps with ``out_channels``;
-    DETR uses its last (lowest-resolution) map. ``criterion`` (default ``SetCriterion(num_classes)``)
-    is what :meth:`loss` computes. ``grad_checkpointing`` recomputes the transformer layers' activations
+    DETR uses its last (lowest-resolution) map. :meth:`loss` computes ``SetCriterion(num_classes,
+    HungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` (the paper's defaults when not given). ``grad_checkpointing`` recomputes the transformer layers' activations
     in the backward pass (the backbone has its own option).
     """
 
     backbone_out_indices = (3,)  # the last stage only
-    criterion_class = SetCriterion
     score_threshold = 0.5  # the score above which pictures draw a detection (softmax over classes)
 
     def __init__(
@@ -69,12 +72,14 @@ class DETR(nn.Module):
         dim_feedforward: int = 2048,
         dropout: float = 0.1,
         aux_loss: bool = True,
-        criterion: nn.Module | None = None,
+        matcher_kwargs: dict[str, Any] | None = None,
+        criterion_kwargs: dict[str, Any] | None = None,
         grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         self.backbone = backbone
-        self.criterion = SetCriterion(num_classes) if criterion is None else criterion
+        matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
+        self.criterion = SetCriterion(num_classes, matcher, **(criterion_kwargs or {}))
         self.num_classes = num_classes
         self.aux_loss = aux_loss
         self.input_proj = nn.Conv2d(backbone.out_channels[-1], hidden_dim, kernel_size=1)
@@ -96,12 +101,33 @@ class DETR(nn.Module):
         return self.predict(self.forward_features(images, pixel_mask).hidden)
 
     def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The criterion's losses for the outputs of :meth:`forward` (normalised ``targets``)."""
-        return self.criterion(outputs, targets)
+        """The criterion's losses for the outputs of :meth:`forward`; ``targets`` as the data pipeline gives
+        them (normalised here, see :func:`~vision_tx.heads.detr.normalize_targets`)."""
+        return self.criterion(outputs, normalize_targets(targets))
 
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
         return postprocess_detections(outputs, image_sizes)
+
+    def postprocess_per_query(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Every query's detection, in query order (:meth:`postprocess` already keeps one per query)."""
+        return postprocess_detections(outputs, image_sizes)
+
+    @torch.no_grad()
+    def cross_attention(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
+        """The outputs for ``images [B,3,H,W]`` and the last decoder layer's cross-attention, averaged over
+        heads: ``{"outputs": ..., "attention": [B, queries, h, w]}`` over the encoder's feature grid."""
+        cross = self.transformer.decoder.layers[-1].cross_attn
+        with record_attention({"cross": cross}) as records:
+            features = self.forward_features(images, pixel_mask)
+        outputs = self.predict(features.hidden)
+        weights = records["cross"][-1].mean(1)  # [B, Q, h*w]
+        return {"outputs": outputs, "attention": weights.unflatten(-1, features.mask.shape[-2:])}
+
+    @classmethod
+    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "DETR":
+        """The model an official checkpoint with backbone ``backbone`` loads into (COCO's 91 classes by default)."""
+        return cls(build_backbone(backbone), num_classes or 91)
 
     def forward_features(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> DETRFeatures:
         """Backbone, input projection and transformer: everything before the prediction heads."""
@@ -124,6 +150,10 @@ class DETR(nn.Module):
         if self.aux_loss:
             outputs["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
         return outputs
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        return norms_and_biases_and(self, "backbone")
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads facebookresearch/detr checkpoints (e.g. ``detr-r50-e632da11.pth``); native keys pass.

@@ -9,6 +9,8 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from vision_tx.backbones import build_backbone
+from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.mask_head import AttentionMaps, MaskHead
 from vision_tx.models.detr import DETR
 
@@ -70,6 +72,10 @@ class DETRPanoptic(nn.Module):
         """DETR's box detections (the panoptic segments come from ``postprocess_panoptic``)."""
         return self.detr.postprocess(outputs, image_sizes)
 
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the detector's exemptions."""
+        return norms_and_biases_and(self, "detr")
+
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads facebookresearch/detr panoptic checkpoints (``detr-r50-panoptic-*.pth``); native keys pass.
 
@@ -89,3 +95,8 @@ class DETRPanoptic(nn.Module):
                 detector[key.removeprefix("detr.")] = value
         converted.update({f"detr.{k}": v for k, v in self.detr.convert_state_dict(detector).items()})
         return converted
+
+    @classmethod
+    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "DETRPanoptic":
+        """The model an official checkpoint with backbone ``backbone`` loads into (COCO panoptic's 250 classes by default)."""
+        return cls(DETR(build_backbone(backbone, out_indices=(0, 1, 2, 3)), num_classes or 250))

@@ -8,13 +8,18 @@ with two-stage proposals and iterative box refinement.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
+from vision_tx.attention import splat_bilinear
+from vision_tx.backbones import build_backbone
+from vision_tx.backbones.base import norms_and_biases_and
+from vision_tx.heads.detr.criterion import normalize_targets
+from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections
+from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections, postprocess_sigmoid_per_query
 from vision_tx.heads.dino.criterion import DINOCriterion
 from vision_tx.heads.dino.denoising import ContrastiveDenoising
 from vision_tx.heads.dino.transformer import (
@@ -45,11 +50,11 @@ class DINO(nn.Module):
     ``position_offset`` 0), the decoder's final LayerNorm (``decoder_norm``) and ``inverse_sigmoid_eps``
     1e-3; Deformable DETR's are 10000, -0.5, no norm and 1e-5. ``nms_threshold`` (off by default,
     as in the paper) adds per-class non-maximum suppression to :meth:`postprocess`, for short trainings
-    whose queries still duplicate each other.
+    whose queries still duplicate each other. :meth:`loss` computes ``DINOCriterion(num_classes,
+    HungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` (DINO's matcher and weights when not given).
     """
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
-    criterion_class = DINOCriterion
     score_threshold = 0.3  # for pictures: sigmoid scores run lower (the official DINO demo draws above 0.3)
 
     def __init__(
@@ -74,7 +79,8 @@ class DINO(nn.Module):
         position_offset: float = 0.0,
         decoder_norm: bool = True,
         inverse_sigmoid_eps: float = 1e-3,
-        criterion: nn.Module | None = None,
+        matcher_kwargs: dict[str, Any] | None = None,
+        criterion_kwargs: dict[str, Any] | None = None,
         num_detections: int = 100,
         nms_threshold: float | None = None,
     ) -> None:
@@ -114,7 +120,8 @@ class DINO(nn.Module):
         self.denoising = (
             ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale) if num_denoising else None
         )
-        self.criterion = DINOCriterion(num_classes) if criterion is None else criterion
+        matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
+        self.criterion = DINOCriterion(num_classes, matcher, **(criterion_kwargs or {}))
         prior = -math.log((1 - 0.01) / 0.01)  # every class starts at probability 0.01 (focal loss)
         for head in self.class_embed:
             nn.init.constant_(head.bias, prior)
@@ -125,13 +132,13 @@ class DINO(nn.Module):
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
     ) -> dict:
-        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (normalised,
+        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (as for :meth:`loss`;
         used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
         "aux_outputs", "enc_outputs"}`` and in training with targets ``"dn_outputs"``."""
         pixel_mask = checked_pixel_mask(images, pixel_mask, "vision_tx/models/dino.py")
         levels = self.neck(list(self.backbone(images).values()), pixel_mask)
         memory = self.encoder(levels.tokens, levels.position, levels.padding_mask, levels.shapes, levels.valid_ratios)
-        return self.forward_decoder(memory, levels, targets if self.training else None)
+        return self.forward_decoder(memory, levels, normalize_targets(targets) if self.training and targets is not None else None)
 
     def forward_decoder(self, memory: torch.Tensor, levels: MultiScaleLevels, targets: list[dict] | None = None) -> dict:
         """Query selection from the encoder's ``memory [B,S,D]``, the decoder and the heads."""
@@ -178,12 +185,48 @@ class DINO(nn.Module):
         return top, picked_logits, picked_boxes
 
     def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The criterion's losses for the outputs of :meth:`forward` (normalised ``targets``)."""
-        return self.criterion(outputs, targets)
+        """The criterion's losses for the outputs of :meth:`forward`; ``targets`` as the data pipeline gives
+        them (normalised here, see :func:`~vision_tx.heads.detr.normalize_targets`)."""
+        return self.criterion(outputs, normalize_targets(targets))
 
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
         return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)
+
+    def postprocess_per_query(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Every query's best class, its score and box, in query order (for per-query pictures)."""
+        return postprocess_sigmoid_per_query(outputs, image_sizes)
+
+    @torch.no_grad()
+    def cross_attention(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
+        """The outputs for ``images [B,3,H,W]`` and the last decoder layer's deformable cross-attention of each
+        query: the weights of its sampling points (every head, level and point) drawn on the finest level's
+        grid by :func:`~vision_tx.attention.splat_bilinear` and averaged over heads, ``attention [B, queries, h, w]``."""
+        cross = self.decoder.layers[-1].cross_attn
+        recorded: list[tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]] = []
+
+        def record(module: nn.Module, args: tuple, _output: torch.Tensor) -> None:
+            query, reference, _value, shapes = args[:4]
+            recorded.append((*module.sampling(query, reference, shapes), shapes))
+
+        handle = cross.register_forward_hook(record)
+        try:
+            outputs = self(images, pixel_mask)
+        finally:
+            handle.remove()
+        locations, weights, shapes = recorded[-1]
+        batch, queries, heads = weights.shape[:3]
+        maps = splat_bilinear(locations.flatten(0, 1).flatten(1, -2), weights.flatten(0, 1).flatten(1), shapes[0])
+        return {"outputs": outputs, "attention": maps.view(batch, queries, *shapes[0]) / heads}
+
+    @classmethod
+    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "DINO":
+        """The model an official checkpoint with backbone ``backbone`` loads into (COCO's 91 classes by default)."""
+        return cls(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 91)
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        return norms_and_biases_and(self, "backbone")
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads IDEA-Research/DINO checkpoints (see :func:`convert_official_dino`); native keys pass."""

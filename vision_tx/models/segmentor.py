@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vision_tx.backbones.base import Backbone
+from vision_tx.backbones.base import Backbone, norms_and_biases_and
 from vision_tx.heads.fcn import FCNHead
 from vision_tx.heads.upernet import UperNetHead
 
@@ -79,6 +79,10 @@ class UperNetSegmentor(nn.Module):
             total = total + self.aux_loss_weight * losses["loss_aux"]
         losses["loss"] = total
         return losses
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        return norms_and_biases_and(self, "backbone")
 
     def _logits(self, images: torch.Tensor) -> torch.Tensor:
         return self._resize(self(images)["logits"], images.shape[-2:])

@@ -15,9 +15,13 @@ from vision_tx.heads.detr.matcher import HungarianMatcher
 def normalize_targets(targets: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
     """Turns data-pipeline targets (absolute xyxy ``boxes [K,4]``, ``size`` = (h, w) of the unpadded
     image) into the model's: ``labels`` int64 ``[K]`` and ``boxes [K,4]`` cxcywh normalised to [0, 1].
-    Panoptic ``masks`` (bool ``[K,h,w]``, unpadded) pass unchanged; :class:`SetCriterion` pads them."""
+    Panoptic ``masks`` (bool ``[K,h,w]``, unpadded) pass unchanged; :class:`SetCriterion` pads them.
+    Targets without ``size`` are the model's already and pass unchanged."""
     model_targets = []
     for target in targets:
+        if "size" not in target:
+            model_targets.append(target)
+            continue
         height, width = target["size"].tolist()
         scale = target["boxes"].new_tensor([width, height, width, height])
         boxes = box_convert(target["boxes"], "xyxy", "cxcywh") / scale
