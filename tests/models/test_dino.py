@@ -202,7 +202,7 @@ def test_denoising_positives_lie_within_the_noise_scale_and_negatives_beyond() -
     denoising = ContrastiveDenoising(NUM_CLASSES, DIM, num_queries=60, label_noise_ratio=0.0, box_noise_scale=scale)
     targets = dino_targets()
     queries = denoising(targets, num_matching=QUERIES)
-    assert queries.num_groups == 60 // (2 * 3) and queries.group_size == 3
+    assert queries.num_groups == 60 // 3 and queries.group_size == 3
     corners = lambda b: torch.cat([b[..., :2] - b[..., 2:] / 2, b[..., :2] + b[..., 2:] / 2], -1)  # noqa: E731
     for image, target in enumerate(targets):
         count = len(target["labels"])
@@ -281,7 +281,7 @@ def test_denoising_groups_see_no_other_group_and_matching_queries_see_none(batch
     targets = dino_targets()
     torch.manual_seed(1)
     queries = model.denoising(targets, QUERIES)
-    assert queries.num_groups == 2
+    assert queries.num_groups == 4
     group_queries = 2 * queries.group_size
     model.denoising.forward = lambda *args: queries
     with torch.no_grad():
@@ -399,7 +399,7 @@ def test_denoising_losses_are_per_target_and_group(batch) -> None:
                 pair = box_convert(torch.stack([boxes[image, slot], box]), "cxcywh", "xyxy")
                 giou += 1 - generalized_box_iou(pair[:1], pair[1:])[0, 0]
     count = sum(len(t["labels"]) for t in targets) * queries.num_groups
-    assert queries.num_groups == 2
+    assert queries.num_groups == 4
     torch.testing.assert_close(losses["loss_bbox_dn"], l1 / count)
     torch.testing.assert_close(losses["loss_giou_dn"], giou / count)
     torch.testing.assert_close(losses["loss_ce_dn"], sigmoid_focal_loss(logits, onehot, 0.25, 2.0, "sum") / count)
