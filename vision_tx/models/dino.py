@@ -53,6 +53,7 @@ class DINO(nn.Module):
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
     criterion_class = DINOCriterion
     score_threshold = 0.3  # for pictures: sigmoid scores run lower (the official DINO demo draws above 0.3)
+    class_keys = (r"^class_embed\.", r"^denoising\.label_embed\.")  # a row per class (fine-tuning: load_weights)
 
     def __init__(
         self,
