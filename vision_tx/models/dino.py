@@ -71,7 +71,7 @@ class DINO(nn.Module):
         query_selection: str = "mixed",
         num_denoising: int = 100,
         label_noise_ratio: float = 0.5,
-        box_noise_scale: float = 1.0,
+        box_noise_scale: float = 0.4,
         look_forward_twice: bool = True,
         position_temperature: float = 20.0,
         position_offset: float = 0.0,
