@@ -32,12 +32,12 @@ def check(module, datamodule, num_classes: int) -> None:
 
 def test_detection_names_the_annotation_file_and_the_category(shared_data: Path) -> None:
     data = CocoDetectionDataModule(root=str(shared_data / "coco128"), val_split="train2017", num_workers=0)
-    check(DetectionModule(), data, 91)  # COCO's ids go up to 90
+    check(DetectionModule(), data, 91)  # COCO's ids go up to 90: just enough classes
     with pytest.raises(InvalidDataError) as caught:
-        check(DetectionModule(), data, 4)
+        check(DetectionModule(), data, 90)  # one too few
     message = str(caught.value)
     assert message == (
-        f"{data.val_ann_file}: label 90 (toothbrush) is beyond this model's 4 classes (0-3): "
+        f"{data.val_ann_file}: label 90 (toothbrush) is beyond this model's 90 classes (0-89): "
         "the checkpoint or num_classes was made for other data"
     )
 
@@ -45,23 +45,23 @@ def test_detection_names_the_annotation_file_and_the_category(shared_data: Path)
 def test_panoptic_names_the_panoptic_json(shared_data: Path) -> None:
     data = CocoPanopticDataModule(root=str(shared_data / "coco128"), val_split="train2017", num_workers=0)
     check(PanopticModule(), data, 201)
-    with pytest.raises(InvalidDataError, match=r"panoptic_train2017\.json: label 200 \(rug-merged\) is beyond this model's 5 classes"):
-        check(PanopticModule(), data, 5)
+    with pytest.raises(InvalidDataError, match=r"panoptic_train2017\.json: label 200 \(rug-merged\) is beyond this model's 200 classes"):
+        check(PanopticModule(), data, 200)
 
 
 def test_segmentation_names_the_dataset(shared_data: Path) -> None:
     data = SegmentationDataModule(root=str(shared_data / "ade20k_sample"), num_workers=0)
     check(SegmentationModule(), data, 150)
-    with pytest.raises(InvalidDataError, match=r"ade20k_sample: label 149 \(flag\) is beyond this model's 5 classes \(0-4\)"):
-        check(SegmentationModule(), data, 5)
+    with pytest.raises(InvalidDataError, match=r"ade20k_sample: label 149 \(flag\) is beyond this model's 149 classes \(0-148\)"):
+        check(SegmentationModule(), data, 149)
 
 
 def test_classification_names_the_class_folder(tmp_path: Path) -> None:
     root = make_toy_classification(tmp_path / "cls", num_train_per_class=1, num_val_per_class=1, side=16)
     data = ImageFolderDataModule(root=str(root), num_workers=0)
     check(ClassificationModule(), data, 6)
-    with pytest.raises(InvalidDataError, match=r"cls/train: label 5 \(red_triangle\) is beyond this model's 3 classes \(0-2\)"):
-        check(ClassificationModule(), data, 3)
+    with pytest.raises(InvalidDataError, match=r"cls/train: label 5 \(red_triangle\) is beyond this model's 5 classes \(0-4\)"):
+        check(ClassificationModule(), data, 5)
 
 
 def test_evaluating_a_checkpoint_on_other_data_is_one_line(detr_checkpoint: Path, shared_data: Path, tmp_path: Path) -> None:
