@@ -497,7 +497,7 @@ MUTANTS = [
            "return sorted(scored, key=lambda row: row[key])[:count]", "return sorted(scored, key=lambda row: -row[key])[:count]", (CLASSWISE,)),
     # Classes a validation run scores against; the step schedule of runs budgeted in steps
     Mutant("imagefolder: validation alone takes the validation folders as the classes", "vision_tx/data/imagefolder.py",
-           "self.class_names = tuple(find_classes(str(Path(root) / hp.train_split))[0])",
+           "self.class_names = tuple(find_classes(str(self.class_folder))[0])",
            "self.class_names = None", (IMAGEFOLDER,)),
     Mutant("distillation: the two terms' weights swapped", "vision_tx/lightning/classification.py",
            '(1 - hp.distillation_weight) * losses["class"] + hp.distillation_weight * losses["distillation"]',
