@@ -49,6 +49,18 @@ DINO_DN_MASK = "tests/models/test_dino.py::test_denoising_groups_see_no_other_gr
 DINO_DN_NOISE = "tests/models/test_dino.py::test_denoising_positives_lie_within_the_noise_scale_and_negatives_beyond"
 DINO_DN_LOSS = "tests/models/test_dino.py::test_denoising_losses_are_per_target_and_group"
 DINO_OFFICIAL = "tests/models/test_dino_official.py"
+DN_GROUPS = "tests/heads/test_dino_denoising.py::test_group_count_is_the_official_dn_number"
+DN_CLAMP = "tests/heads/test_dino_denoising.py::test_noised_boxes_are_clamped_and_stored_through_the_inverse_sigmoid"
+DN_RT_DETR = "tests/heads/test_dino_denoising.py::test_queries_are_transformers_rt_detr_contrastive_denoising_groups"
+DN_MASK_BOTH = "tests/heads/test_dino_denoising.py::test_attention_mask_in_both_directions"
+DINO_DEFAULTS = "tests/models/test_dino.py::test_defaults_are_the_official_dino_4scale_config"
+DINO_ALL_LOSSES = "tests/models/test_dino.py::test_every_loss_term_of_mixed_selection_by_hand"
+FINETUNE_DETR = "tests/lightning/test_finetuning.py::test_detr_weights_of_another_class_count"
+FINETUNE_DINO = "tests/lightning/test_finetuning.py::test_dino_weights_of_another_class_count"
+FINETUNE_UPERNET = "tests/lightning/test_finetuning.py::test_upernet_pretrained_of_another_class_count"
+FINETUNE_CLASSIFIER = "tests/lightning/test_finetuning.py::test_classifier_pretrained_of_another_class_count"
+LABEL_RANGE = "tests/lightning/test_label_range.py"
+LABEL_RANGE_EVAL = "tests/lightning/test_label_range.py::test_evaluating_a_checkpoint_on_other_data_is_one_line"
 VIT = "tests/backbones/test_vit.py::test_timm_weights_give_timm_logits"
 VIT_WEIGHTS = "tests/backbones/test_vit.py::test_attention_weights_are_the_ones_the_forward_uses"
 VIT_RESIZE = "tests/backbones/test_vit.py::test_resize_pos_embed_is_timms_bicubic_resampling"
@@ -321,6 +333,29 @@ MUTANTS = [
            "group_start = torch.arange(self.num_groups)[:, None] * self.group_size", (DINO_DN_NOISE, DINO_DN_LOSS)),
     Mutant("denoising: padding slots keep a label embedding", "vision_tx/heads/dino/denoising.py",
            "content = self.label_embed(labels) * valid[..., None]", "content = self.label_embed(labels)", (DINO_DN_NOISE,)),
+    Mutant("denoising: half the official groups (dn_number // 2K)", "vision_tx/heads/dino/denoising.py",
+           "num_groups = max(1, self.num_queries // group_size)", "num_groups = max(1, self.num_queries // (2 * group_size))",
+           (DN_GROUPS, DN_RT_DETR)),
+    Mutant("denoising: noised boxes not clamped by the inverse sigmoid", "vision_tx/heads/dino/denoising.py",
+           "noised = inverse_sigmoid(noised, self.eps).sigmoid()", "noised = noised", (DN_CLAMP, DN_RT_DETR)),
+    Mutant("denoising: inverse-sigmoid bound 1e-5 (RT-DETR's, not DINO's)", "vision_tx/heads/dino/denoising.py",
+           "        eps: float = 1e-3,", "        eps: float = 1e-5,", (DN_CLAMP, DINO_DEFAULTS)),
+    Mutant("denoising mask: a group does not see the matching queries", "vision_tx/heads/dino/denoising.py",
+           "other_group = is_denoising[:, None] & is_denoising[None, :] & (group[:, None] != group[None, :])",
+           "other_group = is_denoising[:, None] & (group[:, None] != group[None, :])", (DN_MASK_BOTH, DN_RT_DETR)),
+    Mutant("dino default: box noise scale 1.0 (the official config's is 0.4)", "vision_tx/models/dino.py",
+           "box_noise_scale: float = 0.4,", "box_noise_scale: float = 1.0,", (DINO_DEFAULTS,)),
+    Mutant("dino default: dn_number 200", "vision_tx/models/dino.py",
+           "num_denoising: int = 100,", "num_denoising: int = 200,", (DINO_DEFAULTS,)),
+    Mutant("dino default: matcher class cost 1 (the official 2)", "vision_tx/heads/dino/criterion.py",
+           "HungarianMatcher(2.0, 5.0, 2.0,", "HungarianMatcher(1.0, 5.0, 2.0,", (DINO_DEFAULTS,)),
+    Mutant("dino loss: GIoU weight 2 -> 1", "vision_tx/heads/dino/criterion.py",
+           "weight_giou: float = 2.0,", "weight_giou: float = 1.0,", (DINO_DEFAULTS, DINO_ALL_LOSSES)),
+    Mutant("dino loss: mixed selection's encoder proposals untrained", "vision_tx/heads/dino/criterion.py",
+           "if encoder is not None and not class_agnostic:", "if encoder is not None and not class_agnostic and False:", (DINO_ALL_LOSSES,)),
+    Mutant("dino loss: denoising trained on the last layer only", "vision_tx/heads/dino/criterion.py",
+           'dn_logits, dn_boxes = denoising["pred_logits"], denoising["pred_boxes"]',
+           'dn_logits, dn_boxes = denoising["pred_logits"][-1:], denoising["pred_boxes"][-1:]', (DINO_ALL_LOSSES,)),
     Mutant("dino loss: box L1 weight 5 -> 2", "vision_tx/heads/dino/criterion.py",
            "weight_bbox: float = 5.0", "weight_bbox: float = 2.0", (DINO_TX,)),
     Mutant("dino loss: focal alpha 0.25 -> 0.5", "vision_tx/heads/dino/criterion.py",
@@ -337,6 +372,22 @@ MUTANTS = [
            "value = torch.cat([value[:, :quarter], value[:, quarter : 2 * quarter], value[:, 2 * quarter :]], 1)", (DINO_OFFICIAL,)),
     Mutant("dino converter: label embedding rows shifted", "vision_tx/models/dino_official.py",
            "value = value[: model.num_classes]", "value = value[1 : model.num_classes + 1]", (DINO_OFFICIAL,)),
+    # Fine-tuning from official checkpoints of another number of classes
+    Mutant("fine-tuning: class tensors of another count refused", "vision_tx/backbones/weights.py",
+           "other_classes = other_class_keys(state, model, class_keys)", "other_classes = []", (FINETUNE_DETR, FINETUNE_CLASSIFIER)),
+    Mutant("fine-tuning: DINO's label book cut to the new class count and loaded", "vision_tx/models/dino_official.py",
+           'if key == "label_enc.weight" and len(value) == model.num_classes + 1:', 'if key == "label_enc.weight":', (FINETUNE_DINO,)),
+    Mutant("fine-tuning: mmsegmentation's conv_seg not read as the classifier", "vision_tx/models/segmentor.py",
+           '.replace(".conv_seg.", ".classifier.")', '.replace(".conv_seg.", ".conv_seg.")', (FINETUNE_UPERNET,)),
+    Mutant("fine-tuning: a classifier's head not a class tensor", "vision_tx/lightning/classification.py",
+           'CLASS_KEYS = (r"^head(_dist)?\\.",)', 'CLASS_KEYS = (r"^head_dist\\.",)', (FINETUNE_CLASSIFIER,)),
+    # A checkpoint meeting data with labels it cannot predict
+    Mutant("label range: a label equal to the class count accepted", "vision_tx/lightning/task.py",
+           "if largest >= num_classes:", "if largest > num_classes:", (LABEL_RANGE + "::test_detection_names_the_annotation_file_and_the_category",
+                                                                         LABEL_RANGE + "::test_classification_names_the_class_folder")),
+    Mutant("label range: not checked before validation", "vision_tx/lightning/task.py",
+           "    def on_validation_start(self) -> None:\n        self.check_labels_fit()",
+           "    def on_validation_start(self) -> None:\n        pass", (LABEL_RANGE_EVAL,)),
     # ViT / DeiT
     Mutant("vit: norm1 and norm2 swapped", "vision_tx/backbones/vit.py",
            "drop_path(self.attn(self.norm1(t))", "drop_path(self.attn(self.norm2(t))", (VIT,)),
@@ -446,8 +497,11 @@ MUTANTS = [
            "return sorted(scored, key=lambda row: row[key])[:count]", "return sorted(scored, key=lambda row: -row[key])[:count]", (CLASSWISE,)),
     # Classes a validation run scores against; the step schedule of runs budgeted in steps
     Mutant("imagefolder: validation alone takes the validation folders as the classes", "vision_tx/data/imagefolder.py",
-           "self.class_names = tuple(find_classes(str(Path(root) / hp.train_split))[0])",
+           "self.class_names = tuple(find_classes(str(self.class_folder))[0])",
            "self.class_names = None", (IMAGEFOLDER,)),
+    Mutant("distillation: the two terms' weights swapped", "vision_tx/lightning/classification.py",
+           '(1 - hp.distillation_weight) * losses["class"] + hp.distillation_weight * losses["distillation"]',
+           'hp.distillation_weight * losses["class"] + (1 - hp.distillation_weight) * losses["distillation"]', (DISTILLATION,)),
     Mutant("detection: step schedule drops one step late", "vision_tx/lightning/detection.py",
            "MultiStepLR(optimizer, [hp.lr_drop_steps], gamma=0.1)", "MultiStepLR(optimizer, [hp.lr_drop_steps + 1], gamma=0.1)",
            (STEP_SCHEDULE,)),

@@ -95,6 +95,12 @@ def test_hard_distillation_is_half_ce_on_the_labels_and_half_ce_on_the_teachers_
     with torch.no_grad():
         loss = module.training_step((images, labels), 0)
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+    # Another weight, at which the two terms' weights cannot be swapped unseen: (1 - w) on the labels, w on the teacher.
+    module.hparams.distillation_weight = 0.3
+    expected = 0.7 * F.cross_entropy(class_logits, labels, label_smoothing=0.1) + 0.3 * F.cross_entropy(distillation_logits, teacher_labels)
+    with torch.no_grad():
+        loss = module.training_step((images, labels), 0)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
 
 
 def test_torchvision_teacher_is_read_from_its_path_frozen_in_eval_mode(tmp_path: Path) -> None:

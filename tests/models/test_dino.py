@@ -202,7 +202,7 @@ def test_denoising_positives_lie_within_the_noise_scale_and_negatives_beyond() -
     denoising = ContrastiveDenoising(NUM_CLASSES, DIM, num_queries=60, label_noise_ratio=0.0, box_noise_scale=scale)
     targets = dino_targets()
     queries = denoising(targets, num_matching=QUERIES)
-    assert queries.num_groups == 60 // (2 * 3) and queries.group_size == 3
+    assert queries.num_groups == 60 // 3 and queries.group_size == 3
     corners = lambda b: torch.cat([b[..., :2] - b[..., 2:] / 2, b[..., :2] + b[..., 2:] / 2], -1)  # noqa: E731
     for image, target in enumerate(targets):
         count = len(target["labels"])
@@ -232,11 +232,39 @@ def test_label_noise_replaces_about_half_the_ratio() -> None:
     assert abs(kept - 0.75) < 0.03  # a quarter replaced (by another class 999 times in 1000)
 
 
+# IDEA-Research/DINO's config/DINO/DINO_4scale.py (and its position encoding and inverse sigmoid), written
+# from that file: the DINO constructor's and criterion's defaults must be these numbers.
+DINO_4SCALE = dict(
+    num_queries=900, hidden_dim=256, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, dim_feedforward=2048,
+    dropout=0.0, num_levels=4, num_points=4, query_selection="mixed", num_denoising=100, label_noise_ratio=0.5,
+    box_noise_scale=0.4, position_temperature=20.0, position_offset=0.0, decoder_norm=True, inverse_sigmoid_eps=1e-3,
+)
+DINO_4SCALE_LOSS = dict(weight_ce=1.0, weight_bbox=5.0, weight_giou=2.0, focal_alpha=0.25, focal_gamma=2.0)
+DINO_4SCALE_MATCHER = dict(cost_class=2.0, cost_bbox=5.0, cost_giou=2.0, focal_alpha=0.25, focal_gamma=2.0)
+
+
+def test_defaults_are_the_official_dino_4scale_config() -> None:
+    from vision_tx.heads.dino import ContrastiveDenoising
+
+    defaults = {k: p.default for k, p in inspect.signature(DINO).parameters.items()}
+    assert {k: defaults[k] for k in DINO_4SCALE} == DINO_4SCALE
+    assert defaults["look_forward_twice"] is True
+    denoising = {k: p.default for k, p in inspect.signature(ContrastiveDenoising).parameters.items()}
+    assert (denoising["num_queries"], denoising["label_noise_ratio"], denoising["box_noise_scale"], denoising["eps"]) == (100, 0.5, 0.4, 1e-3)
+    criterion = DINOCriterion(NUM_CLASSES)
+    assert {k: criterion.weights[f"loss_{k.removeprefix('weight_')}"] for k in DINO_4SCALE_LOSS if k.startswith("weight_")} == {
+        k: v for k, v in DINO_4SCALE_LOSS.items() if k.startswith("weight_")
+    }
+    assert (criterion.focal_alpha, criterion.focal_gamma) == (0.25, 2.0)
+    matcher = criterion.matcher
+    assert {k: getattr(matcher, k) for k in DINO_4SCALE_MATCHER} == DINO_4SCALE_MATCHER
+
+
 def mixed_dino(batch, **overrides) -> DINO:
-    """DINO itself: mixed query selection, denoising, and its own defaults where Deformable DETR differs."""
+    """DINO itself: mixed query selection, denoising, and the official settings where Deformable DETR differs."""
     torch.manual_seed(0)
-    dino_defaults = {k: inspect.signature(DINO).parameters[k].default for k in DEFORMABLE_DETR}
-    model = tiny_dino(batch[3], **{**dino_defaults, "num_denoising": 12, **overrides}).train()
+    dino_settings = {k: DINO_4SCALE[k] for k in DEFORMABLE_DETR}
+    model = tiny_dino(batch[3], **{**dino_settings, "num_denoising": 12, **overrides}).train()
     perturb_(model)
     return model
 
@@ -281,7 +309,7 @@ def test_denoising_groups_see_no_other_group_and_matching_queries_see_none(batch
     targets = dino_targets()
     torch.manual_seed(1)
     queries = model.denoising(targets, QUERIES)
-    assert queries.num_groups == 2
+    assert queries.num_groups == 4
     group_queries = 2 * queries.group_size
     model.denoising.forward = lambda *args: queries
     with torch.no_grad():
@@ -399,7 +427,70 @@ def test_denoising_losses_are_per_target_and_group(batch) -> None:
                 pair = box_convert(torch.stack([boxes[image, slot], box]), "cxcywh", "xyxy")
                 giou += 1 - generalized_box_iou(pair[:1], pair[1:])[0, 0]
     count = sum(len(t["labels"]) for t in targets) * queries.num_groups
-    assert queries.num_groups == 2
+    assert queries.num_groups == 4
     torch.testing.assert_close(losses["loss_bbox_dn"], l1 / count)
     torch.testing.assert_close(losses["loss_giou_dn"], giou / count)
     torch.testing.assert_close(losses["loss_ce_dn"], sigmoid_focal_loss(logits, onehot, 0.25, 2.0, "sum") / count)
+
+
+def test_every_loss_term_of_mixed_selection_by_hand(batch) -> None:
+    """Every term DINO trains on, written from the paper and the official config: each decoder layer and
+    the encoder's selected proposals (class-aware in mixed selection) Hungarian-matched on the focal
+    class cost (weight 2) + L1 (5) + GIoU (2) by scipy, then focal loss (alpha 0.25, gamma 2), L1 and
+    1 - GIoU over the matched pairs, each divided by the number of targets; each layer's denoising
+    queries on their known positives, divided by the targets times the groups; the total weighted
+    1 (classes), 5 (L1), 2 (GIoU)."""
+    from scipy.optimize import linear_sum_assignment
+    from torchvision.ops import box_convert, generalized_box_iou, sigmoid_focal_loss
+
+    images, pixel_mask, _, _ = batch
+    model = mixed_dino(batch)
+    targets = dino_targets()
+    with torch.no_grad():
+        out = model(images, pixel_mask, targets)
+        losses = model.loss(out, targets)
+    count = sum(len(t["labels"]) for t in targets)
+    xyxy = lambda b: box_convert(b, "cxcywh", "xyxy")  # noqa: E731
+
+    def terms(logits, boxes, pairs, divisor):
+        onehot, l1, giou = torch.zeros_like(logits), 0.0, 0.0
+        for image, query, box, label in pairs:
+            onehot[image, query, label] = 1.0
+            l1 += (boxes[image, query] - box).abs().sum()
+            giou += 1 - generalized_box_iou(xyxy(boxes[image, query][None]), xyxy(box[None]))[0, 0]
+        return sigmoid_focal_loss(logits, onehot, 0.25, 2.0, "sum") / divisor, l1 / divisor, giou / divisor
+
+    def matched(logits, boxes):
+        pairs = []
+        for image, target in enumerate(targets):
+            prob = logits[image].sigmoid()
+            positive = 0.25 * (1 - prob) ** 2 * -(prob + 1e-8).log()
+            negative = 0.75 * prob**2 * -(1 - prob + 1e-8).log()
+            cost = (2 * (positive - negative)[:, target["labels"]] + 5 * torch.cdist(boxes[image], target["boxes"], p=1)
+                    - 2 * generalized_box_iou(xyxy(boxes[image]), xyxy(target["boxes"])))
+            for query, k in zip(*linear_sum_assignment(cost.numpy())):
+                pairs.append((image, query, target["boxes"][k], target["labels"][k]))
+        return pairs
+
+    expected = {}
+    layers = {**{f"_{i}": aux for i, aux in enumerate(out["aux_outputs"])}, "": out, "_enc": out["enc_outputs"]}
+    assert out["enc_outputs"]["pred_logits"].shape[-1] == NUM_CLASSES  # mixed selection: class-aware proposals
+    for name, layer in layers.items():
+        ce, l1, giou = terms(layer["pred_logits"], layer["pred_boxes"], matched(layer["pred_logits"], layer["pred_boxes"]), count)
+        expected |= {f"loss_ce{name}": ce, f"loss_bbox{name}": l1, f"loss_giou{name}": giou}
+    queries = out["dn_outputs"]["queries"]
+    dn_logits, dn_boxes = out["dn_outputs"]["pred_logits"], out["dn_outputs"]["pred_boxes"]
+    positives = [
+        (image, group * 2 * queries.group_size + k, box, label)
+        for image, target in enumerate(targets) for group in range(queries.num_groups)
+        for k, (box, label) in enumerate(zip(target["boxes"], target["labels"]))
+    ]
+    for layer in range(len(dn_logits)):
+        name = "_dn" if layer == len(dn_logits) - 1 else f"_dn_{layer}"
+        ce, l1, giou = terms(dn_logits[layer], dn_boxes[layer], positives, count * queries.num_groups)
+        expected |= {f"loss_ce{name}": ce, f"loss_bbox{name}": l1, f"loss_giou{name}": giou}
+    assert set(expected) == {key for key in losses if key.startswith("loss_")} and len(expected) == 3 * (2 * LAYERS + 1)
+    for key, value in expected.items():
+        torch.testing.assert_close(losses[key], value, rtol=1e-5, atol=1e-6, msg=key)
+    weights = {"ce": 1.0, "bbox": 5.0, "giou": 2.0}
+    torch.testing.assert_close(losses["loss"], sum(weights[key.split("_")[1]] * value for key, value in expected.items()))

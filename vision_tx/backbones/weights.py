@@ -8,8 +8,9 @@ Each model class that can read foreign layouts implements
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -25,9 +26,15 @@ class LoadReport:
     loaded_keys: list[str] = field(default_factory=list)
     missing_keys: list[str] = field(default_factory=list)
     unexpected_keys: list[str] = field(default_factory=list)
+    other_classes_keys: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"loaded {len(self.loaded_keys)} tensors from {self.source}"]
+        if self.other_classes_keys:
+            lines.append(
+                f"of another number of classes, left at the model's initialisation ({len(self.other_classes_keys)}): "
+                f"{', '.join(self.other_classes_keys)}"
+            )
         if self.missing_keys:
             lines.append(f"missing in the checkpoint ({len(self.missing_keys)}): {', '.join(self.missing_keys)}")
         if self.unexpected_keys:
@@ -39,12 +46,18 @@ def load_weights(
     model: nn.Module,
     checkpoint: str | os.PathLike | Mapping[str, torch.Tensor],
     strict: bool = False,
+    class_keys: Sequence[str] = (),
 ) -> LoadReport:
     """Loads a checkpoint file (or a state dict) into ``model`` and reports what did not match.
 
     Accepts official Microsoft Swin, timm, SHI-Labs NAT and facebookresearch DETR checkpoints, and
     vision_tx's own. Tensors whose shape differs from the model's are an error (the checkpoint is
     of another model); with ``strict=True`` missing or unused keys are an error too.
+
+    Fine-tuning on another number of classes: ``class_keys`` are regular expressions of the keys with
+    a row per class (e.g. ``"^class_embed"``). Those whose shape differs from the model's are not
+    loaded: they keep the values ``model`` was built with (its own initialisation, when it is new),
+    and the report lists them on one line. They are no missing keys, even with ``strict=True``.
     """
     if isinstance(checkpoint, Mapping):
         source, raw = "<state dict>", checkpoint
@@ -54,14 +67,26 @@ def load_weights(
     convert = getattr(model, "convert_state_dict", None)
     if convert is not None:
         state = convert(state)
+    other_classes = other_class_keys(state, model, class_keys)
+    state = {k: v for k, v in state.items() if k not in other_classes}
 
     missing, unexpected = fit_state_dict(state, model, source)
     model.load_state_dict(state, strict=False)
     unused = set(unexpected)
-    report = LoadReport(source, [k for k in state if k not in unused], missing, unexpected)
+    missing = [k for k in missing if k not in other_classes]
+    report = LoadReport(source, [k for k in state if k not in unused], missing, unexpected, other_classes)
     if strict and (report.missing_keys or report.unexpected_keys):
         raise CheckpointError(f"{source}: does not match the model exactly\n{report}")
     return report
+
+
+def other_class_keys(state: Mapping[str, torch.Tensor], model: nn.Module, class_keys: Sequence[str]) -> list[str]:
+    """The keys of ``state`` matching one of the ``class_keys`` patterns whose shape differs from ``model``'s."""
+    own = model.state_dict()
+    return [
+        key for key, value in state.items()
+        if key in own and value.shape != own[key].shape and any(re.search(pattern, key) for pattern in class_keys)
+    ]
 
 
 def save_weights(model: nn.Module, path: str | os.PathLike, **metadata: object) -> None:

@@ -109,6 +109,17 @@ class CocoDetectionDataModule(LightningDataModule):
             self.make_dataset(paths, None), self.train_transform, self.mosaic_size, self.mosaic_probability
         )
 
+    def label_extent(self) -> tuple[str, int, str]:
+        """The annotation file with the largest category id (of the validation file and, once built,
+        the training one), that id and its name: a model must predict ids up to it."""
+        files = [(self.val_ann_file, self.category_names)]
+        train_names = getattr(self.train_dataset, "category_names", None)
+        if train_names:
+            files.append((self.train_dataset.ann_file, train_names))
+        source, names = max(files, key=lambda file: max(file[1]))
+        largest = max(names)
+        return str(source), largest, names[largest]
+
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit") and self.train_dataset is None:
             self.train_dataset = self.make_train_dataset()

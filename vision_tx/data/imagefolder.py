@@ -153,6 +153,12 @@ class ImageFolderDataModule(pl.LightningDataModule):
             self.setup("validate")
         return len(self.class_names)
 
+    def label_extent(self) -> tuple[str, int, str]:
+        """The folder whose class folders are the classes, the last class's index and its name."""
+        if self.class_names is None:
+            self.setup("validate")
+        return str(self.class_folder), len(self.class_names) - 1, self.class_names[-1]
+
     def prepare_data(self) -> None:
         if self.root is None:
             toy_classification_root(self.hparams.toy_cache_dir)
@@ -160,17 +166,18 @@ class ImageFolderDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         hp = self.hparams
         root = self._data_root()
+        self.class_folder = Path(root) / hp.train_split
         if stage in (None, "fit"):
             pipeline = train_transforms(hp.image_size, **(hp.train_transform_kwargs or {}))
             self.train_set = ClassificationFolder(root, hp.train_split, pipeline)
             self.class_names = tuple(self.train_set.classes)
-        elif self.class_names is None and (Path(root) / hp.train_split).is_dir():
+        elif self.class_names is None and self.class_folder.is_dir():
             # Validating a trained model: its classes are the training split's folders, also when
             # the validation split lacks some of them.
-            self.class_names = tuple(find_classes(str(Path(root) / hp.train_split))[0])
+            self.class_names = tuple(find_classes(str(self.class_folder))[0])
         self.val_set = ClassificationFolder(root, hp.val_split, self.val_transform, self.class_names)
         if self.class_names is None:  # no training split: the classes are the validation folders
-            self.class_names = tuple(self.val_set.classes)
+            self.class_names, self.class_folder = tuple(self.val_set.classes), self.val_set.split_dir
 
     @property
     def val_transform(self) -> v2.Compose:

@@ -274,6 +274,11 @@ class SegmentationDataModule(pl.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    def label_extent(self) -> tuple[str, int, str]:
+        """The dataset's root, its largest class index and that class's name: a model must predict up to it."""
+        root = self.root if self.root is not None else toy_segmentation_root(self.hparams.toy_cache_dir)
+        return str(root), self.num_classes - 1, self.class_names[-1]
+
     def _data_root(self) -> str | os.PathLike:
         if self.root is not None:
             return self.root

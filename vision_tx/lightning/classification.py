@@ -28,6 +28,7 @@ from vision_tx.lightning.task import TaskModule
 from vision_tx.visualize import draw_confusion, draw_top_classes, save_grid
 
 TORCHVISION_PREFIX = "torchvision:"
+CLASS_KEYS = (r"^head(_dist)?\.",)  # the classifiers' tensors with a row per class (fine-tuning: load_weights)
 
 
 def warmup_cosine_factor(step: int, total_steps: int, warmup_steps: int, warmup_ratio: float, final_ratio: float) -> float:
@@ -69,7 +70,7 @@ class ClassificationModule(TaskModule):
     ``num_classes=None`` and ``class_names=None`` are taken from the datamodule when the model is built
     and recorded, so that a checkpoint rebuilds the same model and names its classes.
     ``pretrained`` is a classifier checkpoint (official layouts included); a head of another number
-    of classes is left out (fine-tuning). The learning rate is ``lr * global batch / lr_batch_size``
+    of classes keeps the new model's initialisation (fine-tuning), and the log names it. The learning rate is ``lr * global batch / lr_batch_size``
     (DeiT: 5e-4 x 1024 / 512), warmed up linearly from ``warmup_lr`` over ``warmup_epochs`` and then
     decayed by a half cosine to ``min_lr``, updated every step. Training batches are mixed by Mixup
     (``mixup_alpha``) or CutMix (``cutmix_alpha``), one of the two at random (0 turns one off).
@@ -127,7 +128,7 @@ class ClassificationModule(TaskModule):
             hp.class_names = names if len(names) == hp.num_classes else None
         self.model = build_classifier(hp.backbone, hp.num_classes, **(hp.backbone_kwargs or {}))
         if hp.pretrained and is_fitting(self):
-            rank_zero_info(f"classifier weights: {self._load_pretrained(hp.pretrained)}")
+            rank_zero_info(f"classifier weights: {load_weights(self.model, hp.pretrained, class_keys=CLASS_KEYS)}")
         self.compile_model()
         if hp.teacher and is_fitting(self):
             self._teacher = (load_teacher(hp.teacher, hp.teacher_backbone, hp.num_classes, hp.teacher_kwargs),)
@@ -138,15 +139,6 @@ class ClassificationModule(TaskModule):
         self.val_top1 = MulticlassAccuracy(hp.num_classes, top_k=1, average="micro")
         self.val_top5 = MulticlassAccuracy(hp.num_classes, top_k=top_k, average="micro")
         self.val_confusion = MulticlassConfusionMatrix(hp.num_classes)
-
-    def _load_pretrained(self, path: str) -> str:
-        state = unwrap_state_dict(read_checkpoint(path), path)
-        convert = getattr(self.model, "convert_state_dict", None)
-        state = convert(state) if convert is not None else state
-        own = self.model.state_dict()
-        other_head = [k for k, v in state.items() if k.startswith("head") and k in own and v.shape != own[k].shape]
-        report = load_weights(self.model, {k: v for k, v in state.items() if k not in other_head})
-        return f"{report}" + (f"\nhead of another number of classes left out: {', '.join(other_head)}" if other_head else "")
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Class logits ``[B, C]`` (DeiT's two heads averaged) for normalised ``images [B,3,H,W]``."""

@@ -43,9 +43,12 @@ def is_fitting(module: pl.LightningModule) -> bool:
     return module._trainer is not None and module.trainer.state.fn == TrainerFn.FITTING
 
 
-def build_task_backbone(module: pl.LightningModule, out_indices: Sequence[int] = (0, 1, 2, 3)) -> nn.Module:
+def build_task_backbone(
+    module: pl.LightningModule, out_indices: Sequence[int] = (0, 1, 2, 3), load_pretrained: bool = True
+) -> nn.Module:
     """The backbone named by ``module.hparams`` (``backbone``, ``backbone_kwargs``, ``pretrained``),
     returning the stages ``out_indices`` the task's head reads unless ``backbone_kwargs`` says otherwise.
+    ``load_pretrained=False`` leaves ``pretrained`` to the caller (a task that reads it into the whole model).
 
     Also resolves ``hparams.num_classes`` when it is None, from the trainer's datamodule, so that a
     checkpoint records it and rebuilds the same model.
@@ -57,7 +60,7 @@ def build_task_backbone(module: pl.LightningModule, out_indices: Sequence[int] =
             raise ValueError(f"{type(module).__name__}: num_classes is None and there is no datamodule to take it from")
         hp.num_classes = datamodule.num_classes
     backbone = build_backbone(hp.backbone, **{"out_indices": tuple(out_indices), **(hp.backbone_kwargs or {})})
-    if hp.pretrained and is_fitting(module):
+    if load_pretrained and hp.pretrained and is_fitting(module):
         rank_zero_info(f"backbone weights: {load_weights(backbone, hp.pretrained)}")
     return backbone
 

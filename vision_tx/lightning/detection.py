@@ -27,7 +27,9 @@ class DetectionModule(TaskModule):
     ``num_classes=None`` takes the datamodule's number (largest category id + 1) when the model is
     built (``configure_model``) and records it, so a checkpoint rebuilds the same model.
     ``pretrained`` is a backbone checkpoint, ``weights`` a whole-model one (e.g. the official
-    ``detr-r50-e632da11.pth``); both are read with ``load_weights`` when training starts.
+    ``detr-r50-e632da11.pth``); both are read with ``load_weights`` when training starts. Weights of
+    another number of classes fine-tune: all but the detector's ``class_keys`` tensors load, those
+    keep the new model's initialisation, and the log names them.
     ``detector_kwargs``, ``matcher_kwargs`` and ``criterion_kwargs`` go to the detector, which builds its
     matcher and criterion from the last two (``HungarianMatcher``, ``SetCriterion``/``DINOCriterion``;
     their signatures hold the papers' defaults). The model computes its loss and post-processing from
@@ -79,7 +81,8 @@ class DetectionModule(TaskModule):
         out_indices = self.backbone_out_indices or DETECTORS[hp.detector].backbone_out_indices
         self.model = self.build_model(build_task_backbone(self, out_indices))
         if hp.weights and is_fitting(self):
-            rank_zero_info(f"model weights: {load_weights(self.model, hp.weights)}")
+            report = load_weights(self.model, hp.weights, class_keys=getattr(self.model, "class_keys", ()))
+            rank_zero_info(f"model weights: {report}")
         self.compile_model()
 
     def build_model(self, backbone: torch.nn.Module) -> torch.nn.Module:

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 
+from vision_tx.backbones import load_weights
 from vision_tx.io import merge_metrics_json
-from vision_tx.lightning.common import build_task_backbone, param_groups, sync_batchnorm_where_supported
+from vision_tx.lightning.common import build_task_backbone, is_fitting, param_groups, sync_batchnorm_where_supported
 from vision_tx.lightning.detection import denormalize
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
@@ -34,7 +35,10 @@ class SegmentationModule(TaskModule):
 
     ``num_classes=None`` takes the datamodule's number when the model is built (``configure_model``)
     and records it in the hyperparameters, so a checkpoint rebuilds the same model. ``pretrained``
-    is a backbone checkpoint read with ``load_weights`` (official Swin/NAT layouts included).
+    is read with ``load_weights`` when training starts: a backbone or classifier checkpoint (official
+    Swin/NAT layouts included) into the backbone, or a whole UperNet one (mmsegmentation's official
+    layout or vision_tx's); heads of another number of classes keep the new model's initialisation
+    (fine-tuning), and the log names them.
     Validation runs ``inference_mode`` (``"whole"`` or ``"slide"`` with ``slide_crop_size``/``slide_stride``),
     optionally over ``test_scales`` and flips, and scores at each label's original size; the first
     ``num_visualized`` validation images are drawn with their predicted and true classes.
@@ -81,7 +85,7 @@ class SegmentationModule(TaskModule):
         if self.model is not None:
             return
         hp = self.hparams
-        backbone = build_task_backbone(self)
+        backbone = build_task_backbone(self, load_pretrained=False)
         datamodule = self.trainer.datamodule if self._trainer is not None else None
         self.model = UperNetSegmentor(
             backbone,
@@ -93,6 +97,9 @@ class SegmentationModule(TaskModule):
             dropout=hp.dropout,
             ignore_index=getattr(datamodule, "ignore_index", 255),
         )
+        if hp.pretrained and is_fitting(self):
+            report = load_weights(self.model, hp.pretrained, class_keys=self.model.class_keys)
+            rank_zero_info(f"segmentor weights: {report}")
         if hp.sync_batchnorm:
             self.model = sync_batchnorm_where_supported(self, self.model)
         self.compile_model()

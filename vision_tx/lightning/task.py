@@ -1,4 +1,5 @@
-"""The base of every task's LightningModule: the ``compile`` option, shared by all of them."""
+"""The base of every task's LightningModule: the ``compile`` option and the check that the data's labels
+fit the model, shared by all of them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
+
+from vision_tx.data.invalid import InvalidDataError
 
 
 class TaskModule(pl.LightningModule):
@@ -17,6 +20,10 @@ class TaskModule(pl.LightningModule):
     validation then run the compiled forward; the loss (matching, criterion) and post-processing are
     other methods of the model and stay eager. The model is compiled in place, so its parameters and
     state-dict keys, and the checkpoints, are those of the eager model.
+
+    Before training and before each validation, the datamodule's largest label (``label_extent()``: the
+    file that defines the labels, the id and its name) must be one the model predicts (below
+    ``hparams.num_classes``): a checkpoint meeting other data is an ``InvalidDataError`` naming them.
     """
 
     def __init__(self, compile: bool | dict[str, Any] = False) -> None:
@@ -30,3 +37,23 @@ class TaskModule(pl.LightningModule):
         if self.compile_options is not None:
             self.model.compile(**self.compile_options)
             rank_zero_info(f"model forward compiled with torch.compile({self.compile_options or ''})")
+
+    def check_labels_fit(self) -> None:
+        """Raises ``InvalidDataError`` when the datamodule holds labels beyond the model's classes."""
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        extent = getattr(datamodule, "label_extent", None)
+        num_classes = self.hparams.get("num_classes")
+        if extent is None or num_classes is None:
+            return
+        source, largest, name = extent()
+        if largest >= num_classes:
+            raise InvalidDataError(
+                f"{source}: label {largest} ({name}) is beyond this model's {num_classes} classes (0-{num_classes - 1}): "
+                "the checkpoint or num_classes was made for other data"
+            )
+
+    def on_fit_start(self) -> None:
+        self.check_labels_fit()
+
+    def on_validation_start(self) -> None:
+        self.check_labels_fit()

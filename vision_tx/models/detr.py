@@ -59,6 +59,7 @@ class DETR(nn.Module):
 
     backbone_out_indices = (3,)  # the last stage only
     score_threshold = 0.5  # the score above which pictures draw a detection (softmax over classes)
+    class_keys = (r"^class_embed\.",)  # the tensors with a row per class (fine-tuning: load_weights)
 
     def __init__(
         self,

@@ -36,6 +36,8 @@ class DETRPanoptic(nn.Module):
     mask head learns; the frozen detector then runs without building a graph.
     """
 
+    class_keys = (r"^detr\.class_embed\.",)  # the tensors with a row per class (fine-tuning: load_weights)
+
     def __init__(self, detr: DETR, freeze_detr: bool = False, num_attention_heads: int = 8) -> None:
         super().__init__()
         channels = list(detr.backbone.out_channels)

@@ -44,8 +44,10 @@ class DINO(nn.Module):
     ``num_queries`` best become the decoder's initial boxes. ``query_selection``: ``"mixed"`` (DINO)
     takes the content of the queries from a learned embedding and their position from their boxes
     at every layer; ``"two_stage"`` (Deformable DETR) takes both from the proposals' boxes, ranked
-    by a class-agnostic score. In training, ``num_denoising`` queries (at most) reconstruct noised
-    targets; ``look_forward_twice`` lets each layer's box loss reach the previous layer's box head.
+    by a class-agnostic score. In training, denoising queries reconstruct noised targets:
+    ``num_denoising`` is the official ``dn_number``, ``num_denoising // K`` groups of ``K`` positive and
+    ``K`` negative queries for at most ``K`` targets per image (:class:`ContrastiveDenoising`);
+    ``look_forward_twice`` lets each layer's box loss reach the previous layer's box head.
     Defaults: DINO's 4-scale setting, with its sine position encoding (``position_temperature`` 20,
     ``position_offset`` 0), the decoder's final LayerNorm (``decoder_norm``) and ``inverse_sigmoid_eps``
     1e-3; Deformable DETR's are 10000, -0.5, no norm and 1e-5. ``nms_threshold`` (off by default,
@@ -56,6 +58,7 @@ class DINO(nn.Module):
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
     score_threshold = 0.3  # for pictures: sigmoid scores run lower (the official DINO demo draws above 0.3)
+    class_keys = (r"^class_embed\.", r"^denoising\.label_embed\.")  # a row per class (fine-tuning: load_weights)
 
     def __init__(
         self,
@@ -73,7 +76,7 @@ class DINO(nn.Module):
         query_selection: str = "mixed",
         num_denoising: int = 100,
         label_noise_ratio: float = 0.5,
-        box_noise_scale: float = 1.0,
+        box_noise_scale: float = 0.4,
         look_forward_twice: bool = True,
         position_temperature: float = 20.0,
         position_offset: float = 0.0,
@@ -118,7 +121,9 @@ class DINO(nn.Module):
         else:
             self.query_embed = nn.Embedding(num_queries, hidden_dim)
         self.denoising = (
-            ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale) if num_denoising else None
+            ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, inverse_sigmoid_eps)
+            if num_denoising
+            else None
         )
         matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
         self.criterion = DINOCriterion(num_classes, matcher, **(criterion_kwargs or {}))

@@ -3,7 +3,7 @@ loss and whole-image, sliding-window and test-time-augmented inference of mmsegm
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,8 @@ class UperNetSegmentor(nn.Module):
     "H/4" is the finest output stride. The auxiliary head reads backbone output ``aux_in_index``
     and runs only in training mode (it only feeds the loss); ``aux_loss_weight=0`` drops it.
     """
+
+    class_keys = (r"^(decode|auxiliary)_head\.classifier\.",)  # a row per class (fine-tuning: load_weights)
 
     def __init__(
         self,
@@ -54,6 +56,18 @@ class UperNetSegmentor(nn.Module):
         if self.training and self.auxiliary_head is not None:
             outputs["aux_logits"] = self.auxiliary_head(features[self.aux_in_index])
         return outputs
+
+    def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Reads mmsegmentation's UperNet checkpoints (the official Swin and NAT ones): ``backbone.*``
+        goes through the backbone's ``convert_state_dict`` and the heads' ``conv_seg`` is ``classifier``
+        here. A checkpoint without ``backbone.`` or head keys (a classifier's) is the backbone's."""
+        whole = any(key.startswith(("backbone.", "decode_head.", "auxiliary_head.")) for key in state_dict)
+        backbone_state = {k.removeprefix("backbone."): v for k, v in state_dict.items() if k.startswith("backbone.") or not whole}
+        heads = {k.replace(".conv_seg.", ".classifier."): v for k, v in state_dict.items() if whole and not k.startswith("backbone.")}
+        convert_backbone = getattr(self.backbone, "convert_state_dict", None)
+        if convert_backbone is not None:
+            backbone_state = convert_backbone(backbone_state)
+        return {**{f"backbone.{k}": v for k, v in backbone_state.items()}, **heads}
 
     def _resize(self, x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
         return F.interpolate(x, tuple(size), mode="bilinear", align_corners=self.align_corners)

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from torchvision.ops import box_convert
 
+from vision_tx.heads.dino.transformer import inverse_sigmoid
+
 
 @dataclass
 class DenoisingQueries:
@@ -19,7 +21,7 @@ class DenoisingQueries:
     """
 
     content: torch.Tensor  # [B,N,D] label embeddings of the noised labels (zero on padding)
-    boxes: torch.Tensor  # [B,N,4] noised boxes, cxcywh in [0, 1]
+    boxes: torch.Tensor  # [B,N,4] noised boxes, cxcywh, as the decoder reads them: sigmoid(inverse_sigmoid(b, eps))
     attn_mask: torch.Tensor  # [N+Q,N+Q] bool, True where a query may not look (Q matching queries last)
     num_groups: int
     group_size: int
@@ -36,31 +38,39 @@ class DenoisingQueries:
 
 
 class ContrastiveDenoising(nn.Module):
-    """Makes at most ``num_queries`` denoising queries for a batch's targets.
+    """DINO's denoising queries for a batch's targets.
 
-    Each group copies every target twice. A label is replaced by a random class with probability
-    ``label_noise_ratio / 2``. Each box edge moves by ``box_noise_scale`` times half the box's width
-    (or height) times a random factor: below 1 for positives, between 1 and 2 for negatives, so
-    positives stay closer to their target than negatives.
+    ``num_queries`` is the official ``dn_number``: with at most ``K`` targets per image, it makes
+    ``num_queries // K`` groups (at least one), each of ``K`` positive and ``K`` negative queries, so
+    ``2 * K * (num_queries // K)`` queries in all, up to twice ``num_queries`` (DINO's 100 gives 200
+    queries for 1 target, 96 for 4). Each group copies every target twice. A label is replaced by a
+    random class with probability ``label_noise_ratio / 2``. Each box edge moves by ``box_noise_scale``
+    times half the box's width (or height) times a random factor: below 1 for positives, between 1
+    and 2 for negatives, so positives stay closer to their target than negatives (defaults: the official
+    DINO config's ``dn_label_noise_ratio`` 0.5 and ``dn_box_noise_scale`` 0.4). The noised corners
+    are clamped to the image and the boxes go through ``inverse_sigmoid(., eps)`` and back, as the
+    official ``prepare_for_cdn`` stores them, so the decoder reads sizes of at least about ``eps``.
     """
 
     def __init__(
-        self, num_classes: int, dim: int, num_queries: int = 100, label_noise_ratio: float = 0.5, box_noise_scale: float = 1.0
+        self, num_classes: int, dim: int, num_queries: int = 100, label_noise_ratio: float = 0.5, box_noise_scale: float = 0.4,
+        eps: float = 1e-3,
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
         self.num_queries = num_queries
         self.label_noise_ratio = label_noise_ratio
         self.box_noise_scale = box_noise_scale
+        self.eps = eps
         self.label_embed = nn.Embedding(num_classes, dim)
 
     def forward(self, targets: list[dict[str, torch.Tensor]], num_matching: int) -> DenoisingQueries | None:
         """``targets``: per image ``labels [K]`` and ``boxes [K,4]`` (normalised cxcywh); ``num_matching``:
         the number of matching queries that follow. None when the batch has no target."""
         group_size = max((len(t["labels"]) for t in targets), default=0)
-        if group_size == 0 or self.num_queries < 2:
+        if group_size == 0 or self.num_queries < 1:
             return None
-        num_groups = max(1, self.num_queries // (2 * group_size))
+        num_groups = max(1, self.num_queries // group_size)
         device = self.label_embed.weight.device
         batch = len(targets)
         labels = torch.zeros(batch, group_size, dtype=torch.int64, device=device)
@@ -79,11 +89,12 @@ class ContrastiveDenoising(nn.Module):
         labels = torch.where(relabel, torch.randint_like(labels, self.num_classes), labels)
         corners = box_convert(boxes, "cxcywh", "xyxy")
         half_size = boxes[..., 2:].repeat(1, 1, 1, 1, 2) / 2
+        sign = torch.randint_like(corners, 2) * 2 - 1
         magnitude = torch.rand_like(corners)
         magnitude[:, :, 1] += 1.0  # negatives
-        sign = torch.randint_like(corners, 2) * 2 - 1
         corners = (corners + sign * magnitude * half_size * self.box_noise_scale).clamp(0.0, 1.0)
-        noised = box_convert(corners, "xyxy", "cxcywh")
+        noised = box_convert(corners, "xyxy", "cxcywh")  # crossed corners give negative sizes...
+        noised = inverse_sigmoid(noised, self.eps).sigmoid()  # ...which the official code clamps here
         noised = torch.where(valid[..., None], noised, boxes)
 
         content = self.label_embed(labels) * valid[..., None]
