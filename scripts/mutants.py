@@ -287,7 +287,7 @@ MUTANTS = [
     Mutant("dino postprocess: NMS keeps the lower-scored box", "vision_tx/heads/detr/postprocess.py",
            'batched_nms(found["boxes"].float(), found["scores"].float()', 'batched_nms(found["boxes"].float(), -found["scores"].float()', (DINO_NMS,)),
     Mutant("dino: proposal norm skipped", "vision_tx/models/dino.py",
-           "features = self.enc_output_norm(self.enc_output(features))", "features = self.enc_output(features)", (DINO_TX,)),
+           "features = enc_output_norm(enc_output(features))", "features = enc_output(features)", (DINO_TX,)),
     Mutant("dino: anchor size doubled", "vision_tx/models/dino.py",
            "sizes = torch.full_like(centres, 0.05 * 2.0**level)", "sizes = torch.full_like(centres, 0.05 * 2.0 ** (level + 1))", (DINO_TX,)),
     Mutant("dino: anchor centres off by half a pixel", "vision_tx/models/dino.py",
@@ -300,7 +300,7 @@ MUTANTS = [
     Mutant("dino: proposal boxes not detached", "vision_tx/models/dino.py",
            "boxes = proposal_boxes.detach()", "boxes = proposal_boxes", (DINO_TX_GRAD,)),
     Mutant("dino: mixed selection ranks by class 0 only", "vision_tx/models/dino.py",
-           'score = logits[..., 0] if self.query_selection == "two_stage" else logits.max(-1).values',
+           'score = logits[..., 0] if class_agnostic else logits.max(-1).values',
            "score = logits[..., 0]", (DINO_MIXED,)),
     # DINO denoising and loss
     Mutant("denoising mask: matching queries see the denoising ones", "vision_tx/heads/dino/denoising.py",
