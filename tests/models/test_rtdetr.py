@@ -172,10 +172,10 @@ def same_denoising(ours: RTDETR, targets: list[dict[str, torch.Tensor]]) -> None
     blocked = torch.zeros(queries.attn_mask.shape).masked_fill(queries.attn_mask, float("-inf"))
     positives = [q for q, _ in queries.positive_indices(targets)]
     meta = {"dn_positive_idx": positives, "dn_num_group": queries.num_groups, "dn_num_split": [queries.content.shape[1], QUERIES]}
-    boxes = _modeling.inverse_sigmoid(queries.boxes.detach())
 
     def transformers_denoising(targets, num_classes, num_queries, class_embed, **kwargs):
-        return class_embed(labels), boxes.to(class_embed.weight.dtype), blocked, meta
+        boxes = _modeling.inverse_sigmoid(queries.boxes.detach().to(class_embed.weight.dtype))
+        return class_embed(labels), boxes, blocked, meta
 
     _modeling.get_contrastive_denoising_training_group = transformers_denoising
 
@@ -238,20 +238,23 @@ def test_training_outputs_and_loss_match_transformers(restore_denoising) -> None
 
 
 def test_gradients_match_transformers(restore_denoising) -> None:
-    """Every parameter's gradient of the whole training loss in float64 (measured: within 1e-9 of each
-    parameter's largest gradient)."""
+    """Every parameter's gradient of the whole training loss in float64 (measured: within 3.3e-6 of each
+    parameter's largest gradient, from the GIoU: torchvision's adds 1e-7 to the union, transformers'
+    nothing; every loss term agrees to 1e-6). Gradients that are zero but for rounding are left out: a
+    key's bias (the softmax ignores it) and the shifts that a BatchNorm on batch statistics removes
+    downstream (the input projections' BatchNorm bias of the lower levels, the last AIFI norm's bias)."""
     ours, reference, _ = ours_and_transformers(torch.float64)
     out, losses, ref = training_step(ours, reference, torch.float64)
     losses["loss"].backward()
     ref.loss.backward()
     grads = to_transformers({n: p.grad for n, p in ours.named_parameters() if p.grad is not None})
-    expected = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None and p.grad.abs().max() > 0}
+    expected = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None and p.grad.abs().max() > 1e-12}
     assert "model.encoder.aifi.0.layers.0.self_attn.q_proj.weight" in expected and "model.enc_score_head.weight" in expected
-    # A key's bias has no gradient (the softmax ignores it) but rounding.
-    assert {n for n, g in grads.items() if g.abs().max() > 0 and not n.endswith("k_proj.bias")} <= set(expected)
+    assert {n for n, g in grads.items() if g.abs().max() > 1e-12} == set(expected)
+    assert len(expected) > 250
     for name, grad in expected.items():
         scale = grad.abs().max().item()
-        torch.testing.assert_close(grads[name], grad, rtol=0, atol=1e-8 * scale + 1e-14, msg=name)
+        torch.testing.assert_close(grads[name], grad, rtol=0, atol=1e-5 * scale, msg=name)
 
 
 def test_registered_and_trains_on_images_without_objects() -> None:

@@ -14,7 +14,7 @@ from torch import nn
 from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections
 from vision_tx.heads.dino.denoising import ContrastiveDenoising
-from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer
+from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer, inverse_sigmoid
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
 from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
 from vision_tx.models.detr import checked_pixel_mask
@@ -138,7 +138,8 @@ class RTDETR(nn.Module):
         attn_mask = None
         if denoising is not None:
             queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
-            boxes = torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)
+            # As the official code: noised boxes enter as logits, so every coordinate lies in [1e-5, 1 - 1e-5].
+            boxes = torch.cat([inverse_sigmoid(denoising.boxes.to(boxes.dtype)).sigmoid(), boxes], 1)
             attn_mask = denoising.attn_mask
         hidden, layer_boxes = self.decoder(
             queries, boxes, memory, levels.shapes, levels.padding_mask, levels.valid_ratios, self.bbox_embed,
