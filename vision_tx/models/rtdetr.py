@@ -19,6 +19,7 @@ from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
 from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
 from vision_tx.models.detr import checked_pixel_mask
 from vision_tx.models.dino import decoder_outputs, select_proposals
+from vision_tx.models.rtdetr_official import convert_official_rtdetr, is_official_rtdetr
 from vision_tx.necks.multiscale import MultiScaleLevels, flatten_levels
 
 
@@ -155,6 +156,10 @@ class RTDETR(nn.Module):
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
         return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)
+
+    def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Reads lyuwenyu/RT-DETR checkpoints (see :func:`convert_official_rtdetr`); native keys pass."""
+        return convert_official_rtdetr(state_dict, self) if is_official_rtdetr(state_dict) else dict(state_dict)
 
     def no_weight_decay(self) -> set[str]:
         """Names of the parameters AdamW should not decay: every norm's (RT-DETR's optimiser setting)."""
