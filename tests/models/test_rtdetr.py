@@ -265,3 +265,32 @@ def test_registered_and_trains_on_images_without_objects() -> None:
     losses = ours.train().loss(ours(images, pixel_mask, empty), empty)
     assert torch.isfinite(losses["loss"]) and losses["loss_bbox"] == 0
     losses["loss"].backward()
+
+
+def test_aifi_hides_padding_the_cropped_map_sees_the_same() -> None:
+    """The top level's attention over a padded map, at its valid tokens, is the attention over the
+    map cropped to them (the position embedding counts from the top-left corner either way)."""
+    from vision_tx.heads.rtdetr import AIFI, AIFILayer
+
+    torch.manual_seed(0)
+    aifi = perturb_(AIFI(AIFILayer(16, 2, 24), 2)).eval().double()
+    x = torch.randn(2, 16, 4, 5, dtype=torch.float64)
+    padding = torch.zeros(2, 4, 5, dtype=torch.bool)
+    padding[1, 3:, :] = True
+    padding[1, :, 3:] = True
+    with torch.no_grad():
+        padded = aifi(x, padding)
+        cropped = aifi(x[1:, :, :3, :3])
+        torch.testing.assert_close(padded[1:, :, :3, :3], cropped, rtol=0, atol=1e-12)
+        torch.testing.assert_close(padded[:1], aifi(x[:1]), rtol=0, atol=1e-12)
+
+
+def test_look_forward_twice_trains_the_previous_layers_box_head() -> None:
+    """The official RT-DETR's (transformers' port leaves it out): layer i's box is refined from layer
+    i - 1's box with its gradient, so the last layer's box loss reaches the previous box head, not earlier ones."""
+    for look_forward_twice, reached in ((True, [False, True, True]), (False, [False, False, True])):
+        ours, _, _ = ours_and_transformers(look_forward_twice=look_forward_twice)
+        images, pixel_mask = images_and_mask()
+        ours.train()(images, pixel_mask, rtdetr_targets())["pred_boxes"].sum().backward()
+        heads = ours.bbox_embed[:LAYERS]
+        assert [bool(head.layers[-1].weight.grad.abs().sum() > 0) for head in heads] == reached, look_forward_twice
