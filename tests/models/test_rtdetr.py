@@ -5,7 +5,6 @@ gradients."""
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from vision_tx.heads.rtdetr import sincos_position_embedding
 from vision_tx.models import DETECTORS, RTDETR
 
 from tests.conftest import require_reference
+from tests.models.test_dino import MapsBackbone
 from tests.parity import perturb_
 
 transformers = require_reference("transformers")
@@ -45,12 +45,13 @@ _TO_TRANSFORMERS = [
 ]
 
 
-def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def to_transformers(state: dict[str, torch.Tensor], num_layers: int = LAYERS) -> dict[str, torch.Tensor]:
+    """Our state dict (of a model with ``num_layers`` decoder layers) in transformers' names."""
     converted = {}
     for key, value in state.items():
         head = re.match(r"^(class_embed|bbox_embed)\.(\d+)\.(.*)$", key)
         if head:  # the last head scores the encoder's proposals
-            last = int(head[2]) == LAYERS
+            last = int(head[2]) == num_layers
             name = {"class_embed": "enc_score_head", "bbox_embed": "enc_bbox_head"}[head[1]]
             converted[f"model.{name}.{head[3]}" if last else f"model.decoder.{key}"] = value
             continue
@@ -65,18 +66,6 @@ def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             converted[key] = value
     return converted
-
-
-class MapsBackbone(nn.Module):
-    """Returns the given maps whatever the images: both models read the same backbone features."""
-
-    def __init__(self, maps: list[torch.Tensor]) -> None:
-        super().__init__()
-        self.maps = maps
-        self.out_channels = [m.shape[1] for m in maps]
-
-    def forward(self, images: torch.Tensor) -> OrderedDict:
-        return OrderedDict((f"res{i + 3}", m) for i, m in enumerate(self.maps))
 
 
 def backbone_maps(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:

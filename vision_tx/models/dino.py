@@ -115,12 +115,7 @@ class DINO(nn.Module):
             ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale) if num_denoising else None
         )
         self.criterion = DINOCriterion(num_classes) if criterion is None else criterion
-        prior = -math.log((1 - 0.01) / 0.01)  # every class starts at probability 0.01 (focal loss)
-        for head in self.class_embed:
-            nn.init.constant_(head.bias, prior)
-        for head in self.bbox_embed:
-            nn.init.zeros_(head.layers[-1].weight)
-            nn.init.zeros_(head.layers[-1].bias)
+        init_heads(self.class_embed, self.bbox_embed)
 
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
@@ -170,6 +165,16 @@ class DINO(nn.Module):
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads IDEA-Research/DINO checkpoints (see :func:`convert_official_dino`); native keys pass."""
         return convert_official_dino(state_dict, self) if is_official_dino(state_dict) else dict(state_dict)
+
+
+def init_heads(class_heads: nn.ModuleList, box_heads: nn.ModuleList) -> None:
+    """Every class starts at probability 0.01 (sigmoid losses) and every box head predicts no change."""
+    prior = -math.log((1 - 0.01) / 0.01)
+    for head in class_heads:
+        nn.init.constant_(head.bias, prior)
+    for head in box_heads:
+        nn.init.zeros_(head.layers[-1].weight)
+        nn.init.zeros_(head.layers[-1].bias)
 
 
 def select_proposals(

@@ -5,7 +5,6 @@ trained with the varifocal loss), with contrastive denoising."""
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import torch
@@ -18,7 +17,7 @@ from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecode
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
 from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
 from vision_tx.models.detr import checked_pixel_mask
-from vision_tx.models.dino import decoder_outputs, select_proposals
+from vision_tx.models.dino import decoder_outputs, init_heads, select_proposals
 from vision_tx.models.rtdetr_official import convert_official_rtdetr, is_official_rtdetr
 from vision_tx.necks.multiscale import MultiScaleLevels, flatten_levels
 
@@ -100,12 +99,7 @@ class RTDETR(nn.Module):
             ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale) if num_denoising else None
         )
         self.criterion = RTDETRCriterion(num_classes) if criterion is None else criterion
-        prior = -math.log((1 - 0.01) / 0.01)  # every class starts at probability 0.01
-        for head in self.class_embed:
-            nn.init.constant_(head.bias, prior)
-        for head in self.bbox_embed:
-            nn.init.zeros_(head.layers[-1].weight)
-            nn.init.zeros_(head.layers[-1].bias)
+        init_heads(self.class_embed, self.bbox_embed)
 
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None

@@ -9,6 +9,8 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from vision_tx.models.dino_official import renamed_key, with_backbone_state
+
 # Official name (a regular expression on the key) -> vision_tx's; the first match wins. The hybrid
 # encoder (``encoder.``) has the official names but for its one AIFI stack.
 _RENAMES = (
@@ -54,14 +56,5 @@ def convert_official_rtdetr(state_dict: Mapping[str, torch.Tensor], model: nn.Mo
             continue
         if key == "decoder.denoising_class_embed.weight":
             value = value[: model.num_classes]
-        for pattern, replacement in _RENAMES:
-            renamed, count = re.subn(pattern, replacement, key)
-            if count:
-                key = renamed
-                break
-        converted[key] = value
-    convert_backbone = getattr(model.backbone, "convert_state_dict", None)
-    if convert_backbone is not None:
-        backbone_state = convert_backbone(backbone_state)
-    converted.update({f"backbone.{k}": v for k, v in backbone_state.items()})
-    return converted
+        converted[renamed_key(key, _RENAMES)] = value
+    return with_backbone_state(converted, backbone_state, model)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.ops import Linear
