@@ -61,6 +61,13 @@ FINETUNE_UPERNET = "tests/lightning/test_finetuning.py::test_upernet_pretrained_
 FINETUNE_CLASSIFIER = "tests/lightning/test_finetuning.py::test_classifier_pretrained_of_another_class_count"
 LABEL_RANGE = "tests/lightning/test_label_range.py"
 LABEL_RANGE_EVAL = "tests/lightning/test_label_range.py::test_evaluating_a_checkpoint_on_other_data_is_one_line"
+RT_TX = "tests/models/test_rtdetr.py::test_encoder_proposals_and_decoder_match_transformers"
+RT_TRAIN = "tests/models/test_rtdetr.py::test_training_outputs_and_loss_match_transformers"
+RT_GRAD = "tests/models/test_rtdetr.py::test_gradients_match_transformers"
+RT_POSITION = "tests/models/test_rtdetr.py::test_position_embedding_is_transformers_2d_sincos"
+RT_PADDING = "tests/models/test_rtdetr.py::test_aifi_hides_padding_the_cropped_map_sees_the_same"
+RT_LFT = "tests/models/test_rtdetr.py::test_look_forward_twice_trains_the_previous_layers_box_head"
+RT_OFFICIAL = "tests/models/test_rtdetr_official.py"
 VIT = "tests/backbones/test_vit.py::test_timm_weights_give_timm_logits"
 VIT_WEIGHTS = "tests/backbones/test_vit.py::test_attention_weights_are_the_ones_the_forward_uses"
 VIT_RESIZE = "tests/backbones/test_vit.py::test_resize_pos_embed_is_timms_bicubic_resampling"
@@ -299,7 +306,7 @@ MUTANTS = [
     Mutant("dino postprocess: NMS keeps the lower-scored box", "vision_tx/heads/detr/postprocess.py",
            'batched_nms(found["boxes"].float(), found["scores"].float()', 'batched_nms(found["boxes"].float(), -found["scores"].float()', (DINO_NMS,)),
     Mutant("dino: proposal norm skipped", "vision_tx/models/dino.py",
-           "features = self.enc_output_norm(self.enc_output(features))", "features = self.enc_output(features)", (DINO_TX,)),
+           "features = enc_output_norm(enc_output(features))", "features = enc_output(features)", (DINO_TX,)),
     Mutant("dino: anchor size doubled", "vision_tx/models/dino.py",
            "sizes = torch.full_like(centres, 0.05 * 2.0**level)", "sizes = torch.full_like(centres, 0.05 * 2.0 ** (level + 1))", (DINO_TX,)),
     Mutant("dino: anchor centres off by half a pixel", "vision_tx/models/dino.py",
@@ -312,7 +319,7 @@ MUTANTS = [
     Mutant("dino: proposal boxes not detached", "vision_tx/models/dino.py",
            "boxes = proposal_boxes.detach()", "boxes = proposal_boxes", (DINO_TX_GRAD,)),
     Mutant("dino: mixed selection ranks by class 0 only", "vision_tx/models/dino.py",
-           'score = logits[..., 0] if self.query_selection == "two_stage" else logits.max(-1).values',
+           'score = logits[..., 0] if class_agnostic else logits.max(-1).values',
            "score = logits[..., 0]", (DINO_MIXED,)),
     # DINO denoising and loss
     Mutant("denoising mask: matching queries see the denoising ones", "vision_tx/heads/dino/denoising.py",
@@ -388,6 +395,71 @@ MUTANTS = [
     Mutant("label range: not checked before validation", "vision_tx/lightning/task.py",
            "    def on_validation_start(self) -> None:\n        self.check_labels_fit()",
            "    def on_validation_start(self) -> None:\n        pass", (LABEL_RANGE_EVAL,)),
+    # RT-DETR
+    Mutant("rtdetr aifi: norm1 and norm2 swapped", "vision_tx/heads/rtdetr/aifi.py",
+           "x = self.norm1(x + self.dropout(self.self_attn(", "x = self.norm2(x + self.dropout(self.self_attn(", (RT_TX,)),
+    Mutant("rtdetr aifi: FFN GELU removed", "vision_tx/heads/rtdetr/aifi.py",
+           'self.linear1 = Linear(dim, dim_feedforward, activation="gelu")', "self.linear1 = Linear(dim, dim_feedforward)", (RT_TX,)),
+    Mutant("rtdetr aifi: position not added to the keys", "vision_tx/heads/rtdetr/aifi.py",
+           "q = k = x + position", "q, k = x + position, x", (RT_TX,)),
+    Mutant("rtdetr aifi: position embedding axes swapped", "vision_tx/heads/rtdetr/aifi.py",
+           "torch.cat([out_y.sin(), out_y.cos(), out_x.sin(), out_x.cos()], 1)",
+           "torch.cat([out_x.sin(), out_x.cos(), out_y.sin(), out_y.cos()], 1)", (RT_POSITION, RT_TX)),
+    Mutant("rtdetr aifi: frequency scale over dim / 2", "vision_tx/heads/rtdetr/aifi.py",
+           "/ (dim // 4))\n", "/ (dim // 2))\n", (RT_POSITION, RT_TX)),
+    Mutant("rtdetr aifi: padding attended, valid tokens hidden", "vision_tx/heads/rtdetr/aifi.py",
+           "else padding_mask.flatten(1)", "else ~padding_mask.flatten(1)", (RT_PADDING,)),
+    Mutant("rtdetr repvgg: activation removed", "vision_tx/heads/rtdetr/conv.py",
+           "return self.act(self.conv1(x) + self.conv2(x))", "return self.conv1(x) + self.conv2(x)", (RT_TX,)),
+    Mutant("rtdetr conv-norm: ReLU for SiLU", "vision_tx/heads/rtdetr/conv.py",
+           "self.act = nn.SiLU() if activation else nn.Identity()", "self.act = nn.ReLU() if activation else nn.Identity()", (RT_TX,)),
+    Mutant("rtdetr csp: the second branch dropped", "vision_tx/heads/rtdetr/conv.py",
+           "return self.conv3(self.bottlenecks(self.conv1(x)) + self.conv2(x))", "return self.conv3(self.bottlenecks(self.conv1(x)))", (RT_TX,)),
+    Mutant("rtdetr hybrid encoder: input projection BatchNorm skipped", "vision_tx/heads/rtdetr/hybrid_encoder.py",
+           "projected = [projection(x) for projection, x in zip(self.input_proj, maps)]",
+           "projected = [projection[0](x) for projection, x in zip(self.input_proj, maps)]", (RT_TX,)),
+    Mutant("rtdetr fpn: upper and lower maps concatenated in the other order", "vision_tx/heads/rtdetr/hybrid_encoder.py",
+           'torch.cat([F.interpolate(upper, size=lower.shape[-2:], mode="nearest"), lower], 1)',
+           'torch.cat([lower, F.interpolate(upper, size=lower.shape[-2:], mode="nearest")], 1)', (RT_TX,)),
+    Mutant("rtdetr fpn: bilinear upsampling", "vision_tx/heads/rtdetr/hybrid_encoder.py",
+           'size=lower.shape[-2:], mode="nearest")', 'size=lower.shape[-2:], mode="bilinear")', (RT_TX,)),
+    Mutant("rtdetr fpn: the lateral conv's output not kept for the PAN", "vision_tx/heads/rtdetr/hybrid_encoder.py",
+           "upper = fpn[0] = lateral(fpn[0])", "upper = lateral(fpn[0])", (RT_TX,)),
+    Mutant("rtdetr pan: reads the projected maps, not the FPN's", "vision_tx/heads/rtdetr/hybrid_encoder.py",
+           "downsample(outputs[-1]), fpn[index + 1]], 1)", "downsample(outputs[-1]), projected[index + 1]], 1)", (RT_TX,)),
+    Mutant("rtdetr: decoder input BatchNorm skipped", "vision_tx/models/rtdetr.py",
+           "levels = [projection(x) for projection, x in zip(self.decoder_input_proj, maps)]",
+           "levels = [projection[0](x) for projection, x in zip(self.decoder_input_proj, maps)]", (RT_TX,)),
+    Mutant("rtdetr: memory levels in reverse order", "vision_tx/models/rtdetr.py",
+           "return flatten_levels(levels, pixel_mask)", "return flatten_levels(levels[::-1], pixel_mask)", (RT_TX,)),
+    Mutant("rtdetr: proposal content not detached", "vision_tx/models/rtdetr.py",
+           "top[..., None].expand(-1, -1, features.shape[-1])).detach()", "top[..., None].expand(-1, -1, features.shape[-1]))", (RT_GRAD,)),
+    Mutant("rtdetr: query position from the undetached boxes", "vision_tx/heads/dino/transformer.py",
+           "query_pos = self.ref_point_head(reference)", "query_pos = self.ref_point_head(refined)", (RT_GRAD,)),
+    Mutant("rtdetr: noised boxes enter unclamped", "vision_tx/models/rtdetr.py",
+           "torch.cat([inverse_sigmoid(denoising.boxes.to(boxes.dtype)).sigmoid(), boxes], 1)",
+           "torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)", (RT_TRAIN,)),
+    Mutant("rtdetr: look forward twice ignored", "vision_tx/models/rtdetr.py",
+           "None, attn_mask, self.look_forward_twice and self.training,", "None, attn_mask, False,", (RT_LFT,)),
+    Mutant("rtdetr loss: varifocal weight from softmax", "vision_tx/heads/rtdetr/criterion.py",
+           "logits.detach().sigmoid().pow(self.vfl_gamma)", "logits.detach().softmax(-1).pow(self.vfl_gamma)", (RT_TRAIN,)),
+    Mutant("rtdetr loss: varifocal target 1, not the IoU", "vision_tx/heads/rtdetr/criterion.py",
+           "score[positives] = iou.to(logits.dtype)", "score[positives] = 1.0", (RT_TRAIN,)),
+    Mutant("rtdetr loss: IoU target not detached", "vision_tx/heads/rtdetr/criterion.py",
+           "iou = paired_box_iou(matched.detach(), target_boxes)", "iou = paired_box_iou(matched, target_boxes)", (RT_GRAD,)),
+    Mutant("rtdetr loss: varifocal alpha 0.75 -> 0.25", "vision_tx/heads/rtdetr/criterion.py",
+           "vfl_alpha: float = 0.75", "vfl_alpha: float = 0.25", (RT_TRAIN,)),
+    Mutant("rtdetr loss: GIoU weight 2 -> 1", "vision_tx/heads/rtdetr/criterion.py",
+           "weight_giou: float = 2.0", "weight_giou: float = 1.0", (RT_TRAIN,)),
+    Mutant("rtdetr loss: IoU normalised by union plus intersection", "vision_tx/heads/rtdetr/criterion.py",
+           "return inter / union", "return inter / (union + inter)", (RT_TRAIN,)),
+    Mutant("rtdetr converter: FFN norm3 read as norm2", "vision_tx/models/rtdetr_official.py",
+           r'(r"^decoder\.decoder\.layers\.(\d+)\.norm3\.", r"decoder.layers.\1.ffn.norm."),',
+           r'(r"^decoder\.decoder\.layers\.(\d+)\.norm3\.", r"decoder.layers.\1.norm2."),', (RT_OFFICIAL,)),
+    Mutant("rtdetr converter: proposal heads as the first layer's", "vision_tx/models/rtdetr_official.py",
+           "_embed.{num_layers}.{key[match.end():]}", "_embed.0.{key[match.end():]}", (RT_OFFICIAL,)),
+    Mutant("rtdetr converter: denoising rows shifted", "vision_tx/models/rtdetr_official.py",
+           "value = value[: model.num_classes]", "value = value[1:]", (RT_OFFICIAL,)),
     # ViT / DeiT
     Mutant("vit: norm1 and norm2 swapped", "vision_tx/backbones/vit.py",
            "drop_path(self.attn(self.norm1(t))", "drop_path(self.attn(self.norm2(t))", (VIT,)),

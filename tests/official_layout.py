@@ -14,11 +14,11 @@ RECOMPUTED = ("relative_position_index", "attn_mask")
 
 
 def read_layout(name: str) -> dict[str, tuple[int, ...]]:
-    """``name shape`` lines of ``<name>.txt`` -> ``{name: shape}``."""
+    """``name shape`` lines of ``<name>.txt`` -> ``{name: shape}`` (``scalar``: shape ``()``)."""
     layout = {}
     for line in (FIXTURES / f"{name}.txt").read_text().splitlines():
         key, shape = line.split()
-        layout[key] = tuple(int(size) for size in shape.split("x"))
+        layout[key] = () if shape == "scalar" else tuple(int(size) for size in shape.split("x"))
     return layout
 
 

@@ -126,13 +126,13 @@ def _umask() -> int:
 
 
 def unwrap_state_dict(obj: Any, source: str) -> dict[str, torch.Tensor]:
-    """Finds the state dict inside the usual containers (``model``, ``state_dict``, ``model_ema``).
+    """Finds the state dict inside the usual containers (``model``, ``state_dict``, ``model_ema``, ``ema``).
 
     Lightning checkpoints (``state_dict`` with a ``model.`` prefix) and DDP prefixes (``module.``)
     are unwrapped too.
     """
     if isinstance(obj, Mapping):
-        for key in ("state_dict", "model", "model_ema", "module"):
+        for key in ("state_dict", "model", "model_ema", "ema", "module"):
             if key in obj and isinstance(obj[key], Mapping):
                 return unwrap_state_dict(obj[key], source)
         if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):

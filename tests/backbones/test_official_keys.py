@@ -33,7 +33,10 @@ MODELS = {
     "detr-r50-panoptic-00ce5173": ("detr_panoptic_resnet50", "classifier", {}),
 }
 # DINO's layouts leave official tensors unused on purpose: their own tests say which.
-TESTED_ELSEWHERE = {"dino_4scale_r50": "tests/models/test_dino_official.py", "dino_4scale_swin_l": "tests/models/test_dino_official.py"}
+TESTED_ELSEWHERE = {
+    "dino_4scale_r50": "tests/models/test_dino_official.py", "dino_4scale_swin_l": "tests/models/test_dino_official.py",
+    "rtdetr_r50vd_6x_coco_head": "tests/models/test_rtdetr_official.py",
+}
 
 
 def test_every_fixture_is_tested() -> None:

@@ -48,7 +48,7 @@ def small_args(config: Path) -> list[str]:
     if module in ("DetectionModule", "PanopticModule"):
         # The panoptic mask head's GroupNorm(8) needs a width divisible by 128 and 8 heads.
         width = "hidden_dim: 128, num_heads: 8" if module == "PanopticModule" else "hidden_dim: 32, num_heads: 2"
-        denoising = ", num_denoising: 4" if init.get("detector") == "dino" else ""
+        denoising = ", num_denoising: 4" if init.get("detector") in ("dino", "rtdetr") else ""
         detector = f"{{{SMALL_DETR}, {width}{denoising}}}"
         args += ["--model.detector_kwargs", detector, "--data.batch_size", "2", *DETR_TRANSFORMS]
     elif module == "SegmentationModule":

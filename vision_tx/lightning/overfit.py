@@ -31,7 +31,12 @@ SMALL_DINO = {
     "num_queries": 50, "hidden_dim": 128, "num_heads": 4, "num_encoder_layers": 2,
     "num_decoder_layers": 3, "dim_feedforward": 512, "num_denoising": 50,
 }
-SMALL_DETECTORS = {"detr": SMALL_DETR, "dino": SMALL_DINO}
+# A narrow RT-DETR over SMALL_SWIN's stride 8-32 maps.
+SMALL_RTDETR = {
+    "num_queries": 50, "hidden_dim": 128, "num_heads": 4, "encoder_feedforward": 512,
+    "num_decoder_layers": 3, "dim_feedforward": 512, "num_denoising": 50,
+}
+SMALL_DETECTORS = {"detr": SMALL_DETR, "dino": SMALL_DINO, "rtdetr": SMALL_RTDETR}
 
 
 def write_coco_subset(
@@ -132,7 +137,7 @@ def detr_overfit_parser(
     parser.add_argument("--val-every", type=int, default=100, help="validate every this many steps")
     parser.add_argument("--target", type=float, default=0.5, help=f"stop once validation {metric} reaches this")
     parser.add_argument("--lr", type=float, default=2e-4)
-    parser.add_argument("--model", choices=models, default=models[0], help="the detector (small sizes: SMALL_DETR, SMALL_DINO)")
+    parser.add_argument("--model", choices=models, default=models[0], help="the detector (small sizes: SMALL_DETR, SMALL_DINO, SMALL_RTDETR)")
     return parser
 
 

@@ -21,7 +21,7 @@ from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections, postprocess_sigmoid_per_query
 from vision_tx.heads.dino.criterion import DINOCriterion
-from vision_tx.heads.dino.denoising import ContrastiveDenoising
+from vision_tx.heads.dino.denoising import ContrastiveDenoising, DenoisingQueries
 from vision_tx.heads.dino.transformer import (
     DeformableDecoder,
     DeformableDecoderLayer,
@@ -127,12 +127,7 @@ class DINO(nn.Module):
         )
         matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
         self.criterion = DINOCriterion(num_classes, matcher, **(criterion_kwargs or {}))
-        prior = -math.log((1 - 0.01) / 0.01)  # every class starts at probability 0.01 (focal loss)
-        for head in self.class_embed:
-            nn.init.constant_(head.bias, prior)
-        for head in self.bbox_embed:
-            nn.init.zeros_(head.layers[-1].weight)
-            nn.init.zeros_(head.layers[-1].bias)
+        init_heads(self.class_embed, self.bbox_embed)
 
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
@@ -147,7 +142,10 @@ class DINO(nn.Module):
 
     def forward_decoder(self, memory: torch.Tensor, levels: MultiScaleLevels, targets: list[dict] | None = None) -> dict:
         """Query selection from the encoder's ``memory [B,S,D]``, the decoder and the heads."""
-        proposals, proposal_logits, proposal_boxes = self._select_proposals(memory, levels)
+        _, _, proposal_logits, proposal_boxes = select_proposals(
+            memory, levels, self.enc_output, self.enc_output_norm, self.class_embed[-1], self.bbox_embed[-1], self.num_queries,
+            class_agnostic=self.query_selection == "two_stage",
+        )
         boxes = proposal_boxes.detach()
         query_pos = None
         if self.query_selection == "two_stage":
@@ -166,28 +164,7 @@ class DINO(nn.Module):
         )
         logits = torch.stack([head(h) for head, h in zip(self.class_embed, hidden)])
         enc_logits = proposal_logits[..., :1] if self.query_selection == "two_stage" else proposal_logits
-        outputs = {"enc_outputs": {"pred_logits": enc_logits, "pred_boxes": proposal_boxes}}
-        if denoising is not None:
-            split = denoising.content.shape[1]
-            outputs["dn_outputs"] = {"pred_logits": logits[:, :, :split], "pred_boxes": layer_boxes[:, :, :split], "queries": denoising}
-            logits, layer_boxes = logits[:, :, split:], layer_boxes[:, :, split:]
-        outputs.update({"pred_logits": logits[-1], "pred_boxes": layer_boxes[-1]})
-        outputs["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], layer_boxes[:-1])]
-        return outputs
-
-    def _select_proposals(self, memory: torch.Tensor, levels: MultiScaleLevels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The encoder's ``num_queries`` best proposals: their indices ``[B,K]``, class logits ``[B,K,C]``
-        and boxes ``[B,K,4]`` (with gradient), ``K = min(num_queries, S)``."""
-        anchors, valid = proposal_anchors(levels)
-        features = memory.masked_fill(~valid[..., None], 0.0)
-        features = self.enc_output_norm(self.enc_output(features))
-        logits = self.class_embed[-1](features)
-        box_logits = self.bbox_embed[-1](features) + anchors
-        score = logits[..., 0] if self.query_selection == "two_stage" else logits.max(-1).values
-        top = score.topk(min(self.num_queries, score.shape[1]), dim=1).indices
-        picked_logits = torch.gather(logits, 1, top[..., None].expand(-1, -1, logits.shape[-1]))
-        picked_boxes = torch.gather(box_logits, 1, top[..., None].expand(-1, -1, 4)).sigmoid()
-        return top, picked_logits, picked_boxes
+        return decoder_outputs(logits, layer_boxes, enc_logits, proposal_boxes, denoising)
 
     def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """The criterion's losses for the outputs of :meth:`forward`; ``targets`` as the data pipeline gives
@@ -236,6 +213,54 @@ class DINO(nn.Module):
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads IDEA-Research/DINO checkpoints (see :func:`convert_official_dino`); native keys pass."""
         return convert_official_dino(state_dict, self) if is_official_dino(state_dict) else dict(state_dict)
+
+
+def init_heads(class_heads: nn.ModuleList, box_heads: nn.ModuleList) -> None:
+    """Every class starts at probability 0.01 (sigmoid losses) and every box head predicts no change."""
+    prior = -math.log((1 - 0.01) / 0.01)
+    for head in class_heads:
+        nn.init.constant_(head.bias, prior)
+    for head in box_heads:
+        nn.init.zeros_(head.layers[-1].weight)
+        nn.init.zeros_(head.layers[-1].bias)
+
+
+def select_proposals(
+    memory: torch.Tensor, levels: MultiScaleLevels, enc_output: nn.Module, enc_output_norm: nn.Module, class_head: nn.Module,
+    box_head: nn.Module, num_queries: int, class_agnostic: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The encoder's ``num_queries`` best proposals (DINO, RT-DETR): every valid token of ``memory [B,S,D]``
+    is projected (``enc_output``, ``enc_output_norm``), scored by ``class_head`` and given the box
+    ``box_head`` predicts around its anchor. Ranked by the best class score (by class 0 when
+    ``class_agnostic``). Returns the projected tokens ``[B,S,D]``, the picked indices ``[B,K]``, class
+    logits ``[B,K,C]`` and boxes ``[B,K,4]`` (with gradient), ``K = min(num_queries, S)``."""
+    anchors, valid = proposal_anchors(levels)
+    features = memory.masked_fill(~valid[..., None], 0.0)
+    features = enc_output_norm(enc_output(features))
+    logits = class_head(features)
+    box_logits = box_head(features) + anchors
+    score = logits[..., 0] if class_agnostic else logits.max(-1).values
+    top = score.topk(min(num_queries, score.shape[1]), dim=1).indices
+    picked_logits = torch.gather(logits, 1, top[..., None].expand(-1, -1, logits.shape[-1]))
+    picked_boxes = torch.gather(box_logits, 1, top[..., None].expand(-1, -1, 4)).sigmoid()
+    return features, top, picked_logits, picked_boxes
+
+
+def decoder_outputs(
+    logits: torch.Tensor, boxes: torch.Tensor, proposal_logits: torch.Tensor, proposal_boxes: torch.Tensor,
+    denoising: DenoisingQueries | None,
+) -> dict:
+    """Every decoder layer's ``logits [L,B,N+Q,C]`` and ``boxes [L,B,N+Q,4]`` (the ``N`` denoising queries
+    first), the selected proposals' -> the criterion's dict: ``pred_logits``, ``pred_boxes`` (last
+    layer), ``aux_outputs`` (earlier layers), ``enc_outputs`` and, with denoising, ``dn_outputs``."""
+    outputs = {"enc_outputs": {"pred_logits": proposal_logits, "pred_boxes": proposal_boxes}}
+    if denoising is not None:
+        split = denoising.content.shape[1]
+        outputs["dn_outputs"] = {"pred_logits": logits[:, :, :split], "pred_boxes": boxes[:, :, :split], "queries": denoising}
+        logits, boxes = logits[:, :, split:], boxes[:, :, split:]
+    outputs.update({"pred_logits": logits[-1], "pred_boxes": boxes[-1]})
+    outputs["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
+    return outputs
 
 
 def proposal_anchors(levels: MultiScaleLevels) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,12 +65,21 @@ def convert_official_dino(state_dict: Mapping[str, torch.Tensor], model: nn.Modu
         if key == "transformer.decoder.ref_point_head.layers.0.weight":
             quarter = value.shape[1] // 4
             value = torch.cat([value[:, quarter : 2 * quarter], value[:, :quarter], value[:, 2 * quarter :]], 1)
-        for pattern, replacement in _RENAMES:
-            renamed, count = re.subn(pattern, replacement, key)
-            if count:
-                key = renamed
-                break
-        converted[key] = value
+        converted[renamed_key(key, _RENAMES)] = value
+    return with_backbone_state(converted, backbone_state, model)
+
+
+def renamed_key(key: str, renames: tuple[tuple[str, str], ...]) -> str:
+    """``key`` renamed by the first ``(pattern, replacement)`` of ``renames`` whose pattern it matches."""
+    for pattern, replacement in renames:
+        renamed, count = re.subn(pattern, replacement, key)
+        if count:
+            return renamed
+    return key
+
+
+def with_backbone_state(converted: dict[str, torch.Tensor], backbone_state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """``converted`` plus ``backbone_state`` read by the backbone's own ``convert_state_dict`` (if it has one), under ``backbone.``."""
     convert_backbone = getattr(model.backbone, "convert_state_dict", None)
     if convert_backbone is not None:
         backbone_state = convert_backbone(backbone_state)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ class MultiScaleLevels:
     """The levels of a feature pyramid, highest resolution first, flattened for a deformable transformer."""
 
     tokens: torch.Tensor  # [B,S,D] every level's tokens, concatenated (S = sum of h*w)
-    position: torch.Tensor  # [B,S,D] sine position encoding plus the level embedding
+    position: torch.Tensor | None  # [B,S,D] sine position encoding plus the level embedding (None: RT-DETR's decoder)
     padding_mask: torch.Tensor  # [B,S] bool, True on padding
     shapes: list[tuple[int, int]]  # the levels' (h, w)
     valid_ratios: torch.Tensor  # [B,L,2] the unpadded fraction of each level, (width, height)
@@ -71,16 +71,28 @@ class MultiScaleProjection(nn.Module):
         for projection in self.input_proj[len(maps):]:
             source = projection(source)
             levels.append(source)
-        tokens, positions, masks, ratios = [], [], [], []
-        for level, x in enumerate(levels):
-            mask = F.interpolate(pixel_mask[None].float(), size=x.shape[-2:])[0].bool()
-            position = self.position_encoding(mask).to(x.dtype) + self.level_embed[level]
-            tokens.append(x.flatten(2).transpose(1, 2))
-            positions.append(position.flatten(1, 2))
-            masks.append(mask.flatten(1))
-            valid = ~mask
-            ratios.append(torch.stack([valid[:, 0, :].sum(1) / mask.shape[2], valid[:, :, 0].sum(1) / mask.shape[1]], -1))
-        return MultiScaleLevels(
-            torch.cat(tokens, 1), torch.cat(positions, 1), torch.cat(masks, 1),
-            [tuple(x.shape[-2:]) for x in levels], torch.stack(ratios, 1).to(levels[0].dtype),
+        return flatten_levels(
+            levels, pixel_mask, lambda level, mask, dtype: self.position_encoding(mask).to(dtype) + self.level_embed[level]
         )
+
+
+def flatten_levels(
+    levels: Sequence[torch.Tensor], pixel_mask: torch.Tensor,
+    position: Callable[[int, torch.Tensor, torch.dtype], torch.Tensor] | None = None,
+) -> MultiScaleLevels:
+    """``levels``: ``[B,D,h_i,w_i]`` highest resolution first, ``pixel_mask [B,H,W]`` True on padding ->
+    their tokens, padding masks, shapes and valid ratios; ``position(level, mask [B,h,w], dtype)``
+    gives each level's ``[B,h,w,D]`` position encoding (without it ``position`` is None)."""
+    tokens, positions, masks, ratios = [], [], [], []
+    for level, x in enumerate(levels):
+        mask = F.interpolate(pixel_mask[None].float(), size=x.shape[-2:])[0].bool()
+        if position is not None:
+            positions.append(position(level, mask, x.dtype).flatten(1, 2))
+        tokens.append(x.flatten(2).transpose(1, 2))
+        masks.append(mask.flatten(1))
+        valid = ~mask
+        ratios.append(torch.stack([valid[:, 0, :].sum(1) / mask.shape[2], valid[:, :, 0].sum(1) / mask.shape[1]], -1))
+    return MultiScaleLevels(
+        torch.cat(tokens, 1), torch.cat(positions, 1) if positions else None, torch.cat(masks, 1),
+        [tuple(x.shape[-2:]) for x in levels], torch.stack(ratios, 1).to(levels[0].dtype),
+    )

@@ -30,6 +30,8 @@ class DINOCriterion(nn.Module):
     DINO's: class cost 2 (focal terms), L1 5, GIoU 2.
     """
 
+    class_loss_name = "loss_ce"
+
     def __init__(
         self,
         num_classes: int,
@@ -47,7 +49,7 @@ class DINOCriterion(nn.Module):
             raise ValueError(
                 "vision_tx/heads/dino/criterion.py: the matcher must score sigmoid logits: give HungarianMatcher a focal_alpha (e.g. 0.25)"
             )
-        self.weights = {"loss_ce": weight_ce, "loss_bbox": weight_bbox, "loss_giou": weight_giou}
+        self.weights = {self.class_loss_name: weight_ce, "loss_bbox": weight_bbox, "loss_giou": weight_giou}
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
 
     def forward(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -97,17 +99,27 @@ class DINOCriterion(nn.Module):
         target_boxes = torch.cat([t["boxes"][k] for t, (_, k) in zip(targets, indices)]).to(device)
         onehot = torch.zeros_like(logits)
         onehot[image_index, query_index, labels] = 1.0
-        focal = sigmoid_focal_loss(logits, onehot, alpha=self.focal_alpha, gamma=self.focal_gamma, reduction="none")
-        loss_ce = focal.view(num_layers, -1).sum(1) / num_boxes
         # Every layer has the same targets, hence the same number of matched pairs.
         matched = boxes[image_index, query_index].view(num_layers, -1, 4)
-        loss_bbox, loss_giou = box_losses(matched, target_boxes.view(num_layers, -1, 4), num_boxes)
+        target_boxes = target_boxes.view(num_layers, -1, 4)
+        classification = self.classification_loss(logits, onehot, (image_index, query_index, labels), matched, target_boxes)
+        loss_ce = classification.view(num_layers, -1).sum(1) / num_boxes
+        loss_bbox, loss_giou = box_losses(matched, target_boxes, num_boxes)
         losses = {}
         for layer, name in enumerate(names):
-            losses[f"loss_ce{name}"] = loss_ce[layer]
+            losses[f"{self.class_loss_name}{name}"] = loss_ce[layer]
             losses[f"loss_bbox{name}"] = loss_bbox[layer]
             losses[f"loss_giou{name}"] = loss_giou[layer]
         return losses
+
+    def classification_loss(
+        self, logits: torch.Tensor, onehot: torch.Tensor, positives: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        matched: torch.Tensor, target_boxes: torch.Tensor,
+    ) -> torch.Tensor:
+        """The per-logit classification loss ``[N,Q,C]`` of ``logits`` against ``onehot`` (1 at the
+        ``positives``' (image, query, label)), whose boxes ``matched [L,M,4]`` match ``target_boxes``:
+        the sigmoid focal loss."""
+        return sigmoid_focal_loss(logits, onehot, alpha=self.focal_alpha, gamma=self.focal_gamma, reduction="none")
 
     @staticmethod
     @torch.no_grad()

@@ -117,17 +117,22 @@ class DeformableDecoder(nn.Module):
     its box ``sigmoid(bbox_embed[i](h_i) + inverse_sigmoid(r_i))``; with ``look_forward_twice`` (DINO)
     that ``r_i`` keeps the gradient of layer ``i - 1``'s refinement, so layer ``i``'s box loss also
     trains layer ``i - 1``'s box head (and no earlier one). Without a fixed ``query_pos``, each
-    layer's query position is ``ref_point_head`` of a sine embedding of its reference boxes (DINO).
-    ``eps`` bounds ``inverse_sigmoid`` (DINO 1e-3, Deformable DETR 1e-5).
+    layer's query position is ``ref_point_head`` of its reference boxes: of a sine embedding of them
+    (``box_encoding="sine"``, DINO) or of the 4 coordinates themselves (``"linear"``, RT-DETR).
+    ``eps`` bounds ``inverse_sigmoid`` (DINO 1e-3, Deformable DETR and RT-DETR 1e-5).
     """
 
     def __init__(
         self, layer: DeformableDecoderLayer, num_layers: int, dim: int, query_pos_from_boxes: bool,
-        final_norm: bool = True, eps: float = 1e-3,
+        final_norm: bool = True, eps: float = 1e-3, box_encoding: str = "sine",
     ) -> None:
         super().__init__()
+        if box_encoding not in ("sine", "linear"):
+            raise ValueError(f"vision_tx/heads/dino/transformer.py: box_encoding must be 'sine' or 'linear', got {box_encoding!r}")
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
-        self.ref_point_head = MLP(2 * dim, dim, dim, 2) if query_pos_from_boxes else None
+        head = MLP(2 * dim, dim, dim, 2) if box_encoding == "sine" else MLP(4, 2 * dim, dim, 2)
+        self.ref_point_head = head if query_pos_from_boxes else None
+        self.box_encoding = box_encoding
         self.norm = nn.LayerNorm(dim) if final_norm else None
         self.dim = dim
         self.eps = eps
@@ -152,7 +157,9 @@ class DeformableDecoder(nn.Module):
         for layer, box_head in zip(self.layers, bbox_embed):
             reference = refined.detach()
             level_reference = reference[:, :, None] * valid_ratios.repeat(1, 1, 2)[:, None]
-            if self.ref_point_head is not None:
+            if self.ref_point_head is not None and self.box_encoding == "linear":
+                query_pos = self.ref_point_head(reference)
+            elif self.ref_point_head is not None:
                 query_pos = self.ref_point_head(box_sine_embedding(level_reference[:, :, 0], self.dim // 2))
             queries = layer(queries, query_pos, level_reference, memory, shapes, padding_mask, attn_mask)
             delta = box_head(queries)

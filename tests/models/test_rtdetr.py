@@ -1,0 +1,285 @@
+"""RT-DETR against transformers' RTDetrForObjectDetection on the same backbone maps, weights and
+denoising draws: the hybrid encoder, the selected proposals, every decoder layer, the loss and the
+gradients."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from vision_tx.heads.rtdetr import sincos_position_embedding
+from vision_tx.models import DETECTORS, RTDETR
+
+from tests.conftest import require_reference
+from tests.models.test_dino import MapsBackbone
+from tests.parity import perturb_
+
+transformers = require_reference("transformers")
+_modeling = require_reference("transformers.models.rt_detr.modeling_rt_detr")
+
+NUM_CLASSES, DIM, QUERIES, LAYERS, DENOISING = 5, 32, 10, 3, 12
+CHANNELS = (16, 24, 40)  # the stride 8, 16, 32 maps
+MAP_SIZE = (8, 12)  # stride 8; then (4, 6) and (2, 3)
+
+# vision_tx name -> transformers name, applied in order (nn.MultiheadAttention's q/k/v rows are split separately).
+_TO_TRANSFORMERS = [
+    (r"^encoder\.input_proj\.", "model.encoder_input_proj."),
+    (r"^encoder\.encoder\.layers\.", "model.encoder.aifi.0.layers."),
+    (r"^encoder\.", "model.encoder."),
+    (r"^decoder\.ref_point_head\.", "model.decoder.query_pos_head."),
+    (r"^(decoder|decoder_input_proj)\.", r"model.\1."),
+    (r"^enc_output\.", "model.enc_output.0."),
+    (r"^enc_output_norm\.", "model.enc_output.1."),
+    (r"^denoising\.label_embed\.", "model.denoising_class_embed."),
+    (r"\.ffn\.linear(\d)\.", r".mlp.fc\1."),
+    (r"(aifi\.0\.layers\.\d+)\.linear(\d)\.", r"\1.mlp.fc\2."),
+    (r"\.ffn\.norm\.", ".final_layer_norm."),
+    (r"(aifi\.0\.layers\.\d+)\.norm2\.", r"\1.final_layer_norm."),
+    (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
+    (r"\.cross_attn\.", ".encoder_attn."),
+    (r"(decoder\.layers\.\d+)\.norm2\.", r"\1.encoder_attn_layer_norm."),
+    (r"\.norm1\.", ".self_attn_layer_norm."),
+]
+
+
+def to_transformers(state: dict[str, torch.Tensor], num_layers: int = LAYERS) -> dict[str, torch.Tensor]:
+    """Our state dict (of a model with ``num_layers`` decoder layers) in transformers' names."""
+    converted = {}
+    for key, value in state.items():
+        head = re.match(r"^(class_embed|bbox_embed)\.(\d+)\.(.*)$", key)
+        if head:  # the last head scores the encoder's proposals
+            last = int(head[2]) == num_layers
+            name = {"class_embed": "enc_score_head", "bbox_embed": "enc_bbox_head"}[head[1]]
+            converted[f"model.{name}.{head[3]}" if last else f"model.decoder.{key}"] = value
+            continue
+        for pattern, replacement in _TO_TRANSFORMERS:
+            key = re.sub(pattern, replacement, key)
+        if key.endswith(("in_proj_weight", "in_proj_bias")):
+            prefix, kind = key.rsplit(".in_proj_", 1)
+            for name, part in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3)):
+                converted[f"{prefix}.{name}.{kind}"] = part
+        elif key == "model.denoising_class_embed.weight":  # + the padding row (zero)
+            converted[key] = torch.cat([value, value.new_zeros(1, value.shape[1])])
+        else:
+            converted[key] = value
+    return converted
+
+
+def backbone_maps(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    height, width = MAP_SIZE
+    maps = []
+    for level, channels in enumerate(CHANNELS):
+        size = (-(-height // 2**level), -(-width // 2**level))
+        maps.append(torch.randn(2, channels, *size, generator=generator, dtype=torch.float64).to(dtype))
+    return maps
+
+
+def rtdetr_targets() -> list[dict[str, torch.Tensor]]:
+    return [
+        {"labels": torch.tensor([1, 4, 2]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1], [0.6, 0.4, 0.3, 0.2]])},
+        {"labels": torch.tensor([3]), "boxes": torch.tensor([[0.45, 0.55, 0.25, 0.15]])},
+    ]
+
+
+def ours_and_transformers(dtype: torch.dtype = torch.float32, **overrides) -> tuple[RTDETR, nn.Module, list[torch.Tensor]]:
+    """Our RT-DETR with moved weights and transformers' loaded from it (in ``dtype``, eval mode), and the maps."""
+    maps = backbone_maps(dtype)
+    torch.manual_seed(0)
+    kwargs = dict(
+        num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_encoder_layers=2, encoder_feedforward=48,
+        num_decoder_layers=LAYERS, dim_feedforward=40, num_points=3, num_denoising=DENOISING, look_forward_twice=False,
+    )
+    ours = RTDETR(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides}).eval()
+    perturb_(ours)
+    config = transformers.RTDetrConfig(
+        backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], hidden_sizes=[8, *CHANNELS], embedding_size=8, depths=[1, 1, 1, 1]),
+        num_labels=NUM_CLASSES, d_model=DIM, encoder_hidden_dim=DIM, encoder_in_channels=list(CHANNELS), encoder_layers=2,
+        encoder_ffn_dim=48, encoder_attention_heads=4, decoder_in_channels=[DIM] * 3, decoder_ffn_dim=40, decoder_layers=LAYERS,
+        decoder_attention_heads=4, decoder_n_points=3, num_queries=QUERIES, num_denoising=DENOISING,
+    )
+    config._attn_implementation = "eager"
+    reference = transformers.RTDetrForObjectDetection(config).eval()
+    state = to_transformers(ours.state_dict())
+    backbone_keys = {k for k in reference.state_dict() if k.startswith("model.backbone.")}
+    assert set(state) == set(reference.state_dict()) - backbone_keys
+    reference.load_state_dict(state, strict=False)
+    reference.model.backbone.forward = lambda pixel_values, pixel_mask: [(m, None) for m in maps]
+    return ours.to(dtype), reference.to(dtype), maps
+
+
+@pytest.fixture(scope="module")
+def models():
+    return ours_and_transformers()
+
+
+def images_and_mask(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    height, width = MAP_SIZE[0] * 8, MAP_SIZE[1] * 8
+    return torch.zeros(2, 3, height, width, dtype=dtype), torch.zeros(2, height, width, dtype=torch.bool)
+
+
+def test_position_embedding_is_transformers_2d_sincos() -> None:
+    expected = _modeling.build_2d_sinusoidal_position_embedding(3, 5, 16, 10000.0, dtype=torch.float64)
+    torch.testing.assert_close(sincos_position_embedding(3, 5, 16, dtype=torch.float64), expected, rtol=0, atol=0)
+
+
+def test_encoder_proposals_and_decoder_match_transformers(models) -> None:
+    """Inference (BatchNorm on its perturbed running statistics): the hybrid encoder's maps, the
+    selected proposals and every decoder layer's logits and boxes (measured: within 2e-6 in float32)."""
+    ours, reference, _ = models
+    images, pixel_mask = images_and_mask()
+    captured = {}
+    hook = ours.encoder.register_forward_hook(lambda module, args, out: captured.update(maps=out))
+    with torch.no_grad():
+        out = ours(images, pixel_mask)
+        ref = reference(images, pixel_mask=(~pixel_mask).long())
+    hook.remove()
+    for ours_map, ref_map in zip(captured["maps"], ref.encoder_last_hidden_state):
+        torch.testing.assert_close(ours_map, ref_map, rtol=0, atol=2e-5)
+    torch.testing.assert_close(out["enc_outputs"]["pred_logits"], ref.enc_topk_logits, rtol=0, atol=2e-5)
+    torch.testing.assert_close(out["enc_outputs"]["pred_boxes"], ref.enc_topk_bboxes, rtol=0, atol=2e-5)
+    layers = [*out["aux_outputs"], out]
+    assert len(layers) == LAYERS
+    for layer, outputs in enumerate(layers):
+        torch.testing.assert_close(outputs["pred_logits"], ref.intermediate_logits[:, layer], rtol=0, atol=2e-5)
+        torch.testing.assert_close(outputs["pred_boxes"], ref.intermediate_reference_points[:, layer], rtol=0, atol=2e-5)
+    assert ref.logits.std() > 0.3 and ref.pred_boxes.std() > 0.05  # not near-constant outputs
+    assert (out["pred_boxes"] - out["aux_outputs"][0]["pred_boxes"]).abs().mean() > 0.003  # the layers refine
+
+
+def same_denoising(ours: RTDETR, targets: list[dict[str, torch.Tensor]]) -> None:
+    """Draws our denoising queries once and makes both models use them (transformers' label ids are
+    recovered from our label embeddings: padding slots take its padding id)."""
+    queries = ours.denoising(targets, QUERIES)
+    ours.denoising.forward = lambda *args: queries
+    table = ours.denoising.label_embed.weight.detach()
+    labels = (queries.content.detach()[..., None, :] - table).abs().sum(-1).argmin(-1)
+    labels[queries.content.detach().abs().sum(-1) == 0] = NUM_CLASSES
+    blocked = torch.zeros(queries.attn_mask.shape).masked_fill(queries.attn_mask, float("-inf"))
+    positives = [q for q, _ in queries.positive_indices(targets)]
+    meta = {"dn_positive_idx": positives, "dn_num_group": queries.num_groups, "dn_num_split": [queries.content.shape[1], QUERIES]}
+
+    def transformers_denoising(targets, num_classes, num_queries, class_embed, **kwargs):
+        boxes = _modeling.inverse_sigmoid(queries.boxes.detach().to(class_embed.weight.dtype))
+        return class_embed(labels), boxes, blocked, meta
+
+    _modeling.get_contrastive_denoising_training_group = transformers_denoising
+
+
+@pytest.fixture
+def restore_denoising():
+    original = _modeling.get_contrastive_denoising_training_group
+    yield
+    _modeling.get_contrastive_denoising_training_group = original
+
+
+def transformers_labels(targets: list[dict[str, torch.Tensor]], dtype: torch.dtype) -> list[dict[str, torch.Tensor]]:
+    return [{"class_labels": t["labels"], "boxes": t["boxes"].to(dtype)} for t in targets]
+
+
+def losses_in_transformers_names(losses: dict[str, torch.Tensor], weights: dict[str, float]) -> dict[str, torch.Tensor]:
+    """Our unweighted ``loss_vfl{_i,_enc,_dn,_dn_i}`` -> transformers' weighted ``loss_vfl{,_aux_i,_dn_i}``."""
+    renamed = {}
+    for key, value in losses.items():
+        match = re.match(r"^(loss_vfl|loss_bbox|loss_giou)(?:_(enc|dn|\d+))?(?:_(\d+))?$", key)
+        if not match:
+            continue
+        name, part, index = match.groups()
+        if part == "enc":
+            suffix = f"_aux_{LAYERS - 1}"
+        elif part == "dn":
+            suffix = f"_dn_{index if index is not None else LAYERS - 1}"
+        else:
+            suffix = "" if part is None else f"_aux_{part}"
+        renamed[name + suffix] = value * weights[name]
+    return renamed
+
+
+def training_step(ours: RTDETR, reference: nn.Module, dtype: torch.dtype):
+    targets = rtdetr_targets()
+    same_denoising(ours, targets)
+    images, pixel_mask = images_and_mask(dtype)
+    out = ours.train()(images, pixel_mask, targets)
+    losses = ours.loss(out, targets)
+    ref = reference.train()(images, pixel_mask=(~pixel_mask).long(), labels=transformers_labels(targets, dtype))
+    return out, losses, ref
+
+
+def test_training_outputs_and_loss_match_transformers(restore_denoising) -> None:
+    """Training (BatchNorm on batch statistics, denoising queries): every layer's denoising and matching
+    outputs, and each of the 3 * (2 * layers + 1) weighted terms of the loss (measured: within 1e-6)."""
+    ours, reference, _ = ours_and_transformers()
+    with torch.no_grad():
+        out, losses, ref = training_step(ours, reference, torch.float32)
+    split = out["dn_outputs"]["pred_logits"].shape[2]
+    for layer in range(LAYERS):
+        torch.testing.assert_close(out["dn_outputs"]["pred_logits"][layer], ref.intermediate_logits[:, layer, :split], rtol=0, atol=2e-5)
+        torch.testing.assert_close(out["dn_outputs"]["pred_boxes"][layer], ref.intermediate_reference_points[:, layer, :split], rtol=0, atol=2e-5)
+    torch.testing.assert_close(out["pred_logits"], ref.logits[:, split:], rtol=0, atol=2e-5)
+    renamed = losses_in_transformers_names(losses, {"loss_vfl": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0})
+    assert set(renamed) == set(ref.loss_dict) and len(renamed) == 3 * (2 * LAYERS + 1)
+    for key, value in ref.loss_dict.items():
+        torch.testing.assert_close(renamed[key], value, rtol=0, atol=1e-5, msg=key)
+    torch.testing.assert_close(losses["loss"], ref.loss, rtol=0, atol=1e-5)
+
+
+def test_gradients_match_transformers(restore_denoising) -> None:
+    """Every parameter's gradient of the whole training loss in float64 (measured: within 3.3e-6 of each
+    parameter's largest gradient, from the GIoU: torchvision's adds 1e-7 to the union, transformers'
+    nothing; every loss term agrees to 1e-6). Gradients that are zero but for rounding are left out: a
+    key's bias (the softmax ignores it) and the shifts that a BatchNorm on batch statistics removes
+    downstream (the input projections' BatchNorm bias of the lower levels, the last AIFI norm's bias)."""
+    ours, reference, _ = ours_and_transformers(torch.float64)
+    out, losses, ref = training_step(ours, reference, torch.float64)
+    losses["loss"].backward()
+    ref.loss.backward()
+    grads = to_transformers({n: p.grad for n, p in ours.named_parameters() if p.grad is not None})
+    expected = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None and p.grad.abs().max() > 1e-12}
+    assert "model.encoder.aifi.0.layers.0.self_attn.q_proj.weight" in expected and "model.enc_score_head.weight" in expected
+    assert {n for n, g in grads.items() if g.abs().max() > 1e-12} == set(expected)
+    assert len(expected) > 250
+    for name, grad in expected.items():
+        scale = grad.abs().max().item()
+        torch.testing.assert_close(grads[name], grad, rtol=0, atol=1e-5 * scale, msg=name)
+
+
+def test_registered_and_trains_on_images_without_objects() -> None:
+    assert DETECTORS["rtdetr"] is RTDETR
+    ours, _, _ = ours_and_transformers()
+    images, pixel_mask = images_and_mask()
+    empty = [{"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4)}] * 2
+    losses = ours.train().loss(ours(images, pixel_mask, empty), empty)
+    assert torch.isfinite(losses["loss"]) and losses["loss_bbox"] == 0
+    losses["loss"].backward()
+
+
+def test_aifi_hides_padding_the_cropped_map_sees_the_same() -> None:
+    """The top level's attention over a padded map, at its valid tokens, is the attention over the
+    map cropped to them (the position embedding counts from the top-left corner either way)."""
+    from vision_tx.heads.rtdetr import AIFI, AIFILayer
+
+    torch.manual_seed(0)
+    aifi = perturb_(AIFI(AIFILayer(16, 2, 24), 2)).eval().double()
+    x = torch.randn(2, 16, 4, 5, dtype=torch.float64)
+    padding = torch.zeros(2, 4, 5, dtype=torch.bool)
+    padding[1, 3:, :] = True
+    padding[1, :, 3:] = True
+    with torch.no_grad():
+        padded = aifi(x, padding)
+        cropped = aifi(x[1:, :, :3, :3])
+        torch.testing.assert_close(padded[1:, :, :3, :3], cropped, rtol=0, atol=1e-12)
+        torch.testing.assert_close(padded[:1], aifi(x[:1]), rtol=0, atol=1e-12)
+
+
+def test_look_forward_twice_trains_the_previous_layers_box_head() -> None:
+    """The official RT-DETR's (transformers' port leaves it out): layer i's box is refined from layer
+    i - 1's box with its gradient, so the last layer's box loss reaches the previous box head, not earlier ones."""
+    for look_forward_twice, reached in ((True, [False, True, True]), (False, [False, False, True])):
+        ours, _, _ = ours_and_transformers(look_forward_twice=look_forward_twice)
+        images, pixel_mask = images_and_mask()
+        ours.train()(images, pixel_mask, rtdetr_targets())["pred_boxes"].sum().backward()
+        heads = ours.bbox_embed[:LAYERS]
+        assert [bool(head.layers[-1].weight.grad.abs().sum() > 0) for head in heads] == reached, look_forward_twice

@@ -1,0 +1,60 @@
+"""RT-DETR's set loss: DINO's structure (every decoder layer, the encoder's proposals, the denoising
+queries; Hungarian matching with the focal class cost) with the varifocal classification loss."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torchvision.ops import box_convert
+
+from vision_tx.heads.detr.matcher import HungarianMatcher
+from vision_tx.heads.dino.criterion import DINOCriterion
+
+
+def paired_box_iou(boxes: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """IoU of each box of ``boxes [..., 4]`` with the box at the same place of ``other`` (both cxcywh) -> ``[...]``."""
+    a, b = box_convert(boxes, "cxcywh", "xyxy"), box_convert(other, "cxcywh", "xyxy")
+    size = (torch.minimum(a[..., 2:], b[..., 2:]) - torch.maximum(a[..., :2], b[..., :2])).clamp(min=0)
+    inter = size[..., 0] * size[..., 1]
+    union = boxes[..., 2] * boxes[..., 3] + other[..., 2] * other[..., 3] - inter
+    return inter / union
+
+
+class RTDETRCriterion(DINOCriterion):
+    """Loss of the outputs of :class:`vision_tx.models.RTDETR` (the same dict as DINO's) against
+    normalised targets: ``loss_vfl`` (varifocal, Zhang et al., VarifocalNet, 2021), ``loss_bbox``
+    and ``loss_giou`` per layer, with DINO's suffixes, normaliser and weighted total ``loss``.
+
+    The varifocal loss is the binary cross-entropy of every logit against a soft target: the IoU of
+    the query's (detached) box with its target at the target's class, 0 elsewhere; positives are
+    weighted by that IoU, negatives by ``vfl_alpha * sigmoid(logit) ** vfl_gamma`` (detached). The
+    default ``matcher`` is RT-DETR's: focal class cost 2 (``focal_alpha`` 0.25, ``focal_gamma`` 2), L1 5, GIoU 2.
+    """
+
+    class_loss_name = "loss_vfl"
+
+    def __init__(
+        self,
+        num_classes: int,
+        matcher: HungarianMatcher | None = None,
+        weight_vfl: float = 1.0,
+        weight_bbox: float = 5.0,
+        weight_giou: float = 2.0,
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
+        vfl_alpha: float = 0.75,
+        vfl_gamma: float = 2.0,
+    ) -> None:
+        super().__init__(num_classes, matcher, weight_vfl, weight_bbox, weight_giou, focal_alpha, focal_gamma)
+        self.vfl_alpha, self.vfl_gamma = vfl_alpha, vfl_gamma
+
+    def classification_loss(
+        self, logits: torch.Tensor, onehot: torch.Tensor, positives: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        matched: torch.Tensor, target_boxes: torch.Tensor,
+    ) -> torch.Tensor:
+        """The varifocal loss ``[N,Q,C]``."""
+        iou = paired_box_iou(matched.detach(), target_boxes).flatten()
+        score = torch.zeros_like(logits)
+        score[positives] = iou.to(logits.dtype)
+        weight = self.vfl_alpha * logits.detach().sigmoid().pow(self.vfl_gamma) * (1 - onehot) + score
+        return F.binary_cross_entropy_with_logits(logits, score, weight=weight, reduction="none")

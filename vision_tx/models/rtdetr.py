@@ -1,0 +1,165 @@
+"""RT-DETR (Zhao et al., DETRs Beat YOLOs on Real-time Object Detection, 2024): a backbone, the efficient
+hybrid encoder (attention within the top level, convolutional cross-scale fusion) and DINO's refining
+deformable decoder, whose queries start from the encoder's best proposals (IoU-aware selection:
+trained with the varifocal loss), with contrastive denoising."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from vision_tx.heads.detr.mlp import MLP
+from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections
+from vision_tx.heads.dino.denoising import ContrastiveDenoising
+from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer, inverse_sigmoid
+from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
+from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
+from vision_tx.models.detr import checked_pixel_mask
+from vision_tx.models.dino import decoder_outputs, init_heads, select_proposals
+from vision_tx.models.rtdetr_official import convert_official_rtdetr, is_official_rtdetr
+from vision_tx.necks.multiscale import MultiScaleLevels, flatten_levels
+
+
+class RTDETR(nn.Module):
+    """Detector over the backbone's stride 8, 16 and 32 maps, ``num_classes`` sigmoid logits per query.
+
+    The hybrid encoder fuses the maps (``num_encoder_layers`` AIFI layers of ``encoder_feedforward``
+    hidden units; CSP layers of ``num_blocks`` RepVGG blocks, ``expansion`` wide); each of its maps
+    (and ``num_levels - 3`` lower ones, 3x3 stride-2 conv of the last) is projected by a 1x1 conv +
+    BatchNorm into the decoder's memory. Every memory token scores a proposal box around its anchor;
+    the ``num_queries`` best start the decoder: their boxes as reference boxes (no gradient), their
+    projected tokens as content (no gradient; a learned embedding with ``learn_query_content``). The
+    decoder's query position is an MLP of each layer's reference box. In training ``num_denoising``
+    denoising queries (at most) reconstruct noised targets, and with ``look_forward_twice`` (the
+    official code's; transformers' port has it off) each layer's box loss also trains the previous
+    layer's box head. Defaults: RT-DETR-R50's. ``nms_threshold`` adds per-class NMS to :meth:`postprocess`.
+    """
+
+    backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
+    criterion_class = RTDETRCriterion
+    score_threshold = 0.5  # for pictures (the official demo draws above 0.6)
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        num_classes: int,
+        num_queries: int = 300,
+        hidden_dim: int = 256,
+        num_heads: int = 8,
+        num_encoder_layers: int = 1,
+        encoder_feedforward: int = 1024,
+        expansion: float = 1.0,
+        num_blocks: int = 3,
+        num_decoder_layers: int = 6,
+        dim_feedforward: int = 1024,
+        dropout: float = 0.0,
+        num_levels: int = 3,
+        num_points: int = 4,
+        learn_query_content: bool = False,
+        num_denoising: int = 100,
+        label_noise_ratio: float = 0.5,
+        box_noise_scale: float = 1.0,
+        look_forward_twice: bool = True,
+        criterion: nn.Module | None = None,
+        num_detections: int = 300,
+        nms_threshold: float | None = None,
+    ) -> None:
+        super().__init__()
+        in_channels = list(backbone.out_channels)
+        if num_levels < len(in_channels):
+            raise ValueError(f"vision_tx/models/rtdetr.py: num_levels={num_levels} is below the {len(in_channels)} backbone maps")
+        self.backbone = backbone
+        self.num_classes = num_classes
+        self.num_queries = num_queries
+        self.look_forward_twice = look_forward_twice
+        self.num_detections = num_detections
+        self.nms_threshold = nms_threshold
+        self.encoder = HybridEncoder(
+            in_channels, hidden_dim, num_heads, encoder_feedforward, dropout, num_encoder_layers, expansion=expansion, num_blocks=num_blocks
+        )
+        projections = [nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim)) for _ in in_channels]
+        projections += [
+            nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 3, 2, 1, bias=False), nn.BatchNorm2d(hidden_dim))
+            for _ in range(num_levels - len(in_channels))
+        ]
+        self.decoder_input_proj = nn.ModuleList(projections)
+        self.decoder = DeformableDecoder(
+            DeformableDecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout),
+            num_decoder_layers, hidden_dim, query_pos_from_boxes=True, final_norm=False, eps=1e-5, box_encoding="linear",
+        )
+        # One class and box head per decoder layer, and a last one for the encoder's proposals.
+        self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_decoder_layers + 1))
+        self.bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_decoder_layers + 1))
+        self.enc_output = nn.Linear(hidden_dim, hidden_dim)
+        self.enc_output_norm = nn.LayerNorm(hidden_dim)
+        self.query_embed = nn.Embedding(num_queries, hidden_dim) if learn_query_content else None
+        self.denoising = (
+            ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale) if num_denoising else None
+        )
+        self.criterion = RTDETRCriterion(num_classes) if criterion is None else criterion
+        init_heads(self.class_embed, self.bbox_embed)
+
+    def forward(
+        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
+    ) -> dict:
+        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (normalised,
+        used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
+        "aux_outputs", "enc_outputs"}`` and in training with targets ``"dn_outputs"``."""
+        pixel_mask = checked_pixel_mask(images, pixel_mask, "vision_tx/models/rtdetr.py")
+        maps = self.encoder(list(self.backbone(images).values()), pixel_mask)
+        return self.forward_decoder(self.memory(maps, pixel_mask), targets if self.training else None)
+
+    def memory(self, maps: list[torch.Tensor], pixel_mask: torch.Tensor) -> MultiScaleLevels:
+        """The decoder's levels: the encoder's ``maps [B,D,h,w]`` projected (and the extra levels)."""
+        levels = [projection(x) for projection, x in zip(self.decoder_input_proj, maps)]
+        for projection in self.decoder_input_proj[len(maps):]:
+            levels.append(projection(maps[-1] if len(levels) == len(maps) else levels[-1]))
+        return flatten_levels(levels, pixel_mask)
+
+    def forward_decoder(self, levels: MultiScaleLevels, targets: list[dict] | None = None) -> dict:
+        """Query selection from the memory ``levels``, the decoder and the heads."""
+        memory = levels.tokens
+        features, top, proposal_logits, proposal_boxes = select_proposals(
+            memory, levels, self.enc_output, self.enc_output_norm, self.class_embed[-1], self.bbox_embed[-1], self.num_queries
+        )
+        boxes = proposal_boxes.detach()
+        if self.query_embed is None:
+            queries = torch.gather(features, 1, top[..., None].expand(-1, -1, features.shape[-1])).detach()
+        else:
+            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(len(boxes), -1, -1)
+        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
+        attn_mask = None
+        if denoising is not None:
+            queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
+            # As the official code: noised boxes enter as logits, so every coordinate lies in [1e-5, 1 - 1e-5].
+            boxes = torch.cat([inverse_sigmoid(denoising.boxes.to(boxes.dtype)).sigmoid(), boxes], 1)
+            attn_mask = denoising.attn_mask
+        hidden, layer_boxes = self.decoder(
+            queries, boxes, memory, levels.shapes, levels.padding_mask, levels.valid_ratios, self.bbox_embed,
+            None, attn_mask, self.look_forward_twice and self.training,
+        )
+        logits = torch.stack([head(h) for head, h in zip(self.class_embed, hidden)])
+        return decoder_outputs(logits, layer_boxes, proposal_logits, proposal_boxes, denoising)
+
+    def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The criterion's losses for the outputs of :meth:`forward` (normalised ``targets``)."""
+        return self.criterion(outputs, targets)
+
+    def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
+        return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)
+
+    def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Reads lyuwenyu/RT-DETR checkpoints (see :func:`convert_official_rtdetr`); native keys pass."""
+        return convert_official_rtdetr(state_dict, self) if is_official_rtdetr(state_dict) else dict(state_dict)
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters AdamW should not decay: every norm's (RT-DETR's optimiser setting)."""
+        norms = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
+        return {
+            f"{module_name}.{name}" if module_name else name
+            for module_name, module in self.named_modules() if isinstance(module, norms)
+            for name, _ in module.named_parameters(recurse=False)
+        }
