@@ -74,7 +74,7 @@ class MultiScaleProjection(nn.Module):
         tokens, positions, masks, ratios = [], [], [], []
         for level, x in enumerate(levels):
             mask = F.interpolate(pixel_mask[None].float(), size=x.shape[-2:])[0].bool()
-            position = self.position_encoding(mask).to(x.dtype) + self.level_embed[level]
+            position = self.position_encoding(mask, torch.promote_types(x.dtype, torch.float32)).to(x.dtype) + self.level_embed[level]
             tokens.append(x.flatten(2).transpose(1, 2))
             positions.append(position.flatten(1, 2))
             masks.append(mask.flatten(1))
