@@ -529,6 +529,11 @@ MUTANTS = [
     Mutant("mask2former instance: mask score over all pixels", "vision_tx/heads/mask2former/postprocess.py",
            "mask_scores = (mask_logits.sigmoid() * foreground).flatten(1).sum(1) / (foreground.flatten(1).sum(1) + 1e-6)",
            "mask_scores = mask_logits.sigmoid().flatten(1).mean(1)", (M2F_INSTANCE,)),
+    Mutant("mask2former official: self- and cross-attention norms swapped", "vision_tx/models/mask2former_official.py",
+           r'r"transformer_self_attention_layers\.(\d+)\.norm\.", r"predictor.layers.\1.norm2."',
+           r'r"transformer_self_attention_layers\.(\d+)\.norm\.", r"predictor.layers.\1.norm1."', (M2F_OFFICIAL,)),
+    Mutant("mask2former official: FPN convs counted from the coarsest", "vision_tx/models/mask2former_official.py",
+           "kind, index, part = fpn[1], num_fpn_levels - int(fpn[2]), fpn[3]", "kind, index, part = fpn[1], int(fpn[2]), fpn[3]", (M2F_OFFICIAL,)),
     Mutant("mask2former instance: query and class of a pair swapped", "vision_tx/heads/mask2former/postprocess.py",
            "query, labels = index // num_classes, index % num_classes", "query, labels = index % num_classes, index // num_classes", (M2F_INSTANCE,)),
 ]

@@ -14,6 +14,7 @@ from vision_tx.heads.mask2former import (
     Mask2FormerCriterion, MaskedAttentionDecoder, PixelDecoder, instance_inference, panoptic_inference, resize_masks,
     semantic_inference,
 )
+from vision_tx.models.mask2former_official import convert_official_mask2former, is_official_mask2former
 
 
 def semantic_targets(labels: torch.Tensor, ignore_index: int = 255) -> list[dict[str, torch.Tensor]]:
@@ -128,3 +129,9 @@ class Mask2Former(nn.Module):
                               thing_classes: set[int] | None = None) -> list[dict[str, torch.Tensor]]:
         """Per image ``{"scores", "labels", "masks" bool [N,H0,W0]}`` (see ``instance_inference``)."""
         return [instance_inference(logits, masks, self.test_topk, thing_classes) for logits, masks in self._per_image(outputs, sizes, orig_sizes)]
+
+    def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Reads facebookresearch/Mask2Former checkpoints (see :func:`convert_official_mask2former`); native keys pass."""
+        if not is_official_mask2former(state_dict):
+            return dict(state_dict)
+        return convert_official_mask2former(state_dict, self.backbone, len(self.pixel_decoder.lateral_convs))
