@@ -59,10 +59,15 @@ def test_instances_match_transformers(processor, seed: int) -> None:
     assert torch.equal(ours["masks"], binary.bool())
 
 
-def test_instances_keep_only_thing_classes() -> None:
+def test_instances_keep_the_thing_classes_of_the_top_k() -> None:
+    """As the official panoptic models: the top-k pairs first, then the thing classes among them."""
     logits, masks = random_outputs(3)
-    ours = instance_inference(logits[0], masks[0], topk=5, thing_classes={1, 2})
-    assert set(ours["labels"].tolist()) <= {1, 2} and 0 < len(ours["labels"]) <= 5
+    every = instance_inference(logits[0], masks[0], topk=5)
+    things = instance_inference(logits[0], masks[0], topk=5, thing_classes={1, 2})
+    kept = [label in (1, 2) for label in every["labels"].tolist()]
+    assert 0 < sum(kept) < 5
+    assert things["labels"].tolist() == every["labels"][kept].tolist()
+    torch.testing.assert_close(things["scores"], every["scores"][kept])
 
 
 def _saturated_panoptic(seed: int) -> tuple[torch.Tensor, torch.Tensor]:

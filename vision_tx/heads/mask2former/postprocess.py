@@ -73,21 +73,17 @@ def panoptic_inference(
 
 def instance_inference(logits: torch.Tensor, masks: torch.Tensor, topk: int = 100,
                        thing_classes: set[int] | None = None) -> dict[str, torch.Tensor]:
-    """The ``topk`` best (query, class) pairs of the class probabilities (no-object dropped); with
-    ``thing_classes``, only the pairs of those classes. Score: the class probability times the mean
-    mask probability over the mask's foreground (logit > 0). Returns ``{"scores" [N], "labels" [N]
-    int64, "masks" bool [N,H,W]}``, best first."""
+    """The ``topk`` best (query, class) pairs of the class probabilities (no-object dropped), then, with
+    ``thing_classes`` (panoptic models), only the pairs of those classes. Score: the class probability
+    times the mean mask probability over the mask's foreground (logit > 0). Returns ``{"scores" [N],
+    "labels" [N] int64, "masks" bool [N,H,W]}``, best first."""
     probs = logits.softmax(-1)[:, :-1]
     num_classes = probs.shape[1]
-    flat = probs.flatten()
-    if thing_classes is not None:
-        allowed = torch.zeros(num_classes, dtype=torch.bool, device=probs.device)
-        allowed[[c for c in thing_classes if c < num_classes]] = True
-        flat = flat.masked_fill(~allowed.repeat(probs.shape[0]), -1.0)
-    class_scores, index = flat.topk(min(topk, flat.numel()))
-    if thing_classes is not None:
-        class_scores, index = class_scores[class_scores >= 0], index[class_scores >= 0]
+    class_scores, index = probs.flatten().topk(min(topk, probs.numel()))
     query, labels = index // num_classes, index % num_classes
+    if thing_classes is not None:
+        keep = torch.tensor([label in thing_classes for label in labels.tolist()], dtype=torch.bool, device=labels.device)
+        class_scores, query, labels = class_scores[keep], query[keep], labels[keep]
     mask_logits = masks[query]
     foreground = mask_logits > 0
     mask_scores = (mask_logits.sigmoid() * foreground).flatten(1).sum(1) / (foreground.flatten(1).sum(1) + 1e-6)
