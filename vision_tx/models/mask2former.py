@@ -8,6 +8,7 @@ from typing import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchvision.ops import masks_to_boxes
 
 from vision_tx.backbones.base import Backbone
 from vision_tx.heads.mask2former import (
@@ -28,15 +29,31 @@ def semantic_targets(labels: torch.Tensor, ignore_index: int = 255) -> list[dict
     return targets
 
 
+def mask_boxes(masks: torch.Tensor) -> torch.Tensor:
+    """Bool ``masks [N,H,W]`` -> their boxes ``[N,4]`` (absolute xyxy, pixel edges; zeros for an empty mask)."""
+    boxes = masks.new_zeros((len(masks), 4), dtype=torch.float32)
+    present = masks.flatten(1).any(1)
+    if present.any():
+        boxes[present] = masks_to_boxes(masks[present]) + boxes.new_tensor([0.0, 0.0, 1.0, 1.0])
+    return boxes
+
+
 class Mask2Former(nn.Module):
     """``images [B,3,H,W]`` -> ``{"pred_logits" [B,Q,C+1], "pred_masks" [B,Q,H/4,W/4], "aux_outputs": [...]}``.
 
-    The backbone must return four maps (strides 4 to 32 on the usual pyramid); the pixel decoder
+    It serves the detection and panoptic tasks as their detectors do (``forward(images, pixel_mask)``,
+    ``loss``, ``postprocess`` giving the boxes of its instance masks) and the semantic one through
+    ``predict``. The backbone must return four maps (strides 4 to 32 on the usual pyramid); the pixel decoder
     reads the last three with its deformable encoder and the first through its FPN step. The
     defaults are the paper's (100 queries, 9 decoder layers, 6 encoder layers, width 256).
-    ``loss`` takes mask targets or semantic label maps; ``predict`` gives semantic scores,
+    Without ``criterion``, the default one is built with ``criterion_kwargs``. ``loss`` takes mask
+    targets or semantic label maps; ``predict`` gives semantic scores,
     ``postprocess_panoptic`` and ``postprocess_instances`` the other two tasks.
     """
+
+    criterion_class = Mask2FormerCriterion
+    backbone_out_indices = (0, 1, 2, 3)
+    score_threshold = 0.5  # pictures draw the instances scoring above it
 
     def __init__(
         self,
@@ -54,6 +71,7 @@ class Mask2Former(nn.Module):
         num_groups: int = 32,
         dropout: float = 0.0,
         criterion: Mask2FormerCriterion | None = None,
+        criterion_kwargs: dict | None = None,
         ignore_index: int = 255,
         object_mask_threshold: float = 0.8,
         overlap_threshold: float = 0.8,
@@ -74,16 +92,28 @@ class Mask2Former(nn.Module):
         self.predictor = MaskedAttentionDecoder(
             hidden_dim, num_classes, hidden_dim, num_queries, num_heads, dim_feedforward, num_decoder_layers, mask_dim, dropout=dropout,
         )
-        self.criterion = Mask2FormerCriterion(num_classes) if criterion is None else criterion
+        self.criterion = Mask2FormerCriterion(num_classes, **(criterion_kwargs or {})) if criterion is None else criterion
 
-    def forward(self, images: torch.Tensor) -> dict:
+    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
+        """``images [B,3,H,W]``; ``pixel_mask [B,H,W]`` (True on padding) only records each image's unpadded
+        ``sizes [B,2]`` in the outputs (as the official model, the network reads the padding as image);
+        ``targets`` are not read. The outputs also hold the padded ``input_size`` (h, w)."""
         mask_features, levels = self.pixel_decoder(list(self.backbone(images).values()))
-        return self.predictor(levels, mask_features)
+        outputs = self.predictor(levels, mask_features)
+        if pixel_mask is None:
+            sizes = torch.tensor([images.shape[-2:]] * len(images), device=images.device)
+        else:
+            sizes = torch.stack([(~pixel_mask[:, :, 0]).sum(1), (~pixel_mask[:, 0, :]).sum(1)], -1)
+        return {**outputs, "sizes": sizes, "input_size": tuple(images.shape[-2:])}
 
     def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]] | torch.Tensor) -> dict[str, torch.Tensor]:
-        """The set loss against ``targets`` (per image ``labels`` and bool ``masks``) or label maps ``[B,H,W]``."""
+        """The set loss against ``targets`` (per image ``labels`` and bool ``masks``, top-left aligned, zero-padded
+        here to the padded input) or label maps ``[B,H,W]``."""
         if isinstance(targets, torch.Tensor):
             targets = semantic_targets(targets, self.ignore_index)
+        if "input_size" in outputs:
+            height, width = outputs["input_size"]
+            targets = [{**t, "masks": F.pad(t["masks"], (0, width - t["masks"].shape[-1], 0, height - t["masks"].shape[-2]))} for t in targets]
         return self.criterion(outputs, targets)
 
     @torch.no_grad()
@@ -111,6 +141,12 @@ class Mask2Former(nn.Module):
                 scores = scores.flip(-1) if flipped else scores
                 total += F.interpolate(scores, size=size, mode="bilinear", align_corners=False)
         return total / (len(scales) * (2 if flip else 1))
+
+    def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Per image the instances (see ``postprocess_instances``) at ``image_sizes [B,2]`` (h, w), with their
+        ``boxes [N,4]`` (absolute xyxy): the detection tasks' format."""
+        results = self.postprocess_instances(outputs, outputs["sizes"], image_sizes)
+        return [{**r, "boxes": mask_boxes(r["masks"])} for r in results]
 
     def _per_image(self, outputs: dict, sizes: torch.Tensor, orig_sizes: torch.Tensor):
         for logits, masks, size, orig_size in zip(outputs["pred_logits"], outputs["pred_masks"], sizes.tolist(), orig_sizes.tolist()):
