@@ -90,6 +90,14 @@ CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotool
 IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
 SHAPES = "tests/scripts/test_make_shapes_dataset.py::test_plain_backgrounds_are_one_colour_and_textured_ones_are_not"
+M2F = "tests/models/test_mask2former.py::test_pixel_decoder_and_every_prediction_match_transformers"
+M2F_LOSS = "tests/models/test_mask2former.py::test_loss_and_gradients_match_transformers"
+M2F_MASKED = "tests/models/test_mask2former.py::test_masked_attention_restricts_each_query"
+M2F_SEMANTIC = "tests/heads/test_mask2former_postprocess.py::test_semantic_matches_transformers"
+M2F_PANOPTIC = "tests/heads/test_mask2former_postprocess.py::test_panoptic_matches_transformers"
+M2F_PANOPTIC_RULES = "tests/heads/test_mask2former_postprocess.py::test_panoptic_paper_rules"
+M2F_INSTANCE = "tests/heads/test_mask2former_postprocess.py::test_instances_match_transformers"
+M2F_OFFICIAL = "tests/models/test_mask2former_official.py"
 
 
 @dataclass(frozen=True)
@@ -583,6 +591,77 @@ MUTANTS = [
     Mutant("held-out shapes: the plain background shaded across the image", "scripts/make_shapes_dataset.py",
            "return rng.uniform(0, 255, size=3) + rng.normal(",
            "return rng.uniform(0, 255, size=3) * np.linspace(0.5, 1, width)[None, :, None] + rng.normal(", (SHAPES,)),
+    # Mask2Former (against transformers' Mask2FormerForUniversalSegmentation and image processor)
+    Mutant("mask2former pixel decoder: levels highest resolution first", "vision_tx/heads/mask2former/pixel_decoder.py",
+           "coarse = list(maps[-self.num_levels:])[::-1]", "coarse = list(maps[-self.num_levels:])", (M2F,)),
+    Mutant("mask2former pixel decoder: FPN upsampling nearest", "vision_tx/heads/mask2former/pixel_decoder.py",
+           "F.interpolate(finer, size=x.shape[-2:], mode=\"bilinear\", align_corners=False)",
+           "F.interpolate(finer, size=x.shape[-2:], mode=\"nearest\")", (M2F,)),
+    Mutant("mask2former pixel decoder: FPN lateral skipped", "vision_tx/heads/mask2former/pixel_decoder.py",
+           "            x = lateral(x)\n", "            x = lateral(x) * 0\n", (M2F,)),
+    Mutant("mask2former pixel decoder: mask features from the coarsest level", "vision_tx/heads/mask2former/pixel_decoder.py",
+           "        finer = outputs[-1]\n", "        finer = outputs[0]\n", (M2F,)),
+    Mutant("mask2former decoder: masked attention off", "vision_tx/heads/mask2former/decoder.py",
+           "queries = layer(queries, query_pos, memory[level], memory_pos[level], attn_mask)",
+           "queries = layer(queries, query_pos, memory[level], memory_pos[level], torch.zeros_like(attn_mask))", (M2F, M2F_MASKED)),
+    Mutant("mask2former decoder: attention mask inverted", "vision_tx/heads/mask2former/decoder.py",
+           "mode=\"bilinear\", align_corners=False).flatten(2) < 0", "mode=\"bilinear\", align_corners=False).flatten(2) > 0", (M2F, M2F_MASKED)),
+    Mutant("mask2former decoder: an empty foreground blocks everything", "vision_tx/heads/mask2former/decoder.py",
+           "return blocked & ~blocked.all(-1, keepdim=True)", "return blocked", (M2F,)),
+    Mutant("mask2former decoder: level order not round-robin", "vision_tx/heads/mask2former/decoder.py",
+           "level = i % self.num_levels", "level = min(i, self.num_levels - 1)", (M2F,)),
+    Mutant("mask2former decoder: self-attention without query positions", "vision_tx/heads/mask2former/decoder.py",
+           "        q = queries + query_pos\n", "        q = queries\n", (M2F,)),
+    Mutant("mask2former decoder: predictions skip the decoder norm", "vision_tx/heads/mask2former/decoder.py",
+           "        normed = self.decoder_norm(queries)\n", "        normed = queries\n", (M2F,)),
+    Mutant("mask2former decoder: key positions missing in cross-attention", "vision_tx/heads/mask2former/decoder.py",
+           "self.cross_attn(queries + query_pos, memory + memory_pos, memory, attn_mask=attn_mask)",
+           "self.cross_attn(queries + query_pos, memory, memory, attn_mask=attn_mask)", (M2F,)),
+    Mutant("mask2former decoder: level embedding not added", "vision_tx/heads/mask2former/decoder.py",
+           "memory.append(proj(x).flatten(2).transpose(1, 2) + self.level_embed.weight[level])",
+           "memory.append(proj(x).flatten(2).transpose(1, 2))", (M2F,)),
+    Mutant("mask2former loss: no-object weight 1", "vision_tx/heads/mask2former/criterion.py",
+           "        class_weight[-1] = eos_coef\n", "        class_weight[-1] = 1.0\n", (M2F_LOSS,)),
+    Mutant("mask2former loss: uncertainty is the logit, not -|logit|", "vision_tx/heads/mask2former/criterion.py",
+           "uncertainty = -point_sample(masks, candidates)[:, 0].abs()", "uncertainty = point_sample(masks, candidates)[:, 0]", (M2F_LOSS,)),
+    Mutant("mask2former loss: points sampled with gradient", "vision_tx/heads/mask2former/criterion.py",
+           "        with torch.no_grad():\n            points = self.importance_points(predicted)",
+           "        if True:\n            points = self.importance_points(predicted)", (M2F_LOSS,)),
+    Mutant("mask2former loss: dice without the +1 smoothing", "vision_tx/heads/mask2former/criterion.py",
+           "return 1 - (2 * (prob * labels).sum(-1) + 1) / (prob.sum(-1) + labels.sum(-1) + 1)",
+           "return 1 - (2 * (prob * labels).sum(-1)) / (prob.sum(-1) + labels.sum(-1) + 1)", (M2F_LOSS,)),
+    Mutant("mask2former loss: BCE averaged over masks, not summed / num_masks", "vision_tx/heads/mask2former/criterion.py",
+           "reduction=\"none\").mean(1).sum() / num_masks", "reduction=\"none\").mean(1).mean()", (M2F_LOSS,)),
+    Mutant("mask2former loss: matching cost without dice", "vision_tx/heads/mask2former/criterion.py",
+           "self.cost_mask * cost_mask + self.cost_dice * cost_dice))", "self.cost_mask * cost_mask))", (M2F_LOSS,)),
+    Mutant("mask2former loss: matching points not shared by targets and predictions", "vision_tx/heads/mask2former/criterion.py",
+           "predicted = point_sample(masks[None], points)[0]  # [Q,P]", "predicted = point_sample(masks[None], points.flip(-1))[0]  # [Q,P]", (M2F_LOSS,)),
+    Mutant("mask2former loss: auxiliary predictions left out", "vision_tx/heads/mask2former/criterion.py",
+           "        aux = outputs.get(\"aux_outputs\", [])\n", "        aux = []\n", (M2F_LOSS,)),
+    Mutant("mask2former loss: all candidates uniform (no importance)", "vision_tx/heads/mask2former/criterion.py",
+           "num_uncertain = int(self.importance_sample_ratio * self.num_points)", "num_uncertain = 0", (M2F_LOSS,)),
+    Mutant("mask2former semantic: softmax kept the no-object class", "vision_tx/heads/mask2former/postprocess.py",
+           "return torch.einsum(\"qc,qhw->chw\", logits.softmax(-1)[:, :-1], masks.sigmoid())",
+           "return torch.einsum(\"qc,qhw->chw\", logits[:, :-1].softmax(-1), masks.sigmoid())", (M2F_SEMANTIC,)),
+    Mutant("mask2former panoptic: owner by mask probability alone", "vision_tx/heads/mask2former/postprocess.py",
+           "owner = (scores[:, None, None] * probs).argmax(0)", "owner = probs.argmax(0)", (M2F_PANOPTIC, M2F_PANOPTIC_RULES)),
+    Mutant("mask2former panoptic: overlap threshold ignored", "vision_tx/heads/mask2former/postprocess.py",
+           "or area / original_area < overlap_threshold:", "or area / original_area < 0:", (M2F_PANOPTIC, M2F_PANOPTIC_RULES)),
+    Mutant("mask2former panoptic: stuff not merged", "vision_tx/heads/mask2former/postprocess.py",
+           "        if not thing and category in stuff_segment:", "        if False:", (M2F_PANOPTIC_RULES,)),
+    Mutant("mask2former panoptic: object threshold 0.5 instead of the given", "vision_tx/heads/mask2former/postprocess.py",
+           "keep = (classes != logits.shape[-1] - 1) & (scores > object_mask_threshold)",
+           "keep = (classes != logits.shape[-1] - 1) & (scores > 0.5)", (M2F_PANOPTIC,)),
+    Mutant("mask2former instance: mask score over all pixels", "vision_tx/heads/mask2former/postprocess.py",
+           "mask_scores = (mask_logits.sigmoid() * foreground).flatten(1).sum(1) / (foreground.flatten(1).sum(1) + 1e-6)",
+           "mask_scores = mask_logits.sigmoid().flatten(1).mean(1)", (M2F_INSTANCE,)),
+    Mutant("mask2former official: self- and cross-attention norms swapped", "vision_tx/models/mask2former_official.py",
+           r'r"transformer_self_attention_layers\.(\d+)\.norm\.", r"predictor.layers.\1.norm2."',
+           r'r"transformer_self_attention_layers\.(\d+)\.norm\.", r"predictor.layers.\1.norm1."', (M2F_OFFICIAL,)),
+    Mutant("mask2former official: FPN convs counted from the coarsest", "vision_tx/models/mask2former_official.py",
+           "kind, index, part = fpn[1], num_fpn_levels - int(fpn[2]), fpn[3]", "kind, index, part = fpn[1], int(fpn[2]), fpn[3]", (M2F_OFFICIAL,)),
+    Mutant("mask2former instance: query and class of a pair swapped", "vision_tx/heads/mask2former/postprocess.py",
+           "query, labels = index // num_classes, index % num_classes", "query, labels = index % num_classes, index // num_classes", (M2F_INSTANCE,)),
 ]
 
 

@@ -259,7 +259,8 @@ class CocoDetection(SkippingDataset[tuple[Any, Target]]):
         self, bbox: np.ndarray, category_ids: np.ndarray, rows: np.ndarray, crowd: np.ndarray, valid: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The training boxes ``[N, 4]`` xyxy of the valid annotations, their labels ``[N]`` and per-image
-        offsets ``[num_images + 1]`` (image ``i`` owns rows ``offsets[i]:offsets[i+1]``)."""
+        offsets ``[num_images + 1]`` (image ``i`` owns rows ``offsets[i]:offsets[i+1]``). Also sets
+        ``annotation_index`` ``[N]``: each box's position in the file's ``annotations`` list."""
         valid = valid & (rows >= 0)
         bbox, category_ids, rows, crowd = bbox[valid], category_ids[valid], rows[valid], crowd[valid]
         width, height = self.widths[rows].astype(np.float64), self.heights[rows].astype(np.float64)
@@ -275,6 +276,7 @@ class CocoDetection(SkippingDataset[tuple[Any, Target]]):
             self.ann_file, len(bbox), len(self.image_ids), int(crowd.sum()), int(degenerate.sum()), int(clipped.sum()),
         )
         order = np.argsort(rows[keep], kind="stable")
+        self.annotation_index = np.flatnonzero(valid)[keep][order]
         counts = np.bincount(rows[keep], minlength=len(self.image_ids))
         offsets = np.concatenate([[0], np.cumsum(counts)])
         return xyxy[keep][order].astype(np.float32), category_ids[keep][order], offsets

@@ -51,7 +51,6 @@ class PanopticModule(DetectionModule):
     ``bbox_results.json`` and ``metrics.json`` (``bbox`` and ``panoptic`` sections) in the log folder.
     """
 
-    backbone_prefix = "detr.backbone."
     backbone_out_indices = (0, 1, 2, 3)  # the mask head also reads the stride 4, 8 and 16 maps
 
     def __init__(
@@ -62,12 +61,22 @@ class PanopticModule(DetectionModule):
     ) -> None:
         super().__init__(**kwargs)
 
-    def build_model(self, backbone: torch.nn.Module) -> DETRPanoptic:
-        return DETRPanoptic(super().build_model(backbone), **(self.hparams.panoptic_kwargs or {}))
+    @property
+    def backbone_prefix(self) -> str:  # type: ignore[override]
+        return "backbone." if self.hparams.detector == "mask2former" else "detr.backbone."
+
+    def build_model(self, backbone: torch.nn.Module) -> torch.nn.Module:
+        """DETR wrapped in ``DETRPanoptic``; a detector that segments by itself (Mask2Former) as it is."""
+        detector = super().build_model(backbone)
+        if hasattr(detector, "postprocess_panoptic"):
+            return detector
+        return DETRPanoptic(detector, **(self.hparams.panoptic_kwargs or {}))
 
     def _postprocess(
         self, outputs: dict[str, Any], sizes: torch.Tensor, orig_sizes: torch.Tensor, is_thing: dict[int, bool]
     ) -> list[dict[str, Any]]:
+        if hasattr(self.model, "postprocess_panoptic"):
+            return self.model.postprocess_panoptic(outputs, sizes, orig_sizes, is_thing)
         return postprocess_panoptic(outputs, sizes, orig_sizes, is_thing, **(self.hparams.postprocess_kwargs or {}))
 
     def _draw(self, image: torch.Tensor, panoptic: dict[str, Any]) -> torch.Tensor:

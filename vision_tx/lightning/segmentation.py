@@ -17,6 +17,7 @@ from vision_tx.lightning.detection import denormalize
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.miou import MeanIoU
+from vision_tx.models.mask2former import Mask2Former
 from vision_tx.models.segmentor import UperNetSegmentor
 from vision_tx.visualize import draw_semantic
 
@@ -45,6 +46,9 @@ class SegmentationModule(TaskModule):
     With ``sync_batchnorm`` the BatchNorm layers normalise over the global batch when training runs
     on several GPUs (SyncBatchNorm); on one device or on CPUs they stay per-process BatchNorm.
     ``compile`` (and any other option of :class:`TaskModule`) is passed on.
+    ``head="mask2former"`` trains a ``Mask2Former`` (with ``head_kwargs``, and ``criterion_kwargs`` for its
+    ``Mask2FormerCriterion``) instead of the UperNet (whose arguments it ignores); it owns its loss and
+    its class scores, as the UperNet does.
     """
 
     def __init__(
@@ -71,11 +75,14 @@ class SegmentationModule(TaskModule):
         test_flip: bool = False,
         num_visualized: int = 8,
         sync_batchnorm: bool = True,
+        head: str = "upernet",
+        head_kwargs: dict[str, Any] | None = None,
+        criterion_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters()
-        self.model: UperNetSegmentor | None = None
+        self.model: UperNetSegmentor | Mask2Former | None = None
         # What ``ValidationReport`` shows: see DetectionModule.
         self.preview: list[torch.Tensor] = []
         self.preview_truth: list[torch.Tensor] = []
@@ -87,16 +94,24 @@ class SegmentationModule(TaskModule):
         hp = self.hparams
         backbone = build_task_backbone(self, load_pretrained=False)
         datamodule = self.trainer.datamodule if self._trainer is not None else None
-        self.model = UperNetSegmentor(
-            backbone,
-            hp.num_classes,
-            channels=hp.channels,
-            aux_channels=hp.aux_channels,
-            aux_in_index=hp.aux_in_index,
-            aux_loss_weight=hp.aux_loss_weight,
-            dropout=hp.dropout,
-            ignore_index=getattr(datamodule, "ignore_index", 255),
-        )
+        if hp.head not in ("upernet", "mask2former"):
+            raise ValueError(f"SegmentationModule: unknown head {hp.head!r}; known: upernet, mask2former")
+        if hp.head == "mask2former":
+            self.model = Mask2Former(
+                backbone, hp.num_classes, criterion_kwargs=hp.criterion_kwargs, ignore_index=getattr(datamodule, "ignore_index", 255),
+                **(hp.head_kwargs or {}),
+            )
+        else:
+            self.model = UperNetSegmentor(
+                backbone,
+                hp.num_classes,
+                channels=hp.channels,
+                aux_channels=hp.aux_channels,
+                aux_in_index=hp.aux_in_index,
+                aux_loss_weight=hp.aux_loss_weight,
+                dropout=hp.dropout,
+                ignore_index=getattr(datamodule, "ignore_index", 255),
+            )
         if hp.pretrained and is_fitting(self):
             report = load_weights(self.model, hp.pretrained, class_keys=self.model.class_keys)
             rank_zero_info(f"segmentor weights: {report}")

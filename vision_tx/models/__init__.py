@@ -3,6 +3,7 @@
 from vision_tx.models.detr import DETR, DETRFeatures
 from vision_tx.models.detr_panoptic import DETRPanoptic
 from vision_tx.models.dino import DINO
+from vision_tx.models.mask2former import Mask2Former
 from vision_tx.models.rtdetr import RTDETR
 from vision_tx.models.segmentor import UperNetSegmentor
 
@@ -11,6 +12,6 @@ from vision_tx.models.segmentor import UperNetSegmentor
 # criterion_kwargs=..., **kwargs)``, it owns ``loss``, ``postprocess``, ``postprocess_per_query``,
 # ``cross_attention``, ``convert_state_dict``, ``no_weight_decay`` and ``for_conversion``, and names
 # the ``backbone_out_indices`` it reads and the ``score_threshold`` pictures draw from.
-DETECTORS = {"detr": DETR, "dino": DINO, "rtdetr": RTDETR}
+DETECTORS = {"detr": DETR, "dino": DINO, "mask2former": Mask2Former, "rtdetr": RTDETR}
 
-__all__ = ["DETECTORS", "DETR", "DETRFeatures", "DETRPanoptic", "DINO", "RTDETR", "UperNetSegmentor"]
+__all__ = ["DETECTORS", "DETR", "DETRFeatures", "DETRPanoptic", "DINO", "Mask2Former", "RTDETR", "UperNetSegmentor"]

@@ -71,9 +71,11 @@ class MultiScaleProjection(nn.Module):
         for projection in self.input_proj[len(maps):]:
             source = projection(source)
             levels.append(source)
-        return flatten_levels(
-            levels, pixel_mask, lambda level, mask, dtype: self.position_encoding(mask).to(dtype) + self.level_embed[level]
-        )
+        def position(level: int, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            # float64 models encode in float64; half-precision ones in float32, then cast
+            return self.position_encoding(mask, torch.promote_types(dtype, torch.float32)).to(dtype) + self.level_embed[level]
+
+        return flatten_levels(levels, pixel_mask, position)
 
 
 def flatten_levels(

@@ -64,16 +64,7 @@ class HungarianMatcher(nn.Module):
             * generalized_box_iou(box_convert(out_boxes, "cxcywh", "xyxy"), box_convert(boxes, "cxcywh", "xyxy"))
         )
         cost = cost.view(batch, num_queries, -1).float().cpu()
-        if not torch.isfinite(cost).all():
-            raise ValueError("vision_tx/heads/detr/matcher.py: the matching cost holds NaN/inf (diverged predictions or invalid boxes)")
-        indices = []
-        for image, block in enumerate(cost.split(sizes, dim=-1)):
-            if sizes[image] == 0:
-                indices.append((empty, empty))
-                continue
-            rows, cols = linear_sum_assignment(block[image].numpy())
-            indices.append((torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)))
-        return indices
+        return [assign(block[image]) for image, block in enumerate(cost.split(sizes, dim=-1))]
 
     def _class_cost(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """``[N, K]``: the cost of giving each of the ``N`` predictions the class of each of the ``K`` targets."""
@@ -84,3 +75,13 @@ class HungarianMatcher(nn.Module):
         positive = alpha * (1 - prob) ** gamma * -(prob + eps).log()
         negative = (1 - alpha) * prob**gamma * -(1 - prob + eps).log()
         return positive - negative
+
+
+def assign(cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lowest-cost one-to-one assignment of one image's queries to its targets, ``cost [Q, K]``:
+    ``(query_indices, target_indices)``, int64 CPU tensors of length ``min(Q, K)``."""
+    cost = cost.float().cpu()
+    if not torch.isfinite(cost).all():
+        raise ValueError("vision_tx/heads/detr/matcher.py: the matching cost holds NaN/inf (diverged predictions or invalid boxes)")
+    rows, cols = linear_sum_assignment(cost.numpy())
+    return torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)

@@ -26,8 +26,8 @@ class SinePositionEncoding(nn.Module):
         self.scale = scale
         self.offset = offset
 
-    def forward(self, mask: torch.Tensor) -> torch.Tensor:
-        valid = (~mask).float()
+    def forward(self, mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        valid = (~mask).to(dtype)
         y = valid.cumsum(1)
         x = valid.cumsum(2)
         eps = 1e-6
@@ -39,6 +39,6 @@ class SinePositionEncoding(nn.Module):
 def sine_embedding(position: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:
     """``position [...]`` (already scaled, e.g. to [0, 2 pi]) -> ``[..., num_feats]``: channel ``i`` holds
     ``sin`` (even ``i``) or ``cos`` (odd ``i``) of ``position / temperature ** (2 * (i // 2) / num_feats)``."""
-    exponent = 2 * (torch.arange(num_feats, device=position.device) // 2) / num_feats
+    exponent = (torch.arange(num_feats, device=position.device) // 2).to(position.dtype) * 2 / num_feats
     angles = position[..., None] / temperature**exponent
     return torch.stack([angles[..., 0::2].sin(), angles[..., 1::2].cos()], dim=-1).flatten(-2)

@@ -1,0 +1,80 @@
+"""COCO instance segmentation: the detection dataset plus each instance's mask, decoded from the polygons
+or run-length encodings of ``instances_*.json``, and its LightningDataModule."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pycocotools import mask as mask_utils
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+
+from vision_tx.data.coco import CocoDetection, CocoFormatError, Target
+from vision_tx.data.detection import CocoDetectionDataModule
+from vision_tx.data.transforms import DetectionTransform
+
+
+def annotation_mask(segmentation: Any, height: int, width: int) -> np.ndarray:
+    """A COCO ``segmentation`` (polygon list, uncompressed RLE with a ``counts`` list, or compressed RLE)
+    -> bool ``[height, width]``."""
+    if isinstance(segmentation, list):  # polygons: one RLE each, merged
+        rle = mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width)) if segmentation else None
+    elif isinstance(segmentation, dict) and isinstance(segmentation.get("counts"), list):
+        rle = mask_utils.frPyObjects(segmentation, height, width)
+    elif isinstance(segmentation, dict) and "counts" in segmentation:
+        rle = dict(segmentation)
+        if isinstance(rle["counts"], str):
+            rle["counts"] = rle["counts"].encode("ascii")
+    else:
+        raise ValueError(f"segmentation must be polygons or an RLE dict, got {type(segmentation).__name__}")
+    if rle is None:
+        return np.zeros((height, width), dtype=bool)
+    return mask_utils.decode(rle).astype(bool)
+
+
+class CocoInstances(CocoDetection):
+    """COCO instances as ``(image, target)``: :class:`CocoDetection`'s targets plus ``masks``
+    (``tv_tensors.Mask`` ``[K, H, W]`` bool, one per training box, in the same order), moved by the
+    same ``transforms``. An annotation without a readable ``segmentation`` is an error naming it."""
+
+    def __init__(self, image_dir: str | os.PathLike, ann_file: str | os.PathLike, transforms: Any = None,
+                 skip_invalid: bool = False) -> None:
+        super().__init__(image_dir, ann_file, None, skip_invalid)
+        self.segmentations = [self._all_segmentations[i] for i in self.annotation_index]
+        del self._all_segmentations
+        self.instance_transforms = transforms
+
+    def _annotation_fields(self, anns: list[dict[str, Any]]) -> tuple[np.ndarray, ...]:
+        self._all_segmentations = [ann.get("segmentation") if isinstance(ann, dict) else None for ann in anns]
+        return super()._annotation_fields(anns)
+
+    def _load(self, index: int) -> tuple[Any, Target]:
+        image, target = super()._load(index)
+        height, width = int(self.heights[index]), int(self.widths[index])
+        start, end = self.offsets[index], self.offsets[index + 1]
+        masks = []
+        for row in range(start, end):
+            try:
+                masks.append(annotation_mask(self.segmentations[row], height, width))
+            except (ValueError, TypeError, KeyError) as err:
+                raise CocoFormatError(
+                    f"{self.ann_file}: annotation {int(self.annotation_index[row])} of image {int(self.image_ids[index])}: {err}"
+                ) from err
+        stacked = np.stack(masks) if masks else np.zeros((0, height, width), dtype=bool)
+        target["masks"] = tv_tensors.Mask(torch.from_numpy(stacked))
+        if self.instance_transforms is not None:
+            return self.instance_transforms(image, target)
+        return image, target
+
+
+class CocoInstanceDataModule(CocoDetectionDataModule):
+    """COCO instance segmentation from ``root`` (the layout of :class:`CocoDetectionDataModule`); ``root=None``
+    uses the built-in toy detection set, whose annotations carry RLE masks. Batches are detection batches
+    whose targets also hold ``masks``."""
+
+    def make_dataset(self, paths: tuple[Path, ...], transform: DetectionTransform) -> Dataset:
+        return CocoInstances(*paths, transform, skip_invalid=self.skip_invalid)
