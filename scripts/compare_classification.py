@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from compare_common import cpu_description, side_by_side, train_vision_tx, versions, write_report
+from compare_common import cpu_description, machine_line, side_by_side, train_vision_tx, versions, write_report
 from vision_tx.data.imagefolder import val_transforms
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
@@ -99,7 +99,7 @@ def train_resnet(loader: DataLoader, num_classes: int, seconds: float, lr: float
                 break
     return model, {"train_seconds": elapsed, "cpu_seconds": time.process_time() - cpu_start, "images_seen": images,
                    "images_per_second": images / max(elapsed, 1e-9), "steps": steps, "epochs": images / len(loader.dataset),
-                   "torch_threads": [torch.get_num_threads()], "final_loss": float(loss)}
+                   "torch_threads": [torch.get_num_threads()], "final_loss": loss.item()}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -145,10 +145,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "resnet18": {"batch": args.resnet_batch, "lr": args.resnet_lr, "optimizer": "AdamW", **resnet},
     }
     rows = ("top1", "top5", "train_seconds", "cpu_seconds", "images_seen", "images_per_second", "steps")
-    cpu = report["cpu"]
-    print(side_by_side(f"\nclassification on {args.root} val, {len(classes)} classes, {size} px ({cpu['model']}, "
-                       f"{' '.join(cpu['vector_extensions']) or 'no AVX2'}, {args.threads} threads, "
-                       f"torch {report['versions']['torch']})", rows, {args.config: vtx, "ResNet-18": resnet}))
+    print(side_by_side(f"\nclassification on {args.root} val, {len(classes)} classes, {size} px, training {budget:.0f} s each\n"
+                       f"{machine_line(report['cpu'], args.threads, report['versions'])}",
+                       rows, {args.config: vtx, "ResNet-18": resnet}))
     write_report(out / "comparison.json", report)
 
 

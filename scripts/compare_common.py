@@ -29,9 +29,17 @@ def cpu_description() -> dict[str, Any]:
         text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     model = re.search(r"^(?:Model name|model name)\s*:\s*(.+)$", text, re.MULTILINE)
     flags = re.search(r"^(?:Flags|flags)\s*:\s*(.+)$", text, re.MULTILINE)
-    vector = sorted(f for f in (flags.group(1).split() if flags else []) if f == "avx2" or f.startswith("avx512"))
+    vector = sorted(f for f in (flags.group(1).split() if flags else []) if f == "avx2" or f.startswith(("avx512", "amx")))
     return {"model": model.group(1).strip() if model else platform.processor(), "vector_extensions": vector,
             "logical_cpus": torch.multiprocessing.cpu_count()}
+
+
+def machine_line(cpu: dict[str, Any], threads: int, versions: dict[str, str]) -> str:
+    """``CPU model (AVX2, AVX-512 F/BF16/FP16/VNNI, AMX), N threads, torch X, ...`` in one line."""
+    shown = [f for f in cpu["vector_extensions"] if f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni")
+             or f.startswith("amx")]
+    packages = ", ".join(f"{name} {version}" for name, version in versions.items())
+    return f"{cpu['model']} ({' '.join(shown) or 'no AVX2'}), {threads} threads, {packages}"
 
 
 def versions(*packages: str) -> dict[str, str]:

@@ -51,7 +51,7 @@ from PIL import Image
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from compare_common import cpu_description, side_by_side, train_vision_tx, versions, write_report
+from compare_common import cpu_description, machine_line, side_by_side, train_vision_tx, versions, write_report
 
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 SPLITS = {"train": "train2017", "val": "val2017"}  # YOLO split -> COCO folder
@@ -182,13 +182,12 @@ def check_round_trip(root: Path, yolo_root: Path) -> dict[str, float]:
     return errors
 
 
-def offline_ultralytics(config_dir: Path) -> Any:
+def offline_ultralytics(config_dir: Path) -> None:
     """Imports ultralytics with its settings in ``config_dir``: offline, no hub or loggers, a local font."""
     os.environ["YOLO_CONFIG_DIR"] = str(config_dir)
     os.environ["YOLO_OFFLINE"] = "1"
     try:
         import matplotlib
-        import ultralytics
         from ultralytics.utils import SETTINGS, USER_CONFIG_DIR
         from ultralytics.utils.checks import check_font
     except ImportError as err:
@@ -202,7 +201,6 @@ def offline_ultralytics(config_dir: Path) -> Any:
             raise SystemExit(f"error: {USER_CONFIG_DIR / name}: Ultralytics does not take this local font")
     SETTINGS.update({key: False for key in ("sync", "hub", "clearml", "comet", "dvc", "mlflow", "neptune", "raytune",
                                               "tensorboard", "wandb") if key in SETTINGS})
-    return ultralytics
 
 
 class YoloClock:
@@ -308,12 +306,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     yolo["coco"] = coco_stats(annotation_file(args.root, SPLITS["val"]), predict_yolo(weights, args.root, args))
 
-    import ultralytics
-
     report = {
         "data": str(Path(args.root).resolve()), "budget_seconds": budget, "threads": args.threads, "seed": args.seed,
         "workers": args.workers, "cpu": cpu_description(),
-        "versions": {**versions("torch", "torchvision", "lightning", "pycocotools"), "ultralytics": ultralytics.__version__},
+        "versions": versions("torch", "torchvision", "lightning", "pycocotools", "ultralytics"),
         "round_trip_max_error_px": errors, "max_detections": MAX_DETECTIONS, "score_floor": SCORE_FLOOR,
         "vision_tx": {"config": args.config, "extra_args": extra, **vtx},
         "yolo": {"model": "yolov8n.yaml", "imgsz": args.imgsz, "batch": args.yolo_batch, "weights": str(weights), **yolo},
@@ -321,9 +317,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     timing = ("train_seconds", "cpu_seconds", "images_seen", "images_per_second")
     columns = {args.config: {**vtx["coco"], **{k: vtx[k] for k in timing}, "steps/epochs": vtx["steps"]},
                "YOLOv8n": {**yolo["coco"], **{k: yolo[k] for k in timing}, "steps/epochs": yolo["epochs"]}}
-    print(side_by_side(f"\nbox detection on {args.root} val ({report['cpu']['model']}, "
-                       f"{','.join(report['cpu']['vector_extensions']) or 'no AVX2'}, {args.threads} threads, "
-                       f"torch {report['versions']['torch']}, ultralytics {ultralytics.__version__})",
+    print(side_by_side(f"\nbox detection on {args.root} val2017, training {budget:.0f} s each\n"
+                       f"{machine_line(report['cpu'], args.threads, report['versions'])}",
                        [*STAT_NAMES, *timing, "steps/epochs"], columns))
     write_report(out / "comparison.json", report)
 
