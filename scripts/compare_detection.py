@@ -288,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(f"error: {annotation_file(args.root, folder)}: no such file (expected a COCO-layout set)")
     torch.set_num_threads(args.threads)
     out = args.out.resolve()
+    shutil.rmtree(out / "yolo_data", ignore_errors=True)  # with Ultralytics' label caches of an earlier run
     data_yaml = write_yolo_dataset(args.root, out / "yolo_data")
     errors = check_round_trip(args.root, out / "yolo_data")
     print(f"COCO -> YOLO labels -> COCO: AP 1.0, boxes back to within {max(errors.values()):.1e} px")
