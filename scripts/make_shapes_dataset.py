@@ -21,7 +21,7 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -100,12 +100,13 @@ def _colour(rng: np.random.Generator) -> np.ndarray:
         .convert("RGB").getpixel((0, 0)), dtype=np.float64)
 
 
-def _shape_mask(rng: np.random.Generator, kind: int, height: int, width: int, box: tuple[float, ...]) -> np.ndarray:
-    """The filled mask ``[H, W]`` bool of ``KINDS[kind]`` drawn to fill the box ``(x0, y0, x1, y1)``."""
+def _shape_mask(rng: np.random.Generator, kind: int, height: int, width: int, box: tuple[float, ...],
+                kinds: Sequence[tuple[Any, str, Callable[[np.random.Generator], Polygon] | None]] = KINDS) -> np.ndarray:
+    """The filled mask ``[H, W]`` bool of ``kinds[kind]`` drawn to fill the box ``(x0, y0, x1, y1)``."""
     canvas = Image.new("L", (width, height), 0)
     draw = ImageDraw.Draw(canvas)
     x0, y0, x1, y1 = box
-    outline = KINDS[kind][2]
+    outline = kinds[kind][2]
     if outline is None:
         draw.ellipse(box, fill=1)
     else:

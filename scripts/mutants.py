@@ -98,6 +98,8 @@ M2F_PANOPTIC = "tests/heads/test_mask2former_postprocess.py::test_panoptic_match
 M2F_PANOPTIC_RULES = "tests/heads/test_mask2former_postprocess.py::test_panoptic_paper_rules"
 M2F_INSTANCE = "tests/heads/test_mask2former_postprocess.py::test_instances_match_transformers"
 M2F_OFFICIAL = "tests/models/test_mask2former_official.py"
+YOLO_LABELS = "tests/scripts/test_compare_detection.py"
+SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
 
 
 @dataclass(frozen=True)
@@ -662,6 +664,34 @@ MUTANTS = [
            "kind, index, part = fpn[1], num_fpn_levels - int(fpn[2]), fpn[3]", "kind, index, part = fpn[1], int(fpn[2]), fpn[3]", (M2F_OFFICIAL,)),
     Mutant("mask2former instance: query and class of a pair swapped", "vision_tx/heads/mask2former/postprocess.py",
            "query, labels = index // num_classes, index % num_classes", "query, labels = index % num_classes, index // num_classes", (M2F_INSTANCE,)),
+    # The learning comparison's COCO <-> YOLO conversion and scoring (scripts/compare_detection.py)
+    Mutant("compare detection: YOLO centre x divided by the height", "scripts/compare_detection.py",
+           'lines.append(f"{classes[ann[\'category_id\']]} {(x + w / 2) / width:.10f}',
+           'lines.append(f"{classes[ann[\'category_id\']]} {(x + w / 2) / height:.10f}', (YOLO_LABELS,)),
+    Mutant("compare detection: crowd regions labelled for YOLO", "scripts/compare_detection.py",
+           'if ann.get("iscrowd", 0):\n            continue', 'if False:\n            continue', (YOLO_LABELS,)),
+    Mutant("compare detection: YOLO classes in the file's category order", "scripts/compare_detection.py",
+           'return sorted(c["id"] for c in dataset["categories"])', 'return [c["id"] for c in dataset["categories"]]',
+           (YOLO_LABELS,)),
+    Mutant("compare detection: YOLO boxes back as corners, not width and height", "scripts/compare_detection.py",
+           '"bbox": [float(x0), float(y0), float(x1) - float(x0), float(y1) - float(y0)]}',
+           '"bbox": [float(x0), float(y0), float(x1), float(y1)]}', (YOLO_LABELS,)),
+    Mutant("compare detection: YOLO label read back with the corner as the centre", "scripts/compare_detection.py",
+           "np.concatenate([centre - size / 2, centre + size / 2], axis=1)", "np.concatenate([centre, centre + size], axis=1)",
+           (YOLO_LABELS,)),
+    Mutant("compare detection: the score floor excluded", "scripts/compare_detection.py",
+           'if r["score"] >= SCORE_FLOOR:', 'if r["score"] > SCORE_FLOOR:', (YOLO_LABELS,)),
+    Mutant("compare detection: 101 detections an image kept", "scripts/compare_detection.py",
+           'key=lambda r: -r["score"])[:MAX_DETECTIONS]]', 'key=lambda r: -r["score"])[:MAX_DETECTIONS + 1]]', (YOLO_LABELS,)),
+    Mutant("compare detection: the round-trip check lets a box off by a pixel pass", "scripts/compare_detection.py",
+           'if ap != 1.0 or errors[split] > ROUND_TRIP_TOLERANCE_PX:', 'if ap < 0.5:', (YOLO_LABELS,)),
+    # The held-out classification set and the comparison's top-k
+    Mutant("shapes classification: the added classes draw the first outline", "scripts/make_shapes_classification.py",
+           "_paint(image, _shape_mask(rng, kind, side, side, box, CLASSES), rng)", "_paint(image, _shape_mask(rng, kind % 6, side, side, box), rng)",
+           (SHAPES_CLASSIFICATION,)),
+    Mutant("compare classification: top-5 counts the 6 best", "scripts/compare_classification.py",
+           "hits[k] += int((ranked[:, :k] == labels[:, None]).any(dim=1).sum())",
+           "hits[k] += int((ranked[:, :k + 1] == labels[:, None]).any(dim=1).sum())", (SHAPES_CLASSIFICATION,)),
 ]
 
 

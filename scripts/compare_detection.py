@@ -1,0 +1,331 @@
+"""Trains a vision_tx detector and Ultralytics YOLOv8n from scratch on the same COCO-layout set for the
+same training wall-clock, and scores both with pycocotools on the set's validation split.
+
+The vision_tx side is ``python tools/train.py --config CONFIG --data.root ROOT`` (run in this process
+through vision_tx's CLI), its training time measured without its validations; YOLOv8n
+(``YOLO("yolov8n.yaml")``: no weights, Ultralytics' default augmentations) then trains for that
+long through Ultralytics' own ``time=`` budget (which fits its learning-rate schedule to it) with
+no validation before the end. ``--budget-seconds`` gives both sides a fixed time instead (vision_tx
+then stops at that time or at its config's step count, whichever comes first). Both use the same
+torch threads, seed and no loader workers. Each final model (YOLO's last EMA weights, not a best
+epoch picked on the validation set) predicts the validation images once and pycocotools scores
+the COCO results of both: at most 100 detections per image, scores from 0.001 (YOLO's validation
+threshold).
+
+COCO to YOLO: category ids (any, not necessarily contiguous) map to 0..K-1 in increasing order;
+crowd regions (``iscrowd=1``) get no YOLO label, as vision_tx's training leaves them out too (their
+pixels are background to both), and COCO evaluation ignores detections on them; images without
+objects keep an empty label file. Before training, the labels written are read back, converted to
+COCO results the way YOLO's predictions are, and scored: AP must be 1.0 and every box back to
+within 1e-3 px. Ultralytics (AGPL-3.0) is imported only inside this script: ``pip install
+ultralytics``. Nothing is downloaded: the model comes from its YAML, its font is matplotlib's
+DejaVu Sans, its settings (no hub, no online checks, no TensorBoard) live in OUT/ultralytics_config.
+
+    python scripts/make_shapes_dataset.py /tmp/shapes_a --seed 1
+    python scripts/compare_detection.py /tmp/shapes_a                            # dino_swin_toy, YOLOv8n the same time
+    python scripts/compare_detection.py /tmp/shapes_a --budget-seconds 180 --seed 1
+    python scripts/compare_detection.py /tmp/shapes_a --config detr_swin_toy -- --model.lr 2e-4  # after --: vision_tx options
+
+Prints both COCO tables side by side with the training wall-clock, CPU seconds, images seen and
+images per second of each, the CPU and the versions; writes all of it to OUT/comparison.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import sys
+import time
+from collections import defaultdict
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import yaml
+from PIL import Image
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from compare_common import cpu_description, machine_line, side_by_side, train_vision_tx, versions, write_report
+
+STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
+SPLITS = {"train": "train2017", "val": "val2017"}  # YOLO split -> COCO folder
+MAX_DETECTIONS = 100
+SCORE_FLOOR = 0.001
+ROUND_TRIP_TOLERANCE_PX = 1e-3
+
+
+def annotation_file(root: Path, folder: str) -> Path:
+    return Path(root) / "annotations" / f"instances_{folder}.json"
+
+
+def category_ids(dataset: dict[str, Any]) -> list[int]:
+    """The COCO category ids in increasing order: YOLO class ``i`` is ``category_ids(...)[i]``."""
+    return sorted(c["id"] for c in dataset["categories"])
+
+
+def yolo_label_lines(annotations: Sequence[dict[str, Any]], width: int, height: int, classes: dict[int, int]) -> list[str]:
+    """YOLO label lines ``class cx cy w h`` (fractions of the image) of an image's non-crowd COCO
+    annotations (xywh ``bbox`` in pixels); ``classes`` maps category id -> YOLO class."""
+    lines = []
+    for ann in annotations:
+        if ann.get("iscrowd", 0):
+            continue
+        x, y, w, h = ann["bbox"]
+        lines.append(f"{classes[ann['category_id']]} {(x + w / 2) / width:.10f} {(y + h / 2) / height:.10f} "
+                     f"{w / width:.10f} {h / height:.10f}")
+    return lines
+
+
+def read_yolo_labels(path: Path, width: int, height: int) -> tuple[list[int], np.ndarray]:
+    """The classes and pixel xyxy boxes ``[N,4]`` of a YOLO label file of a ``width x height`` image."""
+    rows = [line.split() for line in Path(path).read_text().splitlines() if line.strip()]
+    if any(len(row) != 5 for row in rows):
+        raise ValueError(f"{path}: a YOLO detection label line has 5 fields (class cx cy w h)")
+    values = np.array([[float(v) for v in row[1:]] for row in rows], dtype=np.float64).reshape(-1, 4)
+    centre, size = values[:, :2] * [width, height], values[:, 2:] * [width, height]
+    return [int(row[0]) for row in rows], np.concatenate([centre - size / 2, centre + size / 2], axis=1)
+
+
+def coco_results(image_id: int, boxes: Any, classes: Sequence[float], scores: Sequence[float],
+                 categories: Sequence[int]) -> list[dict[str, Any]]:
+    """COCO results (xywh) of one image's detections: pixel xyxy ``boxes [N,4]``, YOLO ``classes``."""
+    return [{"image_id": image_id, "category_id": categories[int(c)], "score": float(s),
+             "bbox": [float(x0), float(y0), float(x1) - float(x0), float(y1) - float(y0)]}
+            for (x0, y0, x1, y1), c, s in zip(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), classes, scores)]
+
+
+def write_yolo_dataset(root: Path, out: Path) -> Path:
+    """Writes ``out/images/{train,val}/`` (copies), ``out/labels/{train,val}/*.txt`` and ``out/data.yaml``."""
+    names: list[str] = []
+    for split, folder in SPLITS.items():
+        dataset = json.loads(annotation_file(root, folder).read_text())
+        ids = category_ids(dataset)
+        names = names or [{c["id"]: c["name"] for c in dataset["categories"]}[i] for i in ids]
+        classes = {cid: i for i, cid in enumerate(ids)}
+        by_image = defaultdict(list)
+        for ann in dataset["annotations"]:
+            by_image[ann["image_id"]].append(ann)
+        (out / "images" / split).mkdir(parents=True, exist_ok=True)
+        (out / "labels" / split).mkdir(parents=True, exist_ok=True)
+        stems = set()
+        for image in dataset["images"]:
+            source = Path(root) / folder / image["file_name"]
+            with Image.open(source) as picture:
+                if picture.size != (image["width"], image["height"]):
+                    raise SystemExit(f"error: {source}: the image is {picture.size[0]}x{picture.size[1]}, its annotation says "
+                                     f"{image['width']}x{image['height']}")
+            stem = Path(image["file_name"]).stem
+            if stem in stems:
+                raise SystemExit(f"error: {source}: a second image named {stem}.* in {folder} (YOLO labels go by name)")
+            stems.add(stem)
+            shutil.copyfile(source, out / "images" / split / Path(image["file_name"]).name)
+            lines = yolo_label_lines(by_image[image["id"]], image["width"], image["height"], classes)
+            (out / "labels" / split / f"{stem}.txt").write_text("".join(f"{line}\n" for line in lines))
+    data = {"path": str(out.resolve()), "train": "images/train", "val": "images/val", "names": dict(enumerate(names))}
+    (out / "data.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return out / "data.yaml"
+
+
+def labels_as_results(root: Path, yolo_root: Path, split: str) -> list[dict[str, Any]]:
+    """The YOLO labels of ``split`` read back as COCO results of score 1 (the ground truth as predictions)."""
+    dataset = json.loads(annotation_file(root, SPLITS[split]).read_text())
+    results = []
+    for image in dataset["images"]:
+        label = yolo_root / "labels" / split / f"{Path(image['file_name']).stem}.txt"
+        classes, boxes = read_yolo_labels(label, image["width"], image["height"])
+        results += coco_results(image["id"], boxes, classes, [1.0] * len(classes), category_ids(dataset))
+    return results
+
+
+def coco_stats(gt_file: Path, results: list[dict[str, Any]]) -> dict[str, float]:
+    """pycocotools' 12 box statistics of ``results``, keeping each image's ``MAX_DETECTIONS`` best
+    detections scoring at least ``SCORE_FLOOR``."""
+    by_image = defaultdict(list)
+    for r in results:
+        if r["score"] >= SCORE_FLOOR:
+            by_image[r["image_id"]].append(r)
+    kept = [r for rs in by_image.values() for r in sorted(rs, key=lambda r: -r["score"])[:MAX_DETECTIONS]]
+    if not kept:
+        return dict.fromkeys(STAT_NAMES, 0.0)
+    with redirect_stdout(io.StringIO()):  # pycocotools prints its progress and table
+        gt = COCO(str(gt_file))
+        evaluation = COCOeval(gt, gt.loadRes(kept), "bbox")
+        evaluation.params.maxDets = [1, 10, MAX_DETECTIONS]
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    return dict(zip(STAT_NAMES, (float(v) for v in evaluation.stats)))
+
+
+def check_round_trip(root: Path, yolo_root: Path) -> dict[str, float]:
+    """Scores the YOLO labels of both splits, read back, against the COCO ground truth: AP must be 1.0
+    and every non-crowd box come back to within ``ROUND_TRIP_TOLERANCE_PX``. Returns the worst error."""
+    errors = {}
+    for split, folder in SPLITS.items():
+        gt_file = annotation_file(root, folder)
+        results = labels_as_results(root, yolo_root, split)
+        truth = sorted((a["image_id"], a["category_id"], *a["bbox"]) for a in json.loads(gt_file.read_text())["annotations"] if not a.get("iscrowd", 0))
+        back = sorted((r["image_id"], r["category_id"], *r["bbox"]) for r in results)
+        if len(truth) != len(back) or [t[:2] for t in truth] != [b[:2] for b in back]:
+            raise SystemExit(f"error: {yolo_root}/labels/{split}: the labels read back are not the objects of {gt_file}")
+        errors[split] = max((abs(t - b) for tr, br in zip(truth, back) for t, b in zip(tr[2:], br[2:])), default=0.0)
+        ap = coco_stats(gt_file, results)["AP"] if results else 1.0
+        if ap != 1.0 or errors[split] > ROUND_TRIP_TOLERANCE_PX:
+            raise SystemExit(f"error: {yolo_root}/labels/{split}: the ground truth through YOLO labels scores AP {ap} with "
+                             f"boxes off by up to {errors[split]:.2g} px (need AP 1.0, within {ROUND_TRIP_TOLERANCE_PX} px)")
+    return errors
+
+
+def offline_ultralytics(config_dir: Path) -> None:
+    """Imports ultralytics with its settings in ``config_dir``: offline, no hub or loggers, a local font."""
+    os.environ["YOLO_CONFIG_DIR"] = str(config_dir)
+    os.environ["YOLO_OFFLINE"] = "1"
+    try:
+        import matplotlib
+        from ultralytics.utils import SETTINGS, USER_CONFIG_DIR
+        from ultralytics.utils.checks import check_font
+    except ImportError as err:
+        raise SystemExit(f"error: this comparison needs Ultralytics (AGPL-3.0, not a vision_tx dependency): "
+                         f"pip install ultralytics ({err})") from err
+    font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    for name in ("Arial.ttf", "Arial.Unicode.ttf"):  # the fonts Ultralytics would otherwise download
+        if not (USER_CONFIG_DIR / name).is_file():
+            shutil.copyfile(font, USER_CONFIG_DIR / name)
+        if Path(check_font(name) or "") != USER_CONFIG_DIR / name:
+            raise SystemExit(f"error: {USER_CONFIG_DIR / name}: Ultralytics does not take this local font")
+    SETTINGS.update({key: False for key in ("sync", "hub", "clearml", "comet", "dvc", "mlflow", "neptune", "raytune",
+                                              "tensorboard", "wandb") if key in SETTINGS})
+
+
+class YoloClock:
+    """Ultralytics callbacks counting training time (without the final validation), CPU seconds,
+    images and torch threads; they set the torch threads once Ultralytics has set its own."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads, self.seen_threads = threads, set()
+        self.wall = self.cpu = 0.0
+        self.images = self.epochs = self.batches = 0
+
+    def on_train_start(self, trainer: Any) -> None:
+        torch.set_num_threads(self.threads)  # Ultralytics' select_device sets its own count (cores - 1)
+        self.start = (time.perf_counter(), time.process_time())
+
+    def on_train_epoch_start(self, trainer: Any) -> None:
+        self.batches = 0
+
+    def on_train_batch_start(self, trainer: Any) -> None:  # every batch started is trained (its end hook is skipped at the time limit)
+        self.batches += 1
+        self.seen_threads.add(torch.get_num_threads())
+
+    def on_train_epoch_end(self, trainer: Any) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.start[0], time.process_time() - self.start[1]
+        self.images += min(self.batches * trainer.batch_size, len(trainer.train_loader.dataset))
+        self.epochs += 1
+
+    def summary(self) -> dict[str, Any]:
+        return {"train_seconds": self.wall, "cpu_seconds": self.cpu, "images_seen": self.images,
+                "images_per_second": self.images / max(self.wall, 1e-9), "epochs": self.epochs,
+                "torch_threads": sorted(self.seen_threads)}
+
+
+def train_yolo(data_yaml: Path, out: Path, seconds: float, args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+    """Trains YOLOv8n from its YAML for ``seconds`` of training; returns its last weights and its clock."""
+    offline_ultralytics(out / "ultralytics_config")
+    from ultralytics import YOLO
+
+    model = YOLO("yolov8n.yaml")
+    clock = YoloClock(args.threads)
+    for event in ("on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_train_epoch_end"):
+        model.add_callback(event, getattr(clock, event))
+    model.train(data=str(data_yaml), imgsz=args.imgsz, batch=args.yolo_batch, time=seconds / 3600, workers=args.workers,
+                seed=args.seed, device="cpu", pretrained=False, amp=False, val=False, plots=False,
+                project=str(out.resolve()), name="yolo", exist_ok=True)
+    # Ultralytics' own validation of the same weights (best.pt is the last epoch's: the only one validated), a cross-check
+    own = {"own AP50": model.trainer.metrics.get("metrics/mAP50(B)"), "own AP": model.trainer.metrics.get("metrics/mAP50-95(B)")}
+    return Path(model.trainer.last), {**clock.summary(), "ultralytics_val": own}
+
+
+def predict_yolo(weights: Path, root: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """COCO results of YOLO's predictions on the validation images (conf 0.001, NMS IoU 0.7: YOLO's validation)."""
+    from ultralytics import YOLO
+
+    dataset = json.loads(annotation_file(root, SPLITS["val"]).read_text())
+    ids = {Path(image["file_name"]).name: image["id"] for image in dataset["images"]}
+    paths = [str(Path(root) / SPLITS["val"] / image["file_name"]) for image in dataset["images"]]
+    results: list[dict[str, Any]] = []
+    for found in YOLO(str(weights)).predict(paths, imgsz=args.imgsz, conf=SCORE_FLOOR, iou=0.7, max_det=MAX_DETECTIONS,
+                                            device="cpu", stream=True, verbose=False):
+        boxes = found.boxes
+        results += coco_results(ids[Path(found.path).name], boxes.xyxy.tolist(), boxes.cls.tolist(), boxes.conf.tolist(),
+                                category_ids(dataset))
+    return results
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("root", type=Path, help="a COCO-layout set: train2017/, val2017/, annotations/instances_*.json")
+    p.add_argument("--config", default="dino_swin_toy", help="the vision_tx config (default: the README's main job)")
+    p.add_argument("--out", type=Path, default=Path("runs/compare_detection"), help="where both runs and the results go")
+    p.add_argument("--budget-seconds", type=float, help="training time of both sides (default: vision_tx's own run's)")
+    p.add_argument("--imgsz", type=int, default=192, help="YOLO's image size (the longer side)")
+    p.add_argument("--yolo-batch", type=int, default=16, help="YOLO's batch size (its default)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of both sides")
+    p.add_argument("--workers", type=int, default=0, help="data loader workers of both sides")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, extra = parser().parse_args(argv[:split]), argv[split + 1:]
+    for folder in SPLITS.values():
+        if not annotation_file(args.root, folder).is_file():
+            raise SystemExit(f"error: {annotation_file(args.root, folder)}: no such file (expected a COCO-layout set)")
+    torch.set_num_threads(args.threads)
+    out = args.out.resolve()
+    shutil.rmtree(out / "yolo_data", ignore_errors=True)  # with Ultralytics' label caches of an earlier run
+    data_yaml = write_yolo_dataset(args.root, out / "yolo_data")
+    errors = check_round_trip(args.root, out / "yolo_data")
+    print(f"COCO -> YOLO labels -> COCO: AP 1.0, boxes back to within {max(errors.values()):.1e} px")
+
+    cli, vtx = train_vision_tx(args.config, args.root, out / "vision_tx", args.seed, args.workers, args.budget_seconds, extra)
+    if vtx["validated_step"] != vtx["steps"]:  # the final weights' predictions, unless the run ended validating
+        cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+    vtx_file = Path(cli.trainer.log_dir or "") / "bbox_results.json"
+    if not vtx_file.is_file():
+        raise SystemExit(f"error: {vtx_file}: vision_tx wrote no results (a logger is needed: leave --trainer.logger alone)")
+    vtx["coco"] = coco_stats(annotation_file(args.root, SPLITS["val"]), json.loads(vtx_file.read_text()))
+    del cli
+
+    budget = args.budget_seconds or vtx["train_seconds"]
+    weights, yolo = train_yolo(data_yaml, out, budget, args)
+    torch.set_num_threads(args.threads)
+    yolo["coco"] = coco_stats(annotation_file(args.root, SPLITS["val"]), predict_yolo(weights, args.root, args))
+
+    report = {
+        "data": str(Path(args.root).resolve()), "budget_seconds": budget, "threads": args.threads, "seed": args.seed,
+        "workers": args.workers, "cpu": cpu_description(),
+        "versions": versions("torch", "torchvision", "lightning", "pycocotools", "ultralytics"),
+        "round_trip_max_error_px": errors, "max_detections": MAX_DETECTIONS, "score_floor": SCORE_FLOOR,
+        "vision_tx": {"config": args.config, "extra_args": extra, **vtx},
+        "yolo": {"model": "yolov8n.yaml", "imgsz": args.imgsz, "batch": args.yolo_batch, "weights": str(weights), **yolo},
+    }
+    timing = ("train_seconds", "cpu_seconds", "images_seen", "images_per_second")
+    columns = {args.config: {**vtx["coco"], **{k: vtx[k] for k in timing}, "steps/epochs": vtx["steps"]},
+               "YOLOv8n": {**yolo["coco"], **{k: yolo[k] for k in timing}, "steps/epochs": yolo["epochs"], **yolo["ultralytics_val"]}}
+    print(side_by_side(f"\nbox detection on {args.root} val2017, training {budget:.0f} s each\n"
+                       f"{machine_line(report['cpu'], args.threads, report['versions'])}",
+                       [*STAT_NAMES, *timing, "steps/epochs", "own AP50", "own AP"], columns))
+    print("own AP50, own AP: Ultralytics' validation of its final weights (its own mAP, not pycocotools'), a cross-check")
+    write_report(out / "comparison.json", report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""scripts/compare_detection.py's COCO <-> YOLO conversion loses nothing: the ground truth written as
+YOLO labels and read back as predictions scores AP 1.0 with pycocotools. Needs no Ultralytics."""
+
+from __future__ import annotations
+
+import io
+import json
+import runpy
+import sys
+from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@contextmanager
+def without_ultralytics() -> Iterator[None]:
+    """Imports of ultralytics fail inside this context, as where it is not installed."""
+    saved = sys.modules.get("ultralytics")
+    sys.modules["ultralytics"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if saved is None:
+            del sys.modules["ultralytics"]
+        else:
+            sys.modules["ultralytics"] = saved
+
+
+@pytest.fixture(scope="module")
+def script() -> dict[str, Any]:
+    sys.path.insert(0, str(SCRIPTS))  # the script imports compare_common from beside it
+    try:
+        with without_ultralytics():
+            return runpy.run_path(str(SCRIPTS / "compare_detection.py"))
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+@pytest.fixture(scope="module")
+def converted(script: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A held-out shapes set (sparse category ids 4, 11, 23, 30; crowds; empty images) and its YOLO form."""
+    shapes = runpy.run_path(str(SCRIPTS / "make_shapes_dataset.py"))
+    root = tmp_path_factory.mktemp("shapes") / "set"
+    shapes["make_dataset"](shapes["parser"]().parse_args([
+        str(root), "--num-train", "12", "--num-val", "8", "--kinds", "4", "--min-side", "64", "--max-side", "112",
+        "--empty", "0.25", "--crowd", "0.5", "--seed", "3",
+    ]))
+    for annotations in (root / "annotations").glob("*.json"):  # categories listed in no particular order
+        dataset = json.loads(annotations.read_text())
+        annotations.write_text(json.dumps({**dataset, "categories": dataset["categories"][::-1]}))
+    yolo_root = root.parent / "yolo"
+    with without_ultralytics():
+        script["write_yolo_dataset"](root, yolo_root)
+    return root, yolo_root
+
+
+def pycocotools_stats(gt_file: Path, results: list[dict[str, Any]]) -> np.ndarray:
+    with redirect_stdout(io.StringIO()):
+        gt = COCO(str(gt_file))
+        evaluation = COCOeval(gt, gt.loadRes(results), "bbox")
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    return evaluation.stats
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_ground_truth_through_yolo_labels_scores_ap_1(script: dict[str, Any], converted: tuple[Path, Path], split: str) -> None:
+    root, yolo_root = converted
+    gt_file = root / "annotations" / f"instances_{script['SPLITS'][split]}.json"
+    with without_ultralytics():
+        results = script["labels_as_results"](root, yolo_root, split)
+    stats = pycocotools_stats(gt_file, results)
+    assert stats[0] == 1.0 and stats[1] == 1.0 and stats[8] == 1.0  # AP, AP50, AR@100
+    solid = [a for a in json.loads(gt_file.read_text())["annotations"] if not a["iscrowd"]]
+    truth = sorted((a["image_id"], a["category_id"], *a["bbox"]) for a in solid)
+    back = sorted((r["image_id"], r["category_id"], *r["bbox"]) for r in results)
+    assert [t[:2] for t in truth] == [b[:2] for b in back]
+    np.testing.assert_allclose([b[2:] for b in back], [t[2:] for t in truth], rtol=0, atol=1e-6)  # measured 2e-8 px
+
+
+def test_labels_are_contiguous_classes_without_crowds_and_empty_files_for_empty_images(
+        script: dict[str, Any], converted: tuple[Path, Path]) -> None:
+    root, yolo_root = converted
+    import yaml
+
+    data = yaml.safe_load((yolo_root / "data.yaml").read_text())
+    assert data["names"] == {0: "ellipse", 1: "cross", 2: "star", 3: "hexagon"}  # category ids 4, 11, 23, 30
+    crowds = empties = 0
+    for split, folder in script["SPLITS"].items():
+        dataset = json.loads((root / "annotations" / f"instances_{folder}.json").read_text())
+        for image in dataset["images"]:
+            anns = [a for a in dataset["annotations"] if a["image_id"] == image["id"]]
+            label = yolo_root / "labels" / split / f"{Path(image['file_name']).stem}.txt"
+            lines = label.read_text().splitlines()
+            assert (yolo_root / "images" / split / image["file_name"]).read_bytes() == (root / folder / image["file_name"]).read_bytes()
+            assert sorted(int(line.split()[0]) for line in lines) == sorted(
+                [4, 11, 23, 30].index(a["category_id"]) for a in anns if not a["iscrowd"])
+            crowds += sum(a["iscrowd"] for a in anns)
+            empties += not anns
+    assert crowds > 0 and empties > 0
+
+
+def test_the_scripts_check_fails_on_a_label_off_by_a_pixel(script: dict[str, Any], converted: tuple[Path, Path],
+                                                          tmp_path: Path) -> None:
+    root, yolo_root = converted
+    with without_ultralytics():
+        assert max(script["check_round_trip"](root, yolo_root).values()) < 1e-6
+    import shutil
+
+    broken = tmp_path / "yolo"
+    shutil.copytree(yolo_root, broken)
+    label = next(p for p in sorted((broken / "labels" / "val").glob("*.txt")) if p.read_text())
+    image = json.loads((root / "annotations" / "instances_val2017.json").read_text())["images"]
+    width = next(i["width"] for i in image if Path(i["file_name"]).stem == label.stem)
+    cls, cx, *rest = label.read_text().splitlines()[0].split()
+    label.write_text(" ".join([cls, f"{float(cx) + 1 / width:.10f}", *rest]) + "\n" + "".join(
+        f"{line}\n" for line in label.read_text().splitlines()[1:]))
+    with pytest.raises(SystemExit, match="need AP 1.0"):
+        script["check_round_trip"](root, broken)
+
+
+def test_predictions_map_back_to_category_ids_and_xywh(script: dict[str, Any]) -> None:
+    results = script["coco_results"](7, [[10.0, 20.0, 40.0, 25.5]], [2.0], [0.25], [4, 11, 23])
+    assert results == [{"image_id": 7, "category_id": 23, "score": 0.25, "bbox": [10.0, 20.0, 30.0, 5.5]}]
+
+
+def test_without_ultralytics_the_comparison_says_how_to_install_it(script: dict[str, Any], tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("YOLO_CONFIG_DIR", str(tmp_path))  # the script sets it: restored after the test
+    monkeypatch.setenv("YOLO_OFFLINE", "1")
+    with without_ultralytics(), pytest.raises(SystemExit, match="pip install ultralytics"):
+        script["offline_ultralytics"](tmp_path / "config")
+
+
+@pytest.mark.parametrize(("score", "kept"), [(0.001, True), (0.00099, False)])
+def test_scoring_keeps_scores_from_the_floor(script: dict[str, Any], converted: tuple[Path, Path], score: float, kept: bool) -> None:
+    root, yolo_root = converted
+    results = [{**r, "score": score} for r in script["labels_as_results"](root, yolo_root, "val")]
+    assert script["coco_stats"](root / "annotations" / "instances_val2017.json", results)["AP"] == (1.0 if kept else 0.0)
+
+
+@pytest.mark.parametrize(("decoys", "ap"), [(99, 0.01), (100, 0.0)])
+def test_scoring_keeps_the_best_100_detections_of_an_image(script: dict[str, Any], converted: tuple[Path, Path],
+                                                           decoys: int, ap: float) -> None:
+    root, yolo_root = converted
+    gt_file = root / "annotations" / "instances_val2017.json"
+    dataset = json.loads(gt_file.read_text())
+    one = next(a for a in dataset["annotations"] if not a["iscrowd"])
+    single = root.parent / "single.json"
+    single.write_text(json.dumps({**dataset, "images": [i for i in dataset["images"] if i["id"] == one["image_id"]],
+                                  "annotations": [one]}))
+    truth = {"image_id": one["image_id"], "category_id": one["category_id"], "bbox": one["bbox"], "score": 0.4}
+    decoy = {**truth, "bbox": [0.0, 0.0, 1.0, 1.0], "score": 0.5}
+    stats = script["coco_stats"](single, [truth] + [decoy] * decoys)
+    assert stats["AP"] == pytest.approx(ap, abs=1e-6)  # the true box ranked 100th: precision 1/100 at full recall
