@@ -90,6 +90,7 @@ CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotool
 IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
 SHAPES = "tests/scripts/test_make_shapes_dataset.py::test_plain_backgrounds_are_one_colour_and_textured_ones_are_not"
+MOSAIC = "tests/data/test_mosaic.py"
 M2F = "tests/models/test_mask2former.py::test_pixel_decoder_and_every_prediction_match_transformers"
 M2F_LOSS = "tests/models/test_mask2former.py::test_loss_and_gradients_match_transformers"
 M2F_MASKED = "tests/models/test_mask2former.py::test_masked_attention_restricts_each_query"
@@ -590,6 +591,16 @@ MUTANTS = [
     Mutant("held-out shapes: --background plain draws the textured background", "scripts/make_shapes_dataset.py",
            'BACKGROUNDS = {"textured": _background, "plain": _plain_background}',
            'BACKGROUNDS = {"textured": _background, "plain": _background}', (SHAPES,)),
+    # Mosaic augmentation
+    Mutant("mosaic: right-hand quadrants placed left of the centre", "vision_tx/data/mosaic.py",
+           "left = centre_x - new_w if quadrant in (0, 2) else centre_x", "left = centre_x - new_w if quadrant in (0, 1) else centre_x", (MOSAIC,)),
+    Mutant("mosaic: boxes not shifted with their image", "vision_tx/data/mosaic.py",
+           "boxes.append(scaled + torch.tensor([left, top, left, top], dtype=torch.float32))",
+           "boxes.append(scaled + torch.tensor([top, left, top, left], dtype=torch.float32))", (MOSAIC,)),
+    Mutant("mosaic: the kept window off by its offset", "vision_tx/data/mosaic.py",
+           "clipped = (boxes_in_canvas - offset).clamp(0, size)", "clipped = boxes_in_canvas.clamp(0, size)", (MOSAIC,)),
+    Mutant("mosaic: boxes cut below the visible fraction kept", "vision_tx/data/mosaic.py",
+           "keep = (sides >= 2).all(1) & (sides.prod(1) >= self.min_visible * full_area)", "keep = (sides >= 2).all(1)", (MOSAIC,)),
     Mutant("held-out shapes: the plain background shaded across the image", "scripts/make_shapes_dataset.py",
            "return rng.uniform(0, 255, size=3) + rng.normal(",
            "return rng.uniform(0, 255, size=3) * np.linspace(0.5, 1, width)[None, :, None] + rng.normal(", (SHAPES,)),
