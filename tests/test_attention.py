@@ -3,6 +3,7 @@ DINO's deformable cross-attention drawn at its sampling points."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -182,7 +183,8 @@ def test_splat_is_the_adjoint_of_grid_sample() -> None:
     torch.testing.assert_close(drawn, expected, rtol=0, atol=1e-12)
 
 
-def test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query() -> None:
+@pytest.mark.parametrize("name", ["dino", "rtdetr"])  # RT-DETR's decoder is DINO's
+def test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query(name: str) -> None:
     """Each query's map is its last decoder layer's sampling weights averaged over heads: read back at
     the sampling points of the finest level, a map reads what ``grid_sample`` reads there, weighted;
     and the pictures show the input and the 4 best queries."""
@@ -196,7 +198,7 @@ def test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query()
     torch.manual_seed(0)
     dino = {"num_queries": 5, "hidden_dim": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 2,
             "dim_feedforward": 64, "num_denoising": 0}
-    detector = DetectionModule(num_classes=4, detector="dino", detector_kwargs=dino,
+    detector = DetectionModule(num_classes=4, detector=name, detector_kwargs=dino,
                                backbone_kwargs={"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 4, 8]})
     detector.configure_model()
     model = perturb_(detector.model).eval()

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from vision_tx.backbones import build_backbone, build_classifier, list_backbones
-from vision_tx.models import DETR, DINO, DETRPanoptic, UperNetSegmentor
+from vision_tx.models import DETR, DINO, RTDETR, DETRPanoptic, UperNetSegmentor
 
 # Position and bias tables and tokens, by the names the papers' official code gives them.
 TABLES_AND_TOKENS = ("relative_position_bias_table", "rpb", "pos_embed", "cls_token", "dist_token")
@@ -69,6 +69,7 @@ def test_composed_models_add_their_own_norms_and_biases_to_the_backbones_exempti
     models = {
         "detr": DETR(build_backbone("deit_tiny_distilled", depth=1, out_indices=(3,)), 4, **detr),
         "dino": DINO(build_backbone("swin_t", out_indices=(1, 2, 3), **swin), 4, **{**detr, "num_decoder_layers": 2}),
+        "rtdetr": RTDETR(build_backbone("swin_t", out_indices=(1, 2, 3), **swin), 4, **{**detr, "num_decoder_layers": 2, "expansion": 0.5, "num_blocks": 1}),
         "panoptic": DETRPanoptic(DETR(build_backbone("swin_t", **swin), 4, **detr)),
         "upernet": UperNetSegmentor(build_backbone("nat_mini", **swin), 5, channels=16, aux_channels=8),
     }

@@ -179,27 +179,10 @@ class DINO(nn.Module):
         """Every query's best class, its score and box, in query order (for per-query pictures)."""
         return postprocess_sigmoid_per_query(outputs, image_sizes)
 
-    @torch.no_grad()
     def cross_attention(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
-        """The outputs for ``images [B,3,H,W]`` and the last decoder layer's deformable cross-attention of each
-        query: the weights of its sampling points (every head, level and point) drawn on the finest level's
-        grid by :func:`~vision_tx.attention.splat_bilinear` and averaged over heads, ``attention [B, queries, h, w]``."""
-        cross = self.decoder.layers[-1].cross_attn
-        recorded: list[tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]] = []
-
-        def record(module: nn.Module, args: tuple, _output: torch.Tensor) -> None:
-            query, reference, _value, shapes = args[:4]
-            recorded.append((*module.sampling(query, reference, shapes), shapes))
-
-        handle = cross.register_forward_hook(record)
-        try:
-            outputs = self(images, pixel_mask)
-        finally:
-            handle.remove()
-        locations, weights, shapes = recorded[-1]
-        batch, queries, heads = weights.shape[:3]
-        maps = splat_bilinear(locations.flatten(0, 1).flatten(1, -2), weights.flatten(0, 1).flatten(1), shapes[0])
-        return {"outputs": outputs, "attention": maps.view(batch, queries, *shapes[0]) / heads}
+        """The outputs for ``images [B,3,H,W]`` and each query's map ``attention [B, queries, h, w]`` of the last
+        decoder layer (see :func:`deformable_cross_attention`)."""
+        return deformable_cross_attention(self, self.decoder, images, pixel_mask)
 
     @classmethod
     def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "DINO":
@@ -213,6 +196,32 @@ class DINO(nn.Module):
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads IDEA-Research/DINO checkpoints (see :func:`convert_official_dino`); native keys pass."""
         return convert_official_dino(state_dict, self) if is_official_dino(state_dict) else dict(state_dict)
+
+
+@torch.no_grad()
+def deformable_cross_attention(
+    model: nn.Module, decoder: DeformableDecoder, images: torch.Tensor, pixel_mask: torch.Tensor | None = None
+) -> dict[str, Any]:
+    """``model``'s outputs for ``images [B,3,H,W]`` and the deformable cross-attention of each query in the last
+    layer of ``decoder`` (DINO, RT-DETR): the weights of its sampling points (every head, level and point) drawn on
+    the finest level's grid by :func:`~vision_tx.attention.splat_bilinear` and averaged over heads,
+    ``{"outputs", "attention" [B, queries, h, w]}``."""
+    cross = decoder.layers[-1].cross_attn
+    recorded: list[tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]] = []
+
+    def record(module: nn.Module, args: tuple, _output: torch.Tensor) -> None:
+        query, reference, _value, shapes = args[:4]
+        recorded.append((*module.sampling(query, reference, shapes), shapes))
+
+    handle = cross.register_forward_hook(record)
+    try:
+        outputs = model(images, pixel_mask)
+    finally:
+        handle.remove()
+    locations, weights, shapes = recorded[-1]
+    batch, queries, heads = weights.shape[:3]
+    maps = splat_bilinear(locations.flatten(0, 1).flatten(1, -2), weights.flatten(0, 1).flatten(1), shapes[0])
+    return {"outputs": outputs, "attention": maps.view(batch, queries, *shapes[0]) / heads}
 
 
 def init_heads(class_heads: nn.ModuleList, box_heads: nn.ModuleList) -> None:

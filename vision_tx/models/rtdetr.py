@@ -5,19 +5,23 @@ trained with the varifocal loss), with contrastive denoising."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
+from vision_tx.backbones import build_backbone
+from vision_tx.backbones.base import norms_and_biases_and
+from vision_tx.heads.detr.criterion import normalize_targets
+from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections
+from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections, postprocess_sigmoid_per_query
 from vision_tx.heads.dino.denoising import ContrastiveDenoising
 from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer, inverse_sigmoid
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
 from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
 from vision_tx.models.detr import checked_pixel_mask
-from vision_tx.models.dino import decoder_outputs, init_heads, select_proposals
+from vision_tx.models.dino import DINO, decoder_outputs, deformable_cross_attention, init_heads, select_proposals
 from vision_tx.models.rtdetr_official import convert_official_rtdetr, is_official_rtdetr
 from vision_tx.necks.multiscale import MultiScaleLevels, flatten_levels
 
@@ -35,11 +39,13 @@ class RTDETR(nn.Module):
     denoising queries (at most) reconstruct noised targets, and with ``look_forward_twice`` (the
     official code's; transformers' port has it off) each layer's box loss also trains the previous
     layer's box head. Defaults: RT-DETR-R50's. ``nms_threshold`` adds per-class NMS to :meth:`postprocess`.
+    :meth:`loss` computes ``RTDETRCriterion(num_classes, HungarianMatcher(**matcher_kwargs), **criterion_kwargs)``
+    (RT-DETR's matcher and weights when not given).
     """
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
-    criterion_class = RTDETRCriterion
     score_threshold = 0.5  # for pictures (the official demo draws above 0.6)
+    class_keys = DINO.class_keys  # the same class and denoising-label heads (fine-tuning: load_weights)
 
     def __init__(
         self,
@@ -62,7 +68,8 @@ class RTDETR(nn.Module):
         label_noise_ratio: float = 0.5,
         box_noise_scale: float = 1.0,
         look_forward_twice: bool = True,
-        criterion: nn.Module | None = None,
+        matcher_kwargs: dict[str, Any] | None = None,
+        criterion_kwargs: dict[str, Any] | None = None,
         num_detections: int = 300,
         nms_threshold: float | None = None,
     ) -> None:
@@ -98,18 +105,20 @@ class RTDETR(nn.Module):
         self.denoising = (
             ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale) if num_denoising else None
         )
-        self.criterion = RTDETRCriterion(num_classes) if criterion is None else criterion
+        matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
+        self.criterion = RTDETRCriterion(num_classes, matcher, **(criterion_kwargs or {}))
         init_heads(self.class_embed, self.bbox_embed)
 
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
     ) -> dict:
-        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (normalised,
+        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (as for :meth:`loss`;
         used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
         "aux_outputs", "enc_outputs"}`` and in training with targets ``"dn_outputs"``."""
         pixel_mask = checked_pixel_mask(images, pixel_mask, "vision_tx/models/rtdetr.py")
         maps = self.encoder(list(self.backbone(images).values()), pixel_mask)
-        return self.forward_decoder(self.memory(maps, pixel_mask), targets if self.training else None)
+        targets = normalize_targets(targets) if self.training and targets is not None else None
+        return self.forward_decoder(self.memory(maps, pixel_mask), targets)
 
     def memory(self, maps: list[torch.Tensor], pixel_mask: torch.Tensor) -> MultiScaleLevels:
         """The decoder's levels: the encoder's ``maps [B,D,h,w]`` projected (and the extra levels)."""
@@ -144,22 +153,33 @@ class RTDETR(nn.Module):
         return decoder_outputs(logits, layer_boxes, proposal_logits, proposal_boxes, denoising)
 
     def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The criterion's losses for the outputs of :meth:`forward` (normalised ``targets``)."""
-        return self.criterion(outputs, targets)
+        """The criterion's losses for the outputs of :meth:`forward`; ``targets`` as the data pipeline gives
+        them (normalised here, see :func:`~vision_tx.heads.detr.normalize_targets`)."""
+        return self.criterion(outputs, normalize_targets(targets))
 
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
         return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)
 
+    def postprocess_per_query(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Every query's best class, its score and box, in query order (for per-query pictures)."""
+        return postprocess_sigmoid_per_query(outputs, image_sizes)
+
+    def cross_attention(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
+        """The outputs for ``images [B,3,H,W]`` and each query's map ``attention [B, queries, h, w]`` of the last
+        decoder layer (DINO's decoder: :func:`~vision_tx.models.dino.deformable_cross_attention`)."""
+        return deformable_cross_attention(self, self.decoder, images, pixel_mask)
+
+    @classmethod
+    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "RTDETR":
+        """The model an official checkpoint with backbone ``backbone`` loads into (the official COCO models'
+        80 classes, contiguous indices, by default)."""
+        return cls(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 80)
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        return norms_and_biases_and(self, "backbone")
+
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads lyuwenyu/RT-DETR checkpoints (see :func:`convert_official_rtdetr`); native keys pass."""
         return convert_official_rtdetr(state_dict, self) if is_official_rtdetr(state_dict) else dict(state_dict)
-
-    def no_weight_decay(self) -> set[str]:
-        """Names of the parameters AdamW should not decay: every norm's (RT-DETR's optimiser setting)."""
-        norms = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
-        return {
-            f"{module_name}.{name}" if module_name else name
-            for module_name, module in self.named_modules() if isinstance(module, norms)
-            for name, _ in module.named_parameters(recurse=False)
-        }
