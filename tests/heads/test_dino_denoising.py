@@ -38,8 +38,8 @@ def targets_of(counts: list[int], seed: int = 0) -> list[dict[str, torch.Tensor]
 @pytest.mark.parametrize("dn_number", [50, 100, 300])
 @pytest.mark.parametrize("counts", [[1], [2, 1], [3, 0], [4, 2], [7], [30, 5], [101], [250, 3]])
 def test_group_count_is_the_official_dn_number(dn_number: int, counts: list[int]) -> None:
-    """``num_denoising`` counts as the official ``dn_number``: 100 and 4 targets make 12 groups of
-    4 positive and 4 negative queries (96), not 100 queries in all."""
+    """``num_denoising`` counts as the official ``dn_number``: 100 and 4 targets make 25 groups of
+    4 positive and 4 negative queries (200), not 12 groups (96)."""
     torch.manual_seed(0)
     queries = ContrastiveDenoising(NUM_CLASSES, DIM, num_queries=dn_number)(targets_of(counts), MATCHING)
     largest = max(counts)

@@ -60,14 +60,16 @@ class UperNetSegmentor(nn.Module):
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads mmsegmentation's UperNet checkpoints (the official Swin and NAT ones): ``backbone.*``
         goes through the backbone's ``convert_state_dict`` and the heads' ``conv_seg`` is ``classifier``
-        here. A checkpoint without ``backbone.`` or head keys (a classifier's) is the backbone's."""
-        whole = any(key.startswith(("backbone.", "decode_head.", "auxiliary_head.")) for key in state_dict)
+        here; other modules (an mmdetection checkpoint's neck and heads) are dropped. A checkpoint without
+        ``backbone.`` or head keys (a classifier's) is the backbone's."""
+        heads = ("decode_head.", "auxiliary_head.")
+        whole = any(key.startswith(("backbone.", *heads)) for key in state_dict)
         backbone_state = {k.removeprefix("backbone."): v for k, v in state_dict.items() if k.startswith("backbone.") or not whole}
-        heads = {k.replace(".conv_seg.", ".classifier."): v for k, v in state_dict.items() if whole and not k.startswith("backbone.")}
+        head_state = {k.replace(".conv_seg.", ".classifier."): v for k, v in state_dict.items() if whole and k.startswith(heads)}
         convert_backbone = getattr(self.backbone, "convert_state_dict", None)
         if convert_backbone is not None:
             backbone_state = convert_backbone(backbone_state)
-        return {**{f"backbone.{k}": v for k, v in backbone_state.items()}, **heads}
+        return {**{f"backbone.{k}": v for k, v in backbone_state.items()}, **head_state}
 
     def _resize(self, x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
         return F.interpolate(x, tuple(size), mode="bilinear", align_corners=self.align_corners)
