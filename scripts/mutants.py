@@ -89,6 +89,8 @@ DINO_NMS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detections_nms_dr
 CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotools_precision_per_category"
 IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
+NO_DECAY = "tests/backbones/test_no_weight_decay.py::test_every_backbone_and_classifier_names_its_exempt_parameters"
+NO_DECAY_GROUPS = "tests/lightning/test_common.py::test_param_groups_follow_no_weight_decay"
 SHAPES = "tests/scripts/test_make_shapes_dataset.py::test_plain_backgrounds_are_one_colour_and_textured_ones_are_not"
 MOSAIC = "tests/data/test_mosaic.py"
 M2F = "tests/models/test_mask2former.py::test_pixel_decoder_and_every_prediction_match_transformers"
@@ -703,6 +705,15 @@ MUTANTS = [
     Mutant("compare classification: top-5 counts the 6 best", "scripts/compare_classification.py",
            "hits[k] += int((ranked[:, :k] == labels[:, None]).any(dim=1).sum())",
            "hits[k] += int((ranked[:, :k + 1] == labels[:, None]).any(dim=1).sum())", (SHAPES_CLASSIFICATION,)),
+    # Weight decay exemptions (no_weight_decay and the optimiser's groups)
+    Mutant("no weight decay: swin bias tables decayed", "vision_tx/backbones/swin.py",
+           "return norms_and_biases(self) | tables", "return norms_and_biases(self)", (f"{NO_DECAY}[swin_t]",)),
+    Mutant("no weight decay: vit tokens and position embeddings decayed", "vision_tx/backbones/vit.py",
+           'return norms_and_biases(self) | {f"stem.{name}"', 'return norms_and_biases(self) or {f"stem.{name}"', (f"{NO_DECAY}[deit_tiny_distilled]",)),
+    Mutant("no weight decay: biases decayed", "vision_tx/backbones/base.py",
+           "if param.ndim <= 1}", "if param.ndim < 1}", (f"{NO_DECAY}[resnet50]",)),
+    Mutant("no weight decay: the optimiser ignores it", "vision_tx/lightning/common.py",
+           "decay = 0.0 if name in no_decay else weight_decay", "decay = weight_decay", (NO_DECAY_GROUPS,)),
 ]
 
 
