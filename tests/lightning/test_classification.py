@@ -22,7 +22,7 @@ from vision_tx.data.toy_classification import make_toy_classification
 from vision_tx.lightning.classification import ClassificationModule, load_teacher
 
 SMALL = [
-    "--config", "classification_toy",
+    "--config", "classification_toy", "--model.backbone", "swin_t",
     "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], window_size: 4}",
     "--data.image_size", "32", "--data.batch_size", "8", "--data.num_workers", "0",
     "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.enable_progress_bar", "false",

@@ -180,6 +180,7 @@ def test_sam_classification_trains_the_same_on_two_processes(tmp_path: Path) -> 
     args = [
         "--config", "classification_toy", "--data.root", str(root), "--data.num_workers", "0", "--data.image_size", "64",
         "--trainer.accelerator", "cpu", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+        "--model.backbone", "swin_t",
         "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], window_size: 4, drop_path_rate: 0.0}",
         "--model.mixup_alpha", "0", "--model.cutmix_alpha", "0", "--model.warmup_epochs", "0", "--data.repeats", "1",
         "--trainer.callbacks+=vision_tx.lightning.callbacks.SharpnessAwareMinimization", "--trainer.callbacks.rho", "0.5",
