@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.timing import emit_row, machine, rows_from_processes  # noqa: E402
 
-BENCHMARKS = ("swin", "vit_convnext", "na2d", "ms_deform_attn", "detr", "dino", "rtdetr", "upernet", "train", "compile")
+BENCHMARKS = ("swin", "vit_convnext", "na2d", "ms_deform_attn", "detr", "dino", "rtdetr", "upernet", "train", "compile", "mask2former")
 
 
 def main() -> None:

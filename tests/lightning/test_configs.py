@@ -25,6 +25,8 @@ SMALL_BACKBONES = {
     "resnet": None,  # ResNet-50 has no smaller form here: its cost at 64-pixel images is small anyway
 }
 SMALL_DETR = "num_queries: 5, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64"
+SMALL_MASK2FORMER = ("{num_queries: 5, hidden_dim: 32, mask_dim: 32, num_heads: 2, num_decoder_layers: 3, dim_feedforward: 32, "
+                     "num_encoder_layers: 1, encoder_dim_feedforward: 32, num_groups: 8}")
 DETR_TRANSFORMS = [
     "--data.train_transform", "{class_path: vision_tx.data.transforms.DetrTrainTransform, init_args: "
                               "{scales: [64], max_size: 96, crop_scales: [64], crop_size: [48, 64]}}",
@@ -45,12 +47,15 @@ def small_args(config: Path) -> list[str]:
     init, module = model["init_args"], model["class_path"].rpartition(".")[2]
     backbone_kwargs = SMALL_BACKBONES[init.get("backbone", "swin_t").split("_")[0].rstrip("0123456789")]
     args = ["--model.backbone_kwargs", backbone_kwargs] if backbone_kwargs else []
-    if module in ("DetectionModule", "PanopticModule"):
+    mask2former = "head" if init.get("head") == "mask2former" else "detector" if init.get("detector") == "mask2former" else None
+    if mask2former:
+        args += [f"--model.{mask2former}_kwargs", SMALL_MASK2FORMER, "--model.criterion_kwargs", "{num_points: 256}"]
+    if module in ("DetectionModule", "PanopticModule", "InstanceSegmentationModule"):
         # The panoptic mask head's GroupNorm(8) needs a width divisible by 128 and 8 heads.
         width = "hidden_dim: 128, num_heads: 8" if module == "PanopticModule" else "hidden_dim: 32, num_heads: 2"
         denoising = ", num_denoising: 4" if init.get("detector") in ("dino", "rtdetr") else ""
         detector = f"{{{SMALL_DETR}, {width}{denoising}}}"
-        args += ["--model.detector_kwargs", detector, "--data.batch_size", "2", *DETR_TRANSFORMS]
+        args += ([] if mask2former else ["--model.detector_kwargs", detector]) + ["--data.batch_size", "2", *DETR_TRANSFORMS]
     elif module == "SegmentationModule":
         args += ["--model.channels", "16", "--model.aux_channels", "8", "--data.scale", "[96, 64]",
                  "--data.crop_size", "[64, 64]", "--data.batch_size", "2", "--data.val_batch_size", "1"]

@@ -22,7 +22,7 @@ from vision_tx.attention import classifier_attention_pictures
 from vision_tx.backbones import build_classifier, load_weights
 from vision_tx.checkpoint import read_checkpoint, unwrap_state_dict
 from vision_tx.io import merge_metrics_json
-from vision_tx.lightning.detection import denormalize
+from vision_tx.visualize import denormalize
 from vision_tx.lightning.common import is_fitting, param_groups
 from vision_tx.lightning.task import TaskModule
 from vision_tx.visualize import draw_confusion, draw_top_classes, save_grid

@@ -6,14 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
+from torchvision import tv_tensors
 
 from vision_tx.backbones import load_weights
+from vision_tx.data.segmentation import ValTransform
 from vision_tx.io import merge_metrics_json
 from vision_tx.lightning.common import build_task_backbone, is_fitting, param_groups, sync_batchnorm_where_supported
-from vision_tx.lightning.detection import denormalize
+from vision_tx.visualize import denormalize
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.miou import MeanIoU
@@ -177,3 +180,12 @@ class SegmentationModule(TaskModule):
             optimizer, lambda step: warmup_poly_factor(step, total, hp.warmup_iters, hp.warmup_ratio, hp.poly_power)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    @torch.no_grad()
+    def draw_prediction(self, image: torch.Tensor, datamodule: pl.LightningDataModule) -> torch.Tensor:
+        """Segments ``image`` ``[3,H,W]`` uint8 (the validation resize of the datamodule's ``scale``) and draws
+        the classes over it at its size."""
+        inputs = ValTransform(datamodule.hparams.scale).image_pipeline(tv_tensors.Image(image))
+        scores = self(inputs[None].to(self.device))[0]
+        scores = F.interpolate(scores[None], image.shape[-2:], mode="bilinear", align_corners=False)[0]
+        return draw_semantic(image, scores.argmax(0).cpu(), self.hparams.num_classes, ignore_index=self.model.ignore_index)

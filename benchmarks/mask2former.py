@@ -1,0 +1,84 @@
+"""Mask2Former training step (forward + set loss + backward) of the head against transformers'
+Mask2FormerForUniversalSegmentation with the same weights.
+
+Both read the same Swin-T-shaped backbone maps of a 2x512x512 batch (the backbone is left out: it is
+not Mask2Former's), with the paper's head (width 256, 6 deformable encoder layers, 9 decoder layers,
+100 queries, 150 classes, 12544 points per mask) and 6 target masks per image. Also prints the share of
+vision_tx's step spent in matching and loss.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import torch
+
+from benchmarks.timing import Row, compare
+from tests.models.test_mask2former import MapsBackbone, to_transformers
+from vision_tx.models.mask2former import Mask2Former
+
+NUM_CLASSES, CHANNELS, SIZE = 150, (96, 192, 384, 768), 512
+
+
+def _inputs(device: str, batch: int = 2, masks_per_image: int = 6):
+    generator = torch.Generator().manual_seed(0)
+    maps = [torch.randn(batch, c, SIZE // s, SIZE // s, generator=generator).to(device) for c, s in zip(CHANNELS, (4, 8, 16, 32))]
+    targets = []
+    for _ in range(batch):
+        masks = torch.zeros(masks_per_image, SIZE, SIZE, dtype=torch.bool)
+        for mask in masks:
+            y, x = torch.randint(0, SIZE // 2, (2,), generator=generator).tolist()
+            h, w = torch.randint(32, SIZE // 2, (2,), generator=generator).tolist()
+            mask[y : y + h, x : x + w] = True
+        labels = torch.randint(0, NUM_CLASSES, (masks_per_image,), generator=generator)
+        targets.append({"labels": labels.to(device), "masks": masks.to(device)})
+    return maps, targets
+
+
+def _reference(maps: list[torch.Tensor], state: dict[str, torch.Tensor], device: str) -> torch.nn.Module:
+    import transformers
+
+    config = transformers.Mask2FormerConfig(
+        backbone_config=transformers.SwinConfig(out_features=["stage1", "stage2", "stage3", "stage4"]),
+        num_labels=NUM_CLASSES, num_queries=100, decoder_layers=10, dropout=0.0,
+    )
+    model = transformers.Mask2FormerForUniversalSegmentation(config)
+    model.load_state_dict(to_transformers(state), strict=False)
+    model.model.pixel_level_module.encoder.forward = lambda pixel_values, *args, **kw: SimpleNamespace(feature_maps=tuple(maps))
+    return model.to(device).train()
+
+
+def run(device: str, quick: bool) -> list[Row]:
+    torch.manual_seed(0)
+    maps, targets = _inputs(device)
+    model = Mask2Former(MapsBackbone(maps), NUM_CLASSES).to(device).train()
+    reference = _reference(maps, model.state_dict(), device)
+    images = torch.zeros(2, 3, SIZE, SIZE, device=device)
+    mask_labels = [t["masks"].float() for t in targets]
+    class_labels = [t["labels"] for t in targets]
+
+    def ours() -> None:
+        model.zero_grad(set_to_none=True)
+        model.loss(model(images), targets)["loss"].backward()
+
+    def theirs() -> None:
+        reference.zero_grad(set_to_none=True)
+        reference(images, mask_labels=mask_labels, class_labels=class_labels).loss.backward()
+
+    iters = 2 if quick else 3  # per process
+    row = compare("Mask2Former head train step, 2x512x512", ours, theirs, "transformers", device, unit_items=2, warmup=1, iters=iters)
+    print(f"time ratio vision_tx / transformers: {1 / row.speedup:.2f} (target <= 1.00)")
+
+    with torch.no_grad():
+        outputs = model(images)
+    detached = {**outputs, "pred_logits": outputs["pred_logits"].requires_grad_(), "pred_masks": outputs["pred_masks"].requires_grad_(),
+                "aux_outputs": [{k: v.requires_grad_() for k, v in layer.items()} for layer in outputs["aux_outputs"]]}
+    start = time.perf_counter()
+    for _ in range(iters):
+        model.loss(detached, targets)["loss"].backward()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    loss_s = (time.perf_counter() - start) / iters
+    print(f"matching + point-sampled loss (10 predictions, forward and backward): {loss_s * 1e3:.1f} ms = {100 * loss_s / row.ours_s:.1f}% of the step")
+    return [row]
