@@ -103,6 +103,7 @@ M2F_INSTANCE = "tests/heads/test_mask2former_postprocess.py::test_instances_matc
 M2F_OFFICIAL = "tests/models/test_mask2former_official.py"
 YOLO_LABELS = "tests/scripts/test_compare_detection.py"
 SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
+TRAINING_CLOCK = "tests/scripts/test_compare_common.py"
 
 
 @dataclass(frozen=True)
@@ -698,6 +699,12 @@ MUTANTS = [
            'key=lambda r: -r["score"])[:MAX_DETECTIONS]]', 'key=lambda r: -r["score"])[:MAX_DETECTIONS + 1]]', (YOLO_LABELS,)),
     Mutant("compare detection: the round-trip check lets a box off by a pixel pass", "scripts/compare_detection.py",
            'if ap != 1.0 or errors[split] > ROUND_TRIP_TOLERANCE_PX:', 'if ap < 0.5:', (YOLO_LABELS,)),
+    Mutant("compare: the training clock counts the validations", "scripts/compare_common.py",
+           "def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:\n        self._pause()",
+           "def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:\n        pass",
+           (TRAINING_CLOCK,)),
+    Mutant("compare: the training clock does not stop the run at its budget", "scripts/compare_common.py",
+           "trainer.should_stop = True", "trainer.should_stop = False", (TRAINING_CLOCK,)),
     # The held-out classification set and the comparison's top-k
     Mutant("shapes classification: the added classes draw the first outline", "scripts/make_shapes_classification.py",
            "_paint(image, _shape_mask(rng, kind, side, side, box, CLASSES), rng)", "_paint(image, _shape_mask(rng, kind % 6, side, side, box), rng)",
