@@ -481,7 +481,7 @@ MUTANTS = [
     Mutant("mask2former decoder: attention mask inverted", "vision_tx/heads/mask2former/decoder.py",
            "mode=\"bilinear\", align_corners=False).flatten(2) < 0", "mode=\"bilinear\", align_corners=False).flatten(2) > 0", (M2F, M2F_MASKED)),
     Mutant("mask2former decoder: an empty foreground blocks everything", "vision_tx/heads/mask2former/decoder.py",
-           "return blocked & ~blocked.all(-1, keepdim=True)", "return blocked", (M2F,)),
+           "return blocked & ~blocked.all(-1, keepdim=True)", "return blocked", (M2F_MASKED,)),
     Mutant("mask2former decoder: level order not round-robin", "vision_tx/heads/mask2former/decoder.py",
            "level = i % self.num_levels", "level = min(i, self.num_levels - 1)", (M2F,)),
     Mutant("mask2former decoder: self-attention without query positions", "vision_tx/heads/mask2former/decoder.py",
