@@ -20,7 +20,9 @@ from tests.parity import perturb_
 
 transformers = require_reference("transformers")
 
-NUM_CLASSES, DIM, QUERIES, DECODER_LAYERS, ENCODER_LAYERS = 5, 64, 10, 4, 2
+# transformers' decoder_layers counts the prediction before the first layer: 5 = 4 layers, so that the rounds
+# over the 3 levels wrap around.
+NUM_CLASSES, DIM, QUERIES, DECODER_LAYERS, ENCODER_LAYERS = 5, 64, 10, 5, 2
 CHANNELS = (16, 32, 64, 128)  # strides 4, 8, 16, 32 (the channels of transformers' Swin with embed_dim 16)
 IMAGE_SIZE = (64, 96)
 
@@ -172,6 +174,11 @@ def test_masked_attention_restricts_each_query(models, inputs) -> None:
     assert blocked[image, query].sum() > 0
     torch.testing.assert_close(after[image, query], before[image, query], rtol=0, atol=1e-12)
     assert not torch.allclose(after[image], before[image])  # other queries do see the change
+    # A query whose previous mask has no foreground at this level attends everywhere (none of it blocked).
+    empty = torch.full((1, 2, 8, 8), -1.0, dtype=torch.float64)
+    empty[0, 1, :4] = 1.0
+    blocked = predictor.attention_mask(empty, (4, 4))
+    assert not blocked[0, 0].any() and blocked[0, 1].sum() == 8
 
 
 def _their_loss(reference, images, targets):
