@@ -68,6 +68,9 @@ RT_POSITION = "tests/models/test_rtdetr.py::test_position_embedding_is_transform
 RT_PADDING = "tests/models/test_rtdetr.py::test_aifi_hides_padding_the_cropped_map_sees_the_same"
 RT_LFT = "tests/models/test_rtdetr.py::test_look_forward_twice_trains_the_previous_layers_box_head"
 RT_OFFICIAL = "tests/models/test_rtdetr_official.py"
+PROTOCOL_KWARGS = "tests/models/test_detectors.py::test_class_attributes_and_kwargs_reach_the_matcher_and_criterion"
+PROTOCOL_TARGETS = "tests/models/test_detectors.py::test_training_reads_the_pipelines_targets"
+PROTOCOL_OUTPUTS = "tests/models/test_detectors.py::test_postprocessing_and_cross_attention"
 VIT = "tests/backbones/test_vit.py::test_timm_weights_give_timm_logits"
 VIT_WEIGHTS = "tests/backbones/test_vit.py::test_attention_weights_are_the_ones_the_forward_uses"
 VIT_RESIZE = "tests/backbones/test_vit.py::test_resize_pos_embed_is_timms_bicubic_resampling"
@@ -474,6 +477,19 @@ MUTANTS = [
            "_embed.{num_layers}.{key[match.end():]}", "_embed.0.{key[match.end():]}", (RT_OFFICIAL,)),
     Mutant("rtdetr converter: denoising rows shifted", "vision_tx/models/rtdetr_official.py",
            "value = value[: model.num_classes]", "value = value[1:]", (RT_OFFICIAL,)),
+    # The detector protocol (docs/CONVENTIONS.md, "Detectors"), on RT-DETR, the detector written beside it
+    Mutant("detector protocol: rtdetr matcher_kwargs ignored", "vision_tx/models/rtdetr.py",
+           "matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None", "matcher = None", (PROTOCOL_KWARGS,)),
+    Mutant("detector protocol: rtdetr criterion_kwargs ignored", "vision_tx/models/rtdetr.py",
+           "RTDETRCriterion(num_classes, matcher, **(criterion_kwargs or {}))", "RTDETRCriterion(num_classes, matcher)", (PROTOCOL_KWARGS,)),
+    Mutant("detector protocol: rtdetr loss on the pipeline's absolute boxes", "vision_tx/models/rtdetr.py",
+           "return self.criterion(outputs, normalize_targets(targets))", "return self.criterion(outputs, targets)", (PROTOCOL_TARGETS,)),
+    Mutant("detector protocol: rtdetr denoising on the pipeline's absolute boxes", "vision_tx/models/rtdetr.py",
+           "targets = normalize_targets(targets) if self.training and targets is not None else None",
+           "targets = targets if self.training else None", (PROTOCOL_TARGETS,)),
+    Mutant("detector protocol: rtdetr per-query detections ranked by score", "vision_tx/models/rtdetr.py",
+           "return postprocess_sigmoid_per_query(outputs, image_sizes)",
+           "return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)", (PROTOCOL_OUTPUTS,)),
     # ViT / DeiT
     Mutant("vit: norm1 and norm2 swapped", "vision_tx/backbones/vit.py",
            "drop_path(self.attn(self.norm1(t))", "drop_path(self.attn(self.norm2(t))", (VIT,)),
@@ -571,7 +587,7 @@ MUTANTS = [
     Mutant("dino attention map: heads summed, not averaged", "vision_tx/models/dino.py",
            "maps.view(batch, queries, *shapes[0]) / heads}", "maps.view(batch, queries, *shapes[0])}", (DINO_ATTN,)),
     Mutant("dino attention map: first decoder layer", "vision_tx/models/dino.py",
-           "cross = self.decoder.layers[-1].cross_attn", "cross = self.decoder.layers[0].cross_attn", (DINO_ATTN,)),
+           "cross = decoder.layers[-1].cross_attn", "cross = decoder.layers[0].cross_attn", (DINO_ATTN,)),
     # Per-category tables (classwise)
     Mutant("classwise: AP75 read at IoU 0.70", "vision_tx/metrics/classwise.py", '("AP75", 5, 0)', '("AP75", 4, 0)', (CLASSWISE,)),
     Mutant("classwise: -1 (no ground truth) averaged in", "vision_tx/metrics/classwise.py",
