@@ -112,6 +112,9 @@ def test_postprocessing_and_cross_attention(name: str) -> None:
         if "pred_boxes" in outputs:
             expected = box_convert(outputs["pred_boxes"][image], "cxcywh", "xyxy") * torch.tensor([width, height, width, height])
             torch.testing.assert_close(detection["boxes"], expected, rtol=0, atol=1e-4)  # in query order
+        else:  # a segmenting detector: each query's best real class of its softmax, in query order
+            best = outputs["pred_logits"][image].softmax(-1)[:, :-1].max(-1)
+            torch.testing.assert_close((detection["scores"], detection["labels"]), (best.values, best.indices), rtol=0, atol=0)
     result = model.cross_attention(images, pixel_mask)
     # DETR records its attention through the weights path: measured within 1.8e-7.
     torch.testing.assert_close(result["outputs"]["pred_logits"], outputs["pred_logits"], rtol=0, atol=1e-6)
