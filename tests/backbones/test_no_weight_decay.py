@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from vision_tx.backbones import build_backbone, build_classifier, list_backbones
-from vision_tx.models import DETR, DINO, RTDETR, DETRPanoptic, UperNetSegmentor
+from vision_tx.models import DETR, DINO, RTDETR, DETRPanoptic, Mask2Former, UperNetSegmentor
 
 # Position and bias tables and tokens, by the names the papers' official code gives them.
 TABLES_AND_TOKENS = ("relative_position_bias_table", "rpb", "pos_embed", "cls_token", "dist_token")
@@ -72,6 +72,10 @@ def test_composed_models_add_their_own_norms_and_biases_to_the_backbones_exempti
         "rtdetr": RTDETR(build_backbone("swin_t", out_indices=(1, 2, 3), **swin), 4, **{**detr, "num_decoder_layers": 2, "expansion": 0.5, "num_blocks": 1}),
         "panoptic": DETRPanoptic(DETR(build_backbone("swin_t", **swin), 4, **detr)),
         "upernet": UperNetSegmentor(build_backbone("nat_mini", **swin), 5, channels=16, aux_channels=8),
+        "mask2former": Mask2Former(
+            build_backbone("swin_t", **swin), 4, num_queries=5, hidden_dim=32, mask_dim=32, num_heads=2, num_decoder_layers=1,
+            dim_feedforward=32, num_encoder_layers=1, encoder_dim_feedforward=32, num_groups=8,
+        ),
     }
     for key, model in models.items():
         exempt = check(model)

@@ -19,7 +19,15 @@ SMALL = {
     "detr": {**LAYERS, "dropout": 0.0},
     "dino": {**LAYERS, "num_denoising": 4},
     "rtdetr": {**LAYERS, "encoder_feedforward": 32, "expansion": 0.5, "num_blocks": 1, "num_denoising": 4},
+    "mask2former": {
+        "num_queries": 6, "hidden_dim": 32, "mask_dim": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 2,
+        "dim_feedforward": 32, "encoder_dim_feedforward": 32, "num_groups": 8,
+    },
 }
+# The matching costs that all at 0 leave nothing to match, and a loss weight with the terms it scales.
+BOX_COSTS = {"cost_class": 0.0, "cost_bbox": 0.0, "cost_giou": 0.0}
+ZERO_COSTS = {name: BOX_COSTS for name in SMALL} | {"mask2former": {"cost_class": 0.0, "cost_mask": 0.0, "cost_dice": 0.0}}
+WEIGHTED = {name: ("weight_bbox", "loss_bbox") for name in SMALL} | {"mask2former": ("weight_mask", "loss_mask")}
 NUM_CLASSES = 5
 SIZES = torch.tensor([[64, 96], [48, 80]])  # the unpadded (h, w) of each image of the batch
 
@@ -44,7 +52,11 @@ def batch() -> tuple[torch.Tensor, torch.Tensor, list[dict], list[dict]]:
     for index, (target, size) in enumerate(zip(normalised, SIZES)):
         height, width = size.tolist()
         boxes = box_convert(target["boxes"], "cxcywh", "xyxy") * torch.tensor([width, height, width, height])
-        pipeline.append({"labels": target["labels"], "boxes": boxes, "image_id": index, "size": size, "orig_size": size * 2})
+        # Instance targets add a mask per object (here its box filled), read by the segmenting detectors.
+        rows, columns = torch.arange(height)[:, None] + 0.5, torch.arange(width) + 0.5
+        masks = torch.stack([(columns > x0) & (columns < x1) & (rows > y0) & (rows < y1) for x0, y0, x1, y1 in boxes.tolist()])
+        target["masks"] = masks
+        pipeline.append({"labels": target["labels"], "boxes": boxes, "masks": masks, "image_id": index, "size": size, "orig_size": size * 2})
     return images, pixel_mask, pipeline, normalised
 
 
@@ -53,15 +65,17 @@ def test_class_attributes_and_kwargs_reach_the_matcher_and_criterion(name: str) 
     cls = DETECTORS[name]
     assert isinstance(cls.backbone_out_indices, tuple) and 0 < cls.score_threshold < 1
     with pytest.raises(ValueError, match="all matching costs are 0"):
-        build(name, matcher_kwargs={"cost_class": 0.0, "cost_bbox": 0.0, "cost_giou": 0.0})
+        build(name, matcher_kwargs=ZERO_COSTS[name])
     images, pixel_mask, targets, _ = batch()
     totals, terms = [], None
+    weight_name, term = WEIGHTED[name]
     for weight in (5.0, 7.0):
-        model = build(name, criterion_kwargs={"weight_bbox": weight}).eval()
+        model = build(name, criterion_kwargs={weight_name: weight}).eval()
+        torch.manual_seed(2)  # the same sampled points (mask losses)
         with torch.no_grad():
             losses = model.loss(model(images, pixel_mask), targets)
         totals.append(losses["loss"])
-        terms = sum(value for key, value in losses.items() if key.startswith("loss_bbox"))
+        terms = sum(value for key, value in losses.items() if key.startswith(term))
     torch.testing.assert_close(totals[1] - totals[0], 2.0 * terms, rtol=1e-5, atol=1e-6)
 
 
@@ -87,15 +101,20 @@ def test_postprocessing_and_cross_attention(name: str) -> None:
     images, pixel_mask, _, _ = batch()
     with torch.no_grad():
         outputs = model(images, pixel_mask)
-    queries = outputs["pred_boxes"].shape[1]
+    queries = outputs["pred_logits"].shape[1]
     detections = model.postprocess(outputs, SIZES)
-    assert len(detections) == 2 and all(set(d) == {"scores", "labels", "boxes"} for d in detections)
+    # A segmenting detector adds its instances' masks.
+    assert len(detections) == 2 and all({"scores", "labels", "boxes"} <= set(d) <= {"scores", "labels", "boxes", "masks"} for d in detections)
     per_query = model.postprocess_per_query(outputs, SIZES)
     for image, (detection, size) in enumerate(zip(per_query, SIZES)):
         height, width = size.tolist()
-        expected = box_convert(outputs["pred_boxes"][image], "cxcywh", "xyxy") * torch.tensor([width, height, width, height])
-        assert detection["scores"].shape == (queries,)
-        torch.testing.assert_close(detection["boxes"], expected, rtol=0, atol=1e-4)  # in query order
+        assert detection["scores"].shape == (queries,) and detection["boxes"].shape == (queries, 4)
+        if "pred_boxes" in outputs:
+            expected = box_convert(outputs["pred_boxes"][image], "cxcywh", "xyxy") * torch.tensor([width, height, width, height])
+            torch.testing.assert_close(detection["boxes"], expected, rtol=0, atol=1e-4)  # in query order
+        else:  # a segmenting detector: each query's best real class of its softmax, in query order
+            best = outputs["pred_logits"][image].softmax(-1)[:, :-1].max(-1)
+            torch.testing.assert_close((detection["scores"], detection["labels"]), (best.values, best.indices), rtol=0, atol=0)
     result = model.cross_attention(images, pixel_mask)
     # DETR records its attention through the weights path: measured within 1.8e-7.
     torch.testing.assert_close(result["outputs"]["pred_logits"], outputs["pred_logits"], rtol=0, atol=1e-6)

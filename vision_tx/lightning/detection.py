@@ -81,7 +81,7 @@ class DetectionModule(TaskModule):
         out_indices = self.backbone_out_indices or DETECTORS[hp.detector].backbone_out_indices
         self.model = self.build_model(build_task_backbone(self, out_indices))
         if hp.weights and is_fitting(self):
-            report = load_weights(self.model, hp.weights, class_keys=getattr(self.model, "class_keys", ()))
+            report = load_weights(self.model, hp.weights, class_keys=self.model.class_keys)
             rank_zero_info(f"model weights: {report}")
         self.compile_model()
 

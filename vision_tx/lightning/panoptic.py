@@ -13,12 +13,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 
 from vision_tx.data.coco_panoptic import rgb_to_id, write_panoptic_png, write_panoptic_predictions
-from vision_tx.heads.detr.postprocess import postprocess_panoptic
 from vision_tx.io import gather_by_image_id, merge_metrics_json
 from vision_tx.lightning.detection import DetectionModule, denormalize
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.panoptic import PanopticEvaluator
-from vision_tx.models import DETRPanoptic
+from vision_tx.models import PANOPTIC_WRAPPERS
 from vision_tx.visualize import draw_panoptic
 
 PREDICTIONS = "panoptic_predictions"  # the json and the PNG folder written in the log folder
@@ -37,12 +36,13 @@ def _segment_ids(png: bytes) -> torch.Tensor:
 
 
 class PanopticModule(DetectionModule):
-    """DETR panoptic segmentation (Carion et al., 2020, section 4.4) of the datamodule's categories.
+    """Panoptic segmentation of the datamodule's categories by a detector of ``vision_tx.models.PANOPTIC_WRAPPERS``:
+    DETR with its mask head (Carion et al., 2020, section 4.4) or Mask2Former, which segments by itself.
 
-    Takes every argument of :class:`DetectionModule` (backbone, DETR, matcher, criterion — with
-    ``weight_mask`` and ``weight_dice`` — and optimiser settings), plus ``panoptic_kwargs`` for
-    ``DETRPanoptic`` and ``postprocess_kwargs`` for ``postprocess_panoptic`` (their signatures hold
-    the paper's defaults). Training is joint by default; DETR's two stages are a detection run
+    Takes every argument of :class:`DetectionModule` (backbone, detector, matcher, criterion — with
+    ``weight_mask`` and ``weight_dice`` for DETR — and optimiser settings), plus, for DETR, ``panoptic_kwargs``
+    for ``DETRPanoptic`` and ``postprocess_kwargs`` for ``postprocess_panoptic`` (their signatures hold
+    the paper's defaults; Mask2Former takes its thresholds in ``detector_kwargs``). Training is joint by default; DETR's two stages are a detection run
     (``DetectionModule``) and then this module with ``weights: <its checkpoint>`` and
     ``panoptic_kwargs: {freeze_detr: true}``, which trains the mask head alone.
 
@@ -60,24 +60,31 @@ class PanopticModule(DetectionModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        detector = self.hparams.detector
+        if detector not in PANOPTIC_WRAPPERS:
+            raise ValueError(f"PanopticModule: detector {detector!r} does not segment; known: {', '.join(PANOPTIC_WRAPPERS)}")
+        if PANOPTIC_WRAPPERS[detector] is None and (panoptic_kwargs or postprocess_kwargs):
+            raise ValueError(
+                f"PanopticModule: detector {detector!r} segments by itself; give its settings in detector_kwargs, "
+                "not panoptic_kwargs or postprocess_kwargs"
+            )
 
     @property
     def backbone_prefix(self) -> str:  # type: ignore[override]
-        return "backbone." if self.hparams.detector == "mask2former" else "detr.backbone."
+        wrapper = PANOPTIC_WRAPPERS[self.hparams.detector]
+        return DetectionModule.backbone_prefix if wrapper is None else wrapper.backbone_prefix
 
     def build_model(self, backbone: torch.nn.Module) -> torch.nn.Module:
-        """DETR wrapped in ``DETRPanoptic``; a detector that segments by itself (Mask2Former) as it is."""
-        detector = super().build_model(backbone)
-        if hasattr(detector, "postprocess_panoptic"):
+        """The detector wrapped by its ``PANOPTIC_WRAPPERS`` entry (DETR in ``DETRPanoptic``), or as it is when it segments by itself."""
+        detector, wrapper = super().build_model(backbone), PANOPTIC_WRAPPERS[self.hparams.detector]
+        if wrapper is None:
             return detector
-        return DETRPanoptic(detector, **(self.hparams.panoptic_kwargs or {}))
+        return wrapper(detector, postprocess_kwargs=self.hparams.postprocess_kwargs, **(self.hparams.panoptic_kwargs or {}))
 
     def _postprocess(
         self, outputs: dict[str, Any], sizes: torch.Tensor, orig_sizes: torch.Tensor, is_thing: dict[int, bool]
     ) -> list[dict[str, Any]]:
-        if hasattr(self.model, "postprocess_panoptic"):
-            return self.model.postprocess_panoptic(outputs, sizes, orig_sizes, is_thing)
-        return postprocess_panoptic(outputs, sizes, orig_sizes, is_thing, **(self.hparams.postprocess_kwargs or {}))
+        return self.model.postprocess_panoptic(outputs, sizes, orig_sizes, is_thing)
 
     def _draw(self, image: torch.Tensor, panoptic: dict[str, Any]) -> torch.Tensor:
         classes = {int(s["id"]): int(s["category_id"]) for s in panoptic["segments_info"]}

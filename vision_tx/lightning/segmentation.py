@@ -34,6 +34,24 @@ def warmup_poly_factor(step: int, total_steps: int, warmup_steps: int, warmup_ra
     return factor
 
 
+def build_upernet(hp: Any, backbone: torch.nn.Module, ignore_index: int) -> UperNetSegmentor:
+    """The UperNet of the module's hyperparameters ``hp``."""
+    return UperNetSegmentor(
+        backbone, hp.num_classes, channels=hp.channels, aux_channels=hp.aux_channels, aux_in_index=hp.aux_in_index,
+        aux_loss_weight=hp.aux_loss_weight, dropout=hp.dropout, ignore_index=ignore_index,
+    )
+
+
+def build_mask2former(hp: Any, backbone: torch.nn.Module, ignore_index: int) -> Mask2Former:
+    """The Mask2Former of the module's hyperparameters ``hp`` (``head_kwargs``, ``criterion_kwargs``)."""
+    return Mask2Former(backbone, hp.num_classes, criterion_kwargs=hp.criterion_kwargs, ignore_index=ignore_index, **(hp.head_kwargs or {}))
+
+
+# The heads ``SegmentationModule(head=...)`` names: each builds its segmentor (``loss``, ``predict``,
+# ``class_keys``, ``ignore_index``, ``no_weight_decay``) from the module's hyperparameters.
+HEADS = {"upernet": build_upernet, "mask2former": build_mask2former}
+
+
 class SegmentationModule(TaskModule):
     """UperNet segmentation of the datamodule's classes on ``build_backbone(backbone, **backbone_kwargs)``.
 
@@ -97,24 +115,9 @@ class SegmentationModule(TaskModule):
         hp = self.hparams
         backbone = build_task_backbone(self, load_pretrained=False)
         datamodule = self.trainer.datamodule if self._trainer is not None else None
-        if hp.head not in ("upernet", "mask2former"):
-            raise ValueError(f"SegmentationModule: unknown head {hp.head!r}; known: upernet, mask2former")
-        if hp.head == "mask2former":
-            self.model = Mask2Former(
-                backbone, hp.num_classes, criterion_kwargs=hp.criterion_kwargs, ignore_index=getattr(datamodule, "ignore_index", 255),
-                **(hp.head_kwargs or {}),
-            )
-        else:
-            self.model = UperNetSegmentor(
-                backbone,
-                hp.num_classes,
-                channels=hp.channels,
-                aux_channels=hp.aux_channels,
-                aux_in_index=hp.aux_in_index,
-                aux_loss_weight=hp.aux_loss_weight,
-                dropout=hp.dropout,
-                ignore_index=getattr(datamodule, "ignore_index", 255),
-            )
+        if hp.head not in HEADS:
+            raise ValueError(f"SegmentationModule: unknown head {hp.head!r}; known: {', '.join(HEADS)}")
+        self.model = HEADS[hp.head](hp, backbone, getattr(datamodule, "ignore_index", 255))
         if hp.pretrained and is_fitting(self):
             report = load_weights(self.model, hp.pretrained, class_keys=self.model.class_keys)
             rank_zero_info(f"segmentor weights: {report}")

@@ -14,4 +14,10 @@ from vision_tx.models.segmentor import UperNetSegmentor
 # the ``backbone_out_indices`` it reads and the ``score_threshold`` pictures draw from.
 DETECTORS = {"detr": DETR, "dino": DINO, "mask2former": Mask2Former, "rtdetr": RTDETR}
 
-__all__ = ["DETECTORS", "DETR", "DETRFeatures", "DETRPanoptic", "DINO", "Mask2Former", "RTDETR", "UperNetSegmentor"]
+# The detectors the panoptic task builds on, with the model that wraps each to segment
+# (``wrapper(detector, postprocess_kwargs=..., **panoptic_kwargs)``), or None for a detector that segments
+# by itself. Either way the panoptic model has ``postprocess_panoptic(outputs, sizes, orig_sizes, is_thing)``;
+# a wrapper names where the backbone's parameters sit in it (``backbone_prefix``).
+PANOPTIC_WRAPPERS: dict[str, type | None] = {"detr": DETRPanoptic, "mask2former": None}
+
+__all__ = ["DETECTORS", "PANOPTIC_WRAPPERS", "DETR", "DETRFeatures", "DETRPanoptic", "DINO", "Mask2Former", "RTDETR", "UperNetSegmentor"]

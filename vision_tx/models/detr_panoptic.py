@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from contextlib import nullcontext
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -12,6 +12,7 @@ from torch import nn
 from vision_tx.backbones import build_backbone
 from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.mask_head import AttentionMaps, MaskHead
+from vision_tx.heads.detr.postprocess import postprocess_panoptic
 from vision_tx.models.detr import DETR
 
 _REQUIRED_STRIDES = [4, 8, 16, 32]
@@ -33,12 +34,15 @@ class DETRPanoptic(nn.Module):
     stride-32 features, go through :class:`MaskHead`, which adds the backbone's stride 16, 8 and 4
     maps, so the backbone must return all four stages (``out_indices=(0, 1, 2, 3)``).
     ``freeze_detr=True`` freezes the detector, as in DETR's second training stage, where only the
-    mask head learns; the frozen detector then runs without building a graph.
+    mask head learns; the frozen detector then runs without building a graph. ``postprocess_kwargs`` go
+    to :meth:`postprocess_panoptic` (the signature of ``heads.detr.postprocess_panoptic`` holds their defaults).
     """
 
     class_keys = (r"^detr\.class_embed\.",)  # the tensors with a row per class (fine-tuning: load_weights)
+    backbone_prefix = "detr.backbone."  # where the backbone's parameters sit
 
-    def __init__(self, detr: DETR, freeze_detr: bool = False, num_attention_heads: int = 8) -> None:
+    def __init__(self, detr: DETR, freeze_detr: bool = False, num_attention_heads: int = 8,
+                 postprocess_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         channels = list(detr.backbone.out_channels)
         strides = list(getattr(detr.backbone, "strides", _REQUIRED_STRIDES[-len(channels):]))
@@ -53,6 +57,7 @@ class DETRPanoptic(nn.Module):
         hidden_dim = detr.input_proj.out_channels
         self.bbox_attention = AttentionMaps(hidden_dim, hidden_dim, num_attention_heads)
         self.mask_head = MaskHead(hidden_dim + num_attention_heads, channels[2::-1], hidden_dim)
+        self.postprocess_kwargs = dict(postprocess_kwargs or {})
 
     def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` bool (True on padding) -> DETR's outputs plus
@@ -73,6 +78,12 @@ class DETRPanoptic(nn.Module):
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """DETR's box detections (the panoptic segments come from ``postprocess_panoptic``)."""
         return self.detr.postprocess(outputs, image_sizes)
+
+    def postprocess_panoptic(self, outputs: dict, sizes: torch.Tensor, orig_sizes: torch.Tensor,
+                             is_thing: Mapping[int, bool]) -> list[dict[str, Any]]:
+        """Per image ``{"segment_ids" [H0,W0], "segments_info"}`` (see ``heads.detr.postprocess_panoptic``);
+        ``sizes`` and ``orig_sizes [B,2]``: (h, w) of the unpadded input and of the original image."""
+        return postprocess_panoptic(outputs, sizes, orig_sizes, is_thing, **self.postprocess_kwargs)
 
     def no_weight_decay(self) -> set[str]:
         """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the detector's exemptions."""

@@ -3,17 +3,19 @@ one model for semantic, panoptic and instance segmentation on any backbone's pyr
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import masks_to_boxes
 
-from vision_tx.backbones.base import Backbone
+from vision_tx.attention import record_attention
+from vision_tx.backbones import build_backbone
+from vision_tx.backbones.base import Backbone, norms_and_biases_and
 from vision_tx.heads.mask2former import (
-    Mask2FormerCriterion, MaskedAttentionDecoder, PixelDecoder, instance_inference, panoptic_inference, resize_masks,
-    semantic_inference,
+    Mask2FormerCriterion, MaskedAttentionDecoder, MaskHungarianMatcher, PixelDecoder, instance_inference, panoptic_inference,
+    resize_masks, semantic_inference,
 )
 from vision_tx.models.mask2former_official import convert_official_mask2former, is_official_mask2former
 
@@ -41,24 +43,28 @@ def mask_boxes(masks: torch.Tensor) -> torch.Tensor:
 class Mask2Former(nn.Module):
     """``images [B,3,H,W]`` -> ``{"pred_logits" [B,Q,C+1], "pred_masks" [B,Q,H/4,W/4], "aux_outputs": [...]}``.
 
-    It serves the detection and panoptic tasks as their detectors do (``forward(images, pixel_mask)``,
-    ``loss``, ``postprocess`` giving the boxes of its instance masks) and the semantic one through
-    ``predict``. The backbone must return four maps (strides 4 to 32 on the usual pyramid); the pixel decoder
-    reads the last three with its deformable encoder and the first through its FPN step. The
-    defaults are the paper's (100 queries, 9 decoder layers, 6 encoder layers, width 256).
-    Without ``criterion``, the default one is built with ``criterion_kwargs``. ``loss`` takes mask
-    targets or semantic label maps; ``predict`` gives semantic scores,
-    ``postprocess_panoptic`` and ``postprocess_instances`` the other two tasks.
+    A detector of the protocol (docs/CONVENTIONS.md, "Detectors"): the instance and panoptic tasks call
+    ``forward(images, pixel_mask)``, ``loss``, ``postprocess`` (the instances with their masks' boxes) and
+    ``postprocess_panoptic``; the semantic task calls ``predict``. The backbone must return four maps
+    (strides 4 to 32 on the usual pyramid); the pixel decoder reads the last three with its deformable
+    encoder and the first through its FPN step. The defaults are the paper's (100 queries, 9 decoder
+    layers, 6 encoder layers, width 256). :meth:`loss` computes
+    ``Mask2FormerCriterion(num_classes, MaskHungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` (the
+    matcher's costs are the criterion's weights when ``matcher_kwargs`` is not given, as the paper's) on mask
+    targets or semantic label maps.
     """
 
-    criterion_class = Mask2FormerCriterion
     backbone_out_indices = (0, 1, 2, 3)
     score_threshold = 0.5  # pictures draw the instances scoring above it
+    class_keys = (r"^predictor\.class_embed\.",)  # the tensors with a row per class (fine-tuning: load_weights)
 
     def __init__(
         self,
         backbone: Backbone,
         num_classes: int,
+        *,
+        matcher_kwargs: dict[str, Any] | None = None,
+        criterion_kwargs: dict[str, Any] | None = None,
         num_queries: int = 100,
         hidden_dim: int = 256,
         mask_dim: int = 256,
@@ -70,8 +76,6 @@ class Mask2Former(nn.Module):
         num_points: int = 4,
         num_groups: int = 32,
         dropout: float = 0.0,
-        criterion: Mask2FormerCriterion | None = None,
-        criterion_kwargs: dict | None = None,
         ignore_index: int = 255,
         object_mask_threshold: float = 0.8,
         overlap_threshold: float = 0.8,
@@ -92,13 +96,18 @@ class Mask2Former(nn.Module):
         self.predictor = MaskedAttentionDecoder(
             hidden_dim, num_classes, hidden_dim, num_queries, num_heads, dim_feedforward, num_decoder_layers, mask_dim, dropout=dropout,
         )
-        self.criterion = Mask2FormerCriterion(num_classes, **(criterion_kwargs or {})) if criterion is None else criterion
+        matcher = MaskHungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
+        self.criterion = Mask2FormerCriterion(num_classes, matcher, **(criterion_kwargs or {}))
 
     def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
         """``images [B,3,H,W]``; ``pixel_mask [B,H,W]`` (True on padding) only records each image's unpadded
         ``sizes [B,2]`` in the outputs (as the official model, the network reads the padding as image);
         ``targets`` are not read. The outputs also hold the padded ``input_size`` (h, w)."""
-        mask_features, levels = self.pixel_decoder(list(self.backbone(images).values()))
+        return self.decode(images, pixel_mask, *self.pixel_decoder(list(self.backbone(images).values())))
+
+    def decode(self, images: torch.Tensor, pixel_mask: torch.Tensor | None, mask_features: torch.Tensor,
+               levels: list[torch.Tensor]) -> dict:
+        """The masked-attention decoder's outputs from the pixel decoder's ``mask_features`` and ``levels``."""
         outputs = self.predictor(levels, mask_features)
         if pixel_mask is None:
             sizes = torch.tensor([images.shape[-2:]] * len(images), device=images.device)
@@ -108,7 +117,7 @@ class Mask2Former(nn.Module):
 
     def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]] | torch.Tensor) -> dict[str, torch.Tensor]:
         """The set loss against ``targets`` (per image ``labels`` and bool ``masks``, top-left aligned, zero-padded
-        here to the padded input) or label maps ``[B,H,W]``."""
+        here to the padded input; other keys, such as the pipeline's boxes, are not read) or label maps ``[B,H,W]``."""
         if isinstance(targets, torch.Tensor):
             targets = semantic_targets(targets, self.ignore_index)
         if "input_size" in outputs:
@@ -148,6 +157,26 @@ class Mask2Former(nn.Module):
         results = self.postprocess_instances(outputs, outputs["sizes"], image_sizes)
         return [{**r, "boxes": mask_boxes(r["masks"])} for r in results]
 
+    def postprocess_per_query(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Every query's best real class, its probability and the box of its mask (positive logits at
+        ``image_sizes [B,2]``), in query order (for per-query pictures)."""
+        results = []
+        for logits, masks in self._per_image(outputs, outputs["sizes"], image_sizes):
+            scores, labels = logits.softmax(-1)[:, :-1].max(-1)
+            results.append({"scores": scores, "labels": labels, "boxes": mask_boxes(masks > 0)})
+        return results
+
+    def cross_attention(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
+        """The outputs for ``images [B,3,H,W]`` and the last decoder layer's masked cross-attention, averaged over
+        heads: ``{"outputs": ..., "attention": [B, queries, h, w]}`` over the pyramid level that layer reads."""
+        cross = self.predictor.layers[-1].cross_attn
+        mask_features, levels = self.pixel_decoder(list(self.backbone(images).values()))
+        with record_attention({"cross": cross}) as records:
+            outputs = self.decode(images, pixel_mask, mask_features, levels)
+        level = levels[(len(self.predictor.layers) - 1) % len(levels)]
+        weights = records["cross"][-1].mean(1)  # [B, Q, h*w]
+        return {"outputs": outputs, "attention": weights.unflatten(-1, level.shape[-2:])}
+
     def _per_image(self, outputs: dict, sizes: torch.Tensor, orig_sizes: torch.Tensor):
         for logits, masks, size, orig_size in zip(outputs["pred_logits"], outputs["pred_masks"], sizes.tolist(), orig_sizes.tolist()):
             yield logits, resize_masks(masks, size, orig_size)
@@ -165,6 +194,15 @@ class Mask2Former(nn.Module):
                               thing_classes: set[int] | None = None) -> list[dict[str, torch.Tensor]]:
         """Per image ``{"scores", "labels", "masks" bool [N,H0,W0]}`` (see ``instance_inference``)."""
         return [instance_inference(logits, masks, self.test_topk, thing_classes) for logits, masks in self._per_image(outputs, sizes, orig_sizes)]
+
+    @classmethod
+    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "Mask2Former":
+        """The model an official checkpoint with backbone ``backbone`` loads into (COCO panoptic's 133 classes by default)."""
+        return cls(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 133)
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        return norms_and_biases_and(self, "backbone")
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads facebookresearch/Mask2Former checkpoints (see :func:`convert_official_mask2former`); native keys pass."""
