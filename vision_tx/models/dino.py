@@ -36,7 +36,37 @@ from vision_tx.necks.multiscale import MultiScaleLevels, MultiScaleProjection
 QUERY_SELECTIONS = ("mixed", "two_stage")
 
 
-class DINO(nn.Module):
+class DeformableQueryDetector(nn.Module):
+    """What DINO and RT-DETR share past their encoders: the protocol methods of a detector whose refining
+    deformable decoder (``self.decoder``) scores every query with sigmoid logits, trained by
+    ``self.criterion``; ``self.num_detections`` and ``self.nms_threshold`` set its post-processing."""
+
+    class_keys = (r"^class_embed\.", r"^denoising\.label_embed\.")  # a row per class (fine-tuning: load_weights)
+
+    def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The criterion's losses for the outputs of :meth:`forward`; ``targets`` as the data pipeline gives
+        them (normalised here, see :func:`~vision_tx.heads.detr.normalize_targets`)."""
+        return self.criterion(outputs, normalize_targets(targets))
+
+    def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
+        return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)
+
+    def postprocess_per_query(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Every query's best class, its score and box, in query order (for per-query pictures)."""
+        return postprocess_sigmoid_per_query(outputs, image_sizes)
+
+    def cross_attention(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
+        """The outputs for ``images [B,3,H,W]`` and each query's map ``attention [B, queries, h, w]`` of the last
+        decoder layer (see :func:`deformable_cross_attention`)."""
+        return deformable_cross_attention(self, self.decoder, images, pixel_mask)
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        return norms_and_biases_and(self, "backbone")
+
+
+class DINO(DeformableQueryDetector):
     """Detector over the backbone's maps (e.g. strides 8, 16, 32) and ``num_levels`` levels in all.
 
     ``num_classes`` sigmoid logits per query (labels are category ids, so ``max_id + 1``; no
@@ -58,7 +88,6 @@ class DINO(nn.Module):
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
     score_threshold = 0.3  # for pictures: sigmoid scores run lower (the official DINO demo draws above 0.3)
-    class_keys = (r"^class_embed\.", r"^denoising\.label_embed\.")  # a row per class (fine-tuning: load_weights)
 
     def __init__(
         self,
@@ -166,32 +195,10 @@ class DINO(nn.Module):
         enc_logits = proposal_logits[..., :1] if self.query_selection == "two_stage" else proposal_logits
         return decoder_outputs(logits, layer_boxes, enc_logits, proposal_boxes, denoising)
 
-    def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The criterion's losses for the outputs of :meth:`forward`; ``targets`` as the data pipeline gives
-        them (normalised here, see :func:`~vision_tx.heads.detr.normalize_targets`)."""
-        return self.criterion(outputs, normalize_targets(targets))
-
-    def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
-        return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)
-
-    def postprocess_per_query(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """Every query's best class, its score and box, in query order (for per-query pictures)."""
-        return postprocess_sigmoid_per_query(outputs, image_sizes)
-
-    def cross_attention(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
-        """The outputs for ``images [B,3,H,W]`` and each query's map ``attention [B, queries, h, w]`` of the last
-        decoder layer (see :func:`deformable_cross_attention`)."""
-        return deformable_cross_attention(self, self.decoder, images, pixel_mask)
-
     @classmethod
     def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "DINO":
         """The model an official checkpoint with backbone ``backbone`` loads into (COCO's 91 classes by default)."""
         return cls(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 91)
-
-    def no_weight_decay(self) -> set[str]:
-        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
-        return norms_and_biases_and(self, "backbone")
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads IDEA-Research/DINO checkpoints (see :func:`convert_official_dino`); native keys pass."""

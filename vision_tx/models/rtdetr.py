@@ -11,22 +11,20 @@ import torch
 from torch import nn
 
 from vision_tx.backbones import build_backbone
-from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.criterion import normalize_targets
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections, postprocess_sigmoid_per_query
 from vision_tx.heads.dino.denoising import ContrastiveDenoising
 from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer, inverse_sigmoid
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
 from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
 from vision_tx.models.detr import checked_pixel_mask
-from vision_tx.models.dino import DINO, decoder_outputs, deformable_cross_attention, init_heads, select_proposals
+from vision_tx.models.dino import DeformableQueryDetector, decoder_outputs, init_heads, select_proposals
 from vision_tx.models.rtdetr_official import convert_official_rtdetr, is_official_rtdetr
 from vision_tx.necks.multiscale import MultiScaleLevels, flatten_levels
 
 
-class RTDETR(nn.Module):
+class RTDETR(DeformableQueryDetector):
     """Detector over the backbone's stride 8, 16 and 32 maps, ``num_classes`` sigmoid logits per query.
 
     The hybrid encoder fuses the maps (``num_encoder_layers`` AIFI layers of ``encoder_feedforward``
@@ -45,7 +43,6 @@ class RTDETR(nn.Module):
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
     score_threshold = 0.5  # for pictures (the official demo draws above 0.6)
-    class_keys = DINO.class_keys  # the same class and denoising-label heads (fine-tuning: load_weights)
 
     def __init__(
         self,
@@ -152,33 +149,11 @@ class RTDETR(nn.Module):
         logits = torch.stack([head(h) for head, h in zip(self.class_embed, hidden)])
         return decoder_outputs(logits, layer_boxes, proposal_logits, proposal_boxes, denoising)
 
-    def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The criterion's losses for the outputs of :meth:`forward`; ``targets`` as the data pipeline gives
-        them (normalised here, see :func:`~vision_tx.heads.detr.normalize_targets`)."""
-        return self.criterion(outputs, normalize_targets(targets))
-
-    def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
-        return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)
-
-    def postprocess_per_query(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """Every query's best class, its score and box, in query order (for per-query pictures)."""
-        return postprocess_sigmoid_per_query(outputs, image_sizes)
-
-    def cross_attention(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
-        """The outputs for ``images [B,3,H,W]`` and each query's map ``attention [B, queries, h, w]`` of the last
-        decoder layer (DINO's decoder: :func:`~vision_tx.models.dino.deformable_cross_attention`)."""
-        return deformable_cross_attention(self, self.decoder, images, pixel_mask)
-
     @classmethod
     def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "RTDETR":
         """The model an official checkpoint with backbone ``backbone`` loads into (the official COCO models'
         80 classes, contiguous indices, by default)."""
         return cls(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 80)
-
-    def no_weight_decay(self) -> set[str]:
-        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
-        return norms_and_biases_and(self, "backbone")
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads lyuwenyu/RT-DETR checkpoints (see :func:`convert_official_rtdetr`); native keys pass."""
