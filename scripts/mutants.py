@@ -9,17 +9,20 @@ docs/TESTING.md).
     python scripts/mutants.py                 # every mutant
     python scripts/mutants.py --only swin     # mutants whose name contains "swin"
     python scripts/mutants.py --list
+    python scripts/mutants.py --jobs 2       # two at once, each in its own copy
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -763,12 +766,27 @@ def run_tests(checkout: Path, tests: tuple[str, ...], timeout: float) -> tuple[b
     return result.returncode == 0, lines[-1] if lines else result.stderr.strip()[-200:]
 
 
+def run_mutant(checkout: Path, mutant: Mutant, timeout: float) -> tuple[str, str]:
+    """Plants ``mutant`` in ``checkout``, runs its tests, restores the file: (result, pytest's summary)."""
+    path = checkout / mutant.path
+    original = path.read_text()
+    if original.count(mutant.before) != 1:
+        return "STALE", f"the line is not in {mutant.path} exactly once: update the mutant"
+    path.write_text(original.replace(mutant.before, mutant.after))
+    try:
+        passed, summary = run_tests(checkout, mutant.tests, timeout)
+    finally:
+        path.write_text(original)
+    return ("SURVIVED" if passed else "killed"), summary
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="run the mutants whose name contains this text")
     parser.add_argument("--list", action="store_true", help="list the mutants and their tests, run nothing")
     parser.add_argument("--baseline", action="store_true", help="first check that the unmutated tests pass")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mutant")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy of the checkout")
     args = parser.parse_args()
     mutants = [m for m in MUTANTS if args.only in m.name]
     if args.list:
@@ -776,36 +794,35 @@ def main() -> int:
             print(f"{mutant.name:50s} {mutant.path}  ->  {' '.join(mutant.tests)}")
         return 0
     with tempfile.TemporaryDirectory(prefix="vision_tx_mutants_") as tmp:
-        checkout = Path(tmp)
-        copy_checkout(checkout)
+        checkouts = [Path(tmp) / str(job) for job in range(max(1, args.jobs))]
+        for checkout in checkouts:
+            copy_checkout(checkout)
         if args.baseline:
             tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
-            passed, summary = run_tests(checkout, tests, args.timeout * len(tests))
+            passed, summary = run_tests(checkouts[0], tests, args.timeout * len(tests))
             print(f"baseline: {'pass' if passed else 'FAIL'} ({summary})", flush=True)
             if not passed:
                 return 2
-        survivors = []
-        print(f"{'mutant':50s} {'result':8s} {'seconds':>7s}  tests", flush=True)
-        for mutant in mutants:
-            path = checkout / mutant.path
-            original = path.read_text()
-            if original.count(mutant.before) != 1:
-                print(f"{mutant.name:50s} {'STALE':8s} {'':>7s}  the line is not in {mutant.path} exactly once: update the mutant")
-                survivors.append(mutant.name)
-                continue
-            path.write_text(original.replace(mutant.before, mutant.after))
+        free = queue.SimpleQueue()
+        for checkout in checkouts:
+            free.put(checkout)
+
+        def run_on_a_free_checkout(mutant: Mutant) -> tuple[str, str, float]:
+            checkout = free.get()
             start = time.perf_counter()
             try:
-                passed, summary = run_tests(checkout, mutant.tests, args.timeout)
+                result, summary = run_mutant(checkout, mutant, args.timeout)
             finally:
-                path.write_text(original)
-            result = "SURVIVED" if passed else "killed"
-            if passed:
-                survivors.append(mutant.name)
+                free.put(checkout)
             print(f"{mutant.name:50s} {result:8s} {time.perf_counter() - start:7.0f}  {summary}", flush=True)
+            return result, summary, time.perf_counter() - start
+
+        print(f"{'mutant':50s} {'result':8s} {'seconds':>7s}  tests", flush=True)
+        with ThreadPoolExecutor(max_workers=len(checkouts)) as pool:
+            results = list(pool.map(run_on_a_free_checkout, mutants))
+    survivors = [m.name for m, (result, _, _) in zip(mutants, results) if result != "killed"]
     print(f"\n{len(mutants) - len(survivors)} of {len(mutants)} killed" + (f"; survived or stale: {survivors}" if survivors else ""))
     return 1 if survivors else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
