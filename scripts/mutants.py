@@ -71,6 +71,7 @@ RT_POSITION = "tests/models/test_rtdetr.py::test_position_embedding_is_transform
 RT_PADDING = "tests/models/test_rtdetr.py::test_aifi_hides_padding_the_cropped_map_sees_the_same"
 RT_LFT = "tests/models/test_rtdetr.py::test_look_forward_twice_trains_the_previous_layers_box_head"
 RT_OFFICIAL = "tests/models/test_rtdetr_official.py"
+RT_DENOISING = "tests/models/test_rtdetr.py::test_denoising_queries_are_transformers_groups_as_the_decoder_reads_them"
 PROTOCOL_KWARGS = "tests/models/test_detectors.py::test_class_attributes_and_kwargs_reach_the_matcher_and_criterion"
 PROTOCOL_TARGETS = "tests/models/test_detectors.py::test_training_reads_the_pipelines_targets"
 PROTOCOL_OUTPUTS = "tests/models/test_detectors.py::test_postprocessing_and_cross_attention"
@@ -456,9 +457,8 @@ MUTANTS = [
            "top[..., None].expand(-1, -1, features.shape[-1])).detach()", "top[..., None].expand(-1, -1, features.shape[-1]))", (RT_GRAD,)),
     Mutant("rtdetr: query position from the undetached boxes", "vision_tx/heads/dino/transformer.py",
            "query_pos = self.ref_point_head(reference)", "query_pos = self.ref_point_head(refined)", (RT_GRAD,)),
-    Mutant("rtdetr: noised boxes enter unclamped", "vision_tx/models/rtdetr.py",
-           "torch.cat([inverse_sigmoid(denoising.boxes.to(boxes.dtype)).sigmoid(), boxes], 1)",
-           "torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)", (RT_TRAIN,)),
+    Mutant("rtdetr: noised boxes stored through DINO's eps 1e-3", "vision_tx/models/rtdetr.py",
+           "label_noise_ratio, box_noise_scale, eps=1e-5)", "label_noise_ratio, box_noise_scale)", (RT_DENOISING,)),
     Mutant("rtdetr: look forward twice ignored", "vision_tx/models/rtdetr.py",
            "None, attn_mask, self.look_forward_twice and self.training,", "None, attn_mask, False,", (RT_LFT,)),
     Mutant("rtdetr loss: varifocal weight from softmax", "vision_tx/heads/rtdetr/criterion.py",

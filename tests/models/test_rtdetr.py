@@ -283,3 +283,24 @@ def test_look_forward_twice_trains_the_previous_layers_box_head() -> None:
         ours.train()(images, pixel_mask, rtdetr_targets())["pred_boxes"].sum().backward()
         heads = ours.bbox_embed[:LAYERS]
         assert [bool(head.layers[-1].weight.grad.abs().sum() > 0) for head in heads] == reached, look_forward_twice
+
+
+def test_denoising_queries_are_transformers_groups_as_the_decoder_reads_them() -> None:
+    """RT-DETR's own denoising module against transformers' ``get_contrastive_denoising_training_group``
+    with the same draws: the same labels, and the decoder's boxes equal to the sigmoid of its logits
+    (stored through eps 1e-5, where DINO's 1e-3 would move the crossed corners' sizes)."""
+    ours, reference, _ = ours_and_transformers()
+    targets = rtdetr_targets()
+    targets[0]["boxes"][0] = torch.tensor([0.04, 0.96, 0.3, 0.2])  # the noise crosses the image's edges
+    torch.manual_seed(3)
+    queries = ours.denoising(targets, QUERIES)
+    torch.manual_seed(3)
+    _, logit_boxes, mask, meta = _modeling.get_contrastive_denoising_training_group(
+        transformers_labels(targets, torch.float32), NUM_CLASSES, QUERIES, reference.model.denoising_class_embed,
+        DENOISING, label_noise_ratio=0.5, box_noise_scale=1.0,
+    )
+    assert queries.num_groups == meta["dn_num_group"] and torch.equal(queries.attn_mask, mask == -torch.inf)
+    valid = queries.content.abs().sum(-1) > 0
+    expected = logit_boxes.sigmoid()
+    assert (expected[valid] < 1e-3).any()  # some size lies below DINO's eps: the eps matters
+    torch.testing.assert_close(queries.boxes[valid], expected[valid], rtol=0, atol=1e-7)

@@ -15,7 +15,7 @@ from vision_tx.heads.detr.criterion import normalize_targets
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.dino.denoising import ContrastiveDenoising
-from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer, inverse_sigmoid
+from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
 from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
 from vision_tx.models.detr import checked_pixel_mask
@@ -100,7 +100,10 @@ class RTDETR(DeformableQueryDetector):
         self.enc_output_norm = nn.LayerNorm(hidden_dim)
         self.query_embed = nn.Embedding(num_queries, hidden_dim) if learn_query_content else None
         self.denoising = (
-            ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale) if num_denoising else None
+            # RT-DETR stores the noised boxes through inverse_sigmoid's default eps 1e-5, not DINO's 1e-3
+            ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, eps=1e-5)
+            if num_denoising
+            else None
         )
         matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
         self.criterion = RTDETRCriterion(num_classes, matcher, **(criterion_kwargs or {}))
@@ -139,8 +142,7 @@ class RTDETR(DeformableQueryDetector):
         attn_mask = None
         if denoising is not None:
             queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
-            # As the official code: noised boxes enter as logits, so every coordinate lies in [1e-5, 1 - 1e-5].
-            boxes = torch.cat([inverse_sigmoid(denoising.boxes.to(boxes.dtype)).sigmoid(), boxes], 1)
+            boxes = torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)
             attn_mask = denoising.attn_mask
         hidden, layer_boxes = self.decoder(
             queries, boxes, memory, levels.shapes, levels.padding_mask, levels.valid_ratios, self.bbox_embed,
