@@ -108,6 +108,8 @@ M2F_PANOPTIC = "tests/heads/test_mask2former_postprocess.py::test_panoptic_match
 M2F_PANOPTIC_RULES = "tests/heads/test_mask2former_postprocess.py::test_panoptic_paper_rules"
 M2F_INSTANCE = "tests/heads/test_mask2former_postprocess.py::test_instances_match_transformers"
 M2F_OFFICIAL = "tests/models/test_mask2former_official.py"
+M2F_NUM_MASKS = "tests/models/test_mask2former.py::test_loss_divides_by_the_mask_count_of_the_whole_distributed_batch"
+M2F_OBJECT_THRESHOLD = "tests/heads/test_mask2former_postprocess.py::test_panoptic_object_threshold_is_the_given_one"
 YOLO_LABELS = "tests/scripts/test_compare_detection.py"
 SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
 TRAINING_CLOCK = "tests/scripts/test_compare_common.py"
@@ -663,7 +665,7 @@ MUTANTS = [
            "return 1 - (2 * (prob * labels).sum(-1) + 1) / (prob.sum(-1) + labels.sum(-1) + 1)",
            "return 1 - (2 * (prob * labels).sum(-1)) / (prob.sum(-1) + labels.sum(-1) + 1)", (M2F_LOSS,)),
     Mutant("mask2former loss: BCE averaged over masks, not summed / num_masks", "vision_tx/heads/mask2former/criterion.py",
-           "reduction=\"none\").mean(1).sum() / num_masks", "reduction=\"none\").mean(1).mean()", (M2F_LOSS,)),
+           "reduction=\"none\").mean(1).sum() / num_masks", "reduction=\"none\").mean(1).mean()", (M2F_LOSS, M2F_NUM_MASKS)),
     Mutant("mask2former loss: matching cost without dice", "vision_tx/heads/mask2former/criterion.py",
            "self.cost_mask * cost_mask + self.cost_dice * cost_dice))", "self.cost_mask * cost_mask))", (M2F_LOSS,)),
     Mutant("mask2former loss: matching points not shared by targets and predictions", "vision_tx/heads/mask2former/criterion.py",
@@ -683,7 +685,7 @@ MUTANTS = [
            "        if not thing and category in stuff_segment:", "        if False:", (M2F_PANOPTIC_RULES,)),
     Mutant("mask2former panoptic: object threshold 0.5 instead of the given", "vision_tx/heads/mask2former/postprocess.py",
            "keep = (classes != logits.shape[-1] - 1) & (scores > object_mask_threshold)",
-           "keep = (classes != logits.shape[-1] - 1) & (scores > 0.5)", (M2F_PANOPTIC,)),
+           "keep = (classes != logits.shape[-1] - 1) & (scores > 0.5)", (M2F_PANOPTIC, M2F_OBJECT_THRESHOLD)),
     Mutant("mask2former instance: mask score over all pixels", "vision_tx/heads/mask2former/postprocess.py",
            "mask_scores = (mask_logits.sigmoid() * foreground).flatten(1).sum(1) / (foreground.flatten(1).sum(1) + 1e-6)",
            "mask_scores = mask_logits.sigmoid().flatten(1).mean(1)", (M2F_INSTANCE,)),

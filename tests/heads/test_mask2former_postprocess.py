@@ -4,6 +4,8 @@ paper's rules where transformers departs from them, on hand-made cases."""
 
 from __future__ import annotations
 
+import math
+
 from types import SimpleNamespace
 
 import pytest
@@ -122,6 +124,22 @@ def test_panoptic_paper_rules() -> None:
     assert (ours["segment_ids"][:, :4] == stuff).sum() == 15 and ours["segment_ids"][0, 0] == 0
     assert (ours["segment_ids"][:, 5:] == thing).all() and (ours["segment_ids"][:, 4] == 0).all()
     assert [s["area"] for s in ours["segments_info"]] == [15, 12]
+
+
+@pytest.mark.parametrize("probability, threshold, kept", [(0.65, 0.6, True), (0.65, 0.7, False), (0.4, 0.3, True), (0.4, 0.45, False)])
+def test_panoptic_object_threshold_is_the_given_one(probability: float, threshold: float, kept: bool) -> None:
+    """A thing query whose class has ``probability`` is kept exactly when it is above the given
+    ``object_mask_threshold``, on both sides of 0.5 (a stuff query covers the rest of the image)."""
+    logits = torch.full((2, 4), -30.0, dtype=torch.float64)
+    logits[0, 1] = 10.0  # stuff, score ~1
+    logits[1, 0] = math.log(probability)  # a thing; the rest split between another thing and no-object
+    logits[1, 2] = logits[1, 3] = math.log((1 - probability) / 2)
+    masks = torch.full((2, 4, 4), 20.0, dtype=torch.float64)
+    masks[0, :2, :2] = -20.0
+    masks[1] = -20.0
+    masks[1, :2, :2] = 20.0
+    ours = panoptic_inference(logits, masks, {0: True, 1: False, 2: True}, object_mask_threshold=threshold)
+    assert [s["category_id"] for s in ours["segments_info"]] == ([1, 0] if kept else [1])
 
 
 def test_resize_masks_crops_the_padding_before_resizing() -> None:

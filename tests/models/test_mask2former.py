@@ -217,6 +217,31 @@ def test_loss_and_gradients_match_transformers(inputs) -> None:
         torch.testing.assert_close(ours_grad, their_grad, rtol=0, atol=1e-14)
 
 
+def test_loss_divides_by_the_mask_count_of_the_whole_distributed_batch(inputs, monkeypatch) -> None:
+    """Under DDP the mask and dice terms are sums over this process's matched masks divided by the
+    masks per process of the whole batch, which need not be this process's count: both sides given
+    2.5 (this batch has another count) give the same loss."""
+    maps, targets = inputs
+    assert sum(len(t["labels"]) for t in targets) != 2.5
+    monkeypatch.setattr("vision_tx.heads.mask2former.criterion.num_boxes_in_batch", lambda *args, **kwargs: torch.tensor(2.5))
+    modeling = require_reference("transformers.models.mask2former.modeling_mask2former")
+    monkeypatch.setattr(modeling.Mask2FormerLoss, "get_num_masks", lambda *args, **kwargs: torch.tensor(2.5))
+    ours, reference = ours_and_transformers(maps)
+    ours.criterion = Mask2FormerCriterion(NUM_CLASSES, num_points=300)
+    images = torch.zeros(2, 3, *IMAGE_SIZE, dtype=torch.float64)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # transformers draws its points in the default dtype
+    try:
+        with torch.no_grad():
+            torch.manual_seed(7)
+            losses = ours.loss(ours(images), targets)
+            torch.manual_seed(7)
+            expected = _their_loss(reference, images, targets)
+    finally:
+        torch.set_default_dtype(default)
+    torch.testing.assert_close(losses["loss"], expected.loss, rtol=1e-13, atol=0)
+
+
 def test_semantic_targets_one_mask_per_present_class() -> None:
     labels = torch.tensor([[[0, 0, 255], [2, 2, 0]]])
     (target,) = semantic_targets(labels)
