@@ -62,6 +62,24 @@ def test_sam_trains_through_the_cli(tmp_path: Path, toy_root: Path) -> None:
     assert torch.load(next(tmp_path.rglob("last.ckpt")), map_location="cpu", weights_only=False)["global_step"] == 2
 
 
+def test_max_steps_without_epochs_keeps_the_warmup_in_epochs(toy_root: Path) -> None:
+    """``max_steps`` with no epoch limit: the warm-up is still ``warmup_epochs`` times the batches per epoch."""
+    import lightning.pytorch as pl
+
+    from vision_tx.data.imagefolder import ImageFolderDataModule
+
+    module = ClassificationModule("swin_t", backbone_kwargs=dict(embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], window_size=4),
+                                  warmup_epochs=1.5, mixup_alpha=0, cutmix_alpha=0)
+    datamodule = ImageFolderDataModule(str(toy_root), image_size=32, batch_size=4, num_workers=0)
+    trainer = pl.Trainer(max_steps=2, max_epochs=None, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule)
+    schedule = trainer.lr_scheduler_configs[0].scheduler
+    batches_per_epoch = 24 // 4  # six classes of four training images
+    warmup = int(1.5 * batches_per_epoch)
+    assert trainer.global_step == 2 and schedule.lr_lambdas[0](warmup) == 1.0 > schedule.lr_lambdas[0](warmup - 1)
+
+
 def _fitting(module: ClassificationModule) -> ClassificationModule:
     """``module`` built as ``trainer.fit`` builds it (teacher loaded), its logging switched off."""
     module._trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING), datamodule=None)

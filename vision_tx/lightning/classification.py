@@ -209,6 +209,7 @@ class ClassificationModule(TaskModule):
         lr = hp.lr * global_batch / hp.lr_batch_size
         optimizer = torch.optim.AdamW(param_groups(self.model, lr, hp.weight_decay, decay_norms_and_biases=False), lr=lr, betas=hp.betas)
         total = int(self.trainer.estimated_stepping_batches)
+        self.trainer.fit_loop.setup_data()  # with max_steps alone, the estimate above leaves the batches per epoch unknown
         steps_per_epoch = max(self.trainer.num_training_batches // self.trainer.accumulate_grad_batches, 1)
         warmup = int(hp.warmup_epochs * steps_per_epoch)
         schedule = torch.optim.lr_scheduler.LambdaLR(
