@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
+from typing import Callable
 
 import torch
 
@@ -21,15 +22,16 @@ from vision_tx.models.mask2former import Mask2Former
 NUM_CLASSES, CHANNELS, SIZE = 150, (96, 192, 384, 768), 512
 
 
-def _inputs(device: str, batch: int = 2, masks_per_image: int = 6):
+def _inputs(device: str, batch: int = 2, masks_per_image: int = 6, size: tuple[int, int] = (SIZE, SIZE)):
     generator = torch.Generator().manual_seed(0)
-    maps = [torch.randn(batch, c, SIZE // s, SIZE // s, generator=generator).to(device) for c, s in zip(CHANNELS, (4, 8, 16, 32))]
+    height, width = size
+    maps = [torch.randn(batch, c, height // s, width // s, generator=generator).to(device) for c, s in zip(CHANNELS, (4, 8, 16, 32))]
     targets = []
     for _ in range(batch):
-        masks = torch.zeros(masks_per_image, SIZE, SIZE, dtype=torch.bool)
+        masks = torch.zeros(masks_per_image, height, width, dtype=torch.bool)
         for mask in masks:
-            y, x = torch.randint(0, SIZE // 2, (2,), generator=generator).tolist()
-            h, w = torch.randint(32, SIZE // 2, (2,), generator=generator).tolist()
+            y, x = torch.randint(0, height // 2, (2,), generator=generator).tolist()
+            h, w = torch.randint(32, min(height, width) // 2, (2,), generator=generator).tolist()
             mask[y : y + h, x : x + w] = True
         labels = torch.randint(0, NUM_CLASSES, (masks_per_image,), generator=generator)
         targets.append({"labels": labels.to(device), "masks": masks.to(device)})
@@ -81,4 +83,36 @@ def run(device: str, quick: bool) -> list[Row]:
         torch.cuda.synchronize()
     loss_s = (time.perf_counter() - start) / iters
     print(f"matching + point-sampled loss (10 predictions, forward and backward): {loss_s * 1e3:.1f} ms = {100 * loss_s / row.ours_s:.1f}% of the step")
+    _print_saved_memory(device)
     return [row]
+
+
+def saved_for_backward_bytes(step: Callable[[], torch.Tensor]) -> tuple[int, int]:
+    """The bytes of the distinct tensors that ``step`` (a forward pass returning the loss) keeps for the
+    backward pass, and the largest one's: the activation memory of a training step, device-independent."""
+    storages: dict[int, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        step()
+    return sum(storages.values()), max(storages.values(), default=0)
+
+
+def _print_saved_memory(device: str, size: tuple[int, int] = (800, 1216)) -> None:
+    """Activation memory of one image of COCO's training size (the paper's 1024 crop is larger still)."""
+    torch.manual_seed(0)
+    maps, targets = _inputs(device, batch=1, masks_per_image=8, size=size)
+    model = Mask2Former(MapsBackbone(maps), NUM_CLASSES).to(device).train()
+    reference = _reference(maps, model.state_dict(), device)
+    images = torch.zeros(1, 3, *size, device=device)
+    ours, ours_largest = saved_for_backward_bytes(lambda: model.loss(model(images), targets)["loss"])
+    theirs, their_largest = saved_for_backward_bytes(
+        lambda: reference(images, mask_labels=[t["masks"].float() for t in targets], class_labels=[t["labels"] for t in targets]).loss
+    )
+    mib = 2**20
+    print(f"saved for backward, 1x{size[0]}x{size[1]}: vision_tx {ours / mib:.0f} MiB (largest tensor {ours_largest / mib:.1f} MiB), "
+          f"transformers {theirs / mib:.0f} MiB (largest {their_largest / mib:.1f} MiB): ratio {theirs / ours:.2f}")

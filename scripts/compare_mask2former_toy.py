@@ -1,6 +1,6 @@
 """Mask2Former against UperNet (semantic) and DETR panoptic at equal training steps on the built-in toy sets,
 and Mask2Former's instance mask AP: each run fits a config of ``configs/`` for ``--steps`` optimiser
-steps, validates once at the end and prints one JSON line (steps, seconds, metrics).
+steps, validates once at the end and prints one JSON line (steps, seconds in all and in training alone, metrics).
 
     python scripts/compare_mask2former_toy.py --run m2f_semantic --steps 1500 --accelerator gpu
 
@@ -20,6 +20,8 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import yaml
+
+from compare_common import TrainingClock
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RUNS = {
@@ -57,16 +59,18 @@ def main() -> None:
     model_node["init_args"].update(overrides)
     module, datamodule = build(model_node), build(config["data"])
     clip = None if args.run == "upernet_semantic" else config["trainer"].get("gradient_clip_val")
+    clock = TrainingClock()
     trainer = pl.Trainer(
         max_steps=args.steps, val_check_interval=args.steps, check_val_every_n_epoch=None, num_sanity_val_steps=0,
         accelerator=args.accelerator, devices=1, gradient_clip_val=clip, enable_checkpointing=False,
-        enable_progress_bar=False, default_root_dir=str(Path(args.out) / args.run), log_every_n_steps=50,
+        enable_progress_bar=False, default_root_dir=str(Path(args.out) / args.run), log_every_n_steps=50, callbacks=[clock],
     )
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
     seconds = time.perf_counter() - start
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-    print(json.dumps({"run": args.run, "config": name, "steps": args.steps, "seconds": round(seconds, 1), "metric": metric,
+    print(json.dumps({"run": args.run, "config": name, "steps": args.steps, "seconds": round(seconds, 1),
+                      "train_seconds": round(clock.wall, 1), "metric": metric,
                       "value": metrics.get(metric), "val": metrics}), flush=True)
 
 
