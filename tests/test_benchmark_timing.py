@@ -50,3 +50,15 @@ def test_the_machine_line_names_cpu_vector_extensions_threads_and_torch() -> Non
     line = machine()
     assert f"{torch.get_num_threads()} threads, torch {torch.__version__}" in line
     assert any(ext in line for ext in ("AVX-512", "AVX2", "no AVX2"))
+
+
+def test_saved_for_backward_counts_each_kept_storage_once() -> None:
+    """A product keeps both operands and ReLU its output; an operand kept twice counts once."""
+    import torch
+
+    from benchmarks.mask2former import saved_for_backward_bytes
+
+    a = torch.randn(4, 8, requires_grad=True)
+    b = torch.randn(8, 16, requires_grad=True)
+    total, largest = saved_for_backward_bytes(lambda: (a @ b).relu().sum() + (a * a).sum())
+    assert (total, largest) == (4 * (4 * 8 + 8 * 16 + 4 * 16), 4 * 8 * 16)
