@@ -65,6 +65,33 @@ class DeformableQueryDetector(nn.Module):
         """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
         return norms_and_biases_and(self, "backbone")
 
+    def build_query_heads(self, num_classes: int, hidden_dim: int, num_decoder_layers: int) -> None:
+        """One class and box head per decoder layer and a last one for the encoder's proposals, and the
+        proposals' projection (``enc_output``, ``enc_output_norm``); :func:`init_heads` initialises the heads."""
+        self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_decoder_layers + 1))
+        self.bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_decoder_layers + 1))
+        self.enc_output = nn.Linear(hidden_dim, hidden_dim)
+        self.enc_output_norm = nn.LayerNorm(hidden_dim)
+
+    def decode(
+        self, queries: torch.Tensor, query_pos: torch.Tensor | None, boxes: torch.Tensor, memory: torch.Tensor,
+        levels: MultiScaleLevels, targets: list[dict] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, DenoisingQueries | None]:
+        """The denoising queries (in training with ``targets``) put before the matching ``queries [B,Q,D]`` and
+        their ``boxes [B,Q,4]``, the decoder over ``memory [B,S,D]``, and every layer's class head:
+        ``(logits [L,B,N+Q,C], layer_boxes [L,B,N+Q,4], denoising or None)``."""
+        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
+        attn_mask = None
+        if denoising is not None:
+            queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
+            boxes = torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)
+            attn_mask = denoising.attn_mask
+        hidden, layer_boxes = self.decoder(
+            queries, boxes, memory, levels.shapes, levels.padding_mask, levels.valid_ratios, self.bbox_embed,
+            query_pos, attn_mask, self.look_forward_twice and self.training,
+        )
+        return torch.stack([head(h) for head, h in zip(self.class_embed, hidden)]), layer_boxes, denoising
+
 
 class DINO(DeformableQueryDetector):
     """Detector over the backbone's maps (e.g. strides 8, 16, 32) and ``num_levels`` levels in all.
@@ -139,11 +166,7 @@ class DINO(DeformableQueryDetector):
             num_decoder_layers, hidden_dim, query_pos_from_boxes=query_selection == "mixed", final_norm=decoder_norm,
             eps=inverse_sigmoid_eps,
         )
-        # One class and box head per decoder layer, and a last one for the encoder's proposals.
-        self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_decoder_layers + 1))
-        self.bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_decoder_layers + 1))
-        self.enc_output = nn.Linear(hidden_dim, hidden_dim)
-        self.enc_output_norm = nn.LayerNorm(hidden_dim)
+        self.build_query_heads(num_classes, hidden_dim, num_decoder_layers)
         if query_selection == "two_stage":
             self.pos_trans = nn.Linear(2 * hidden_dim, 2 * hidden_dim)
             self.pos_trans_norm = nn.LayerNorm(2 * hidden_dim)
@@ -181,17 +204,7 @@ class DINO(DeformableQueryDetector):
             query_pos, queries = self.pos_trans_norm(self.pos_trans(box_sine_embedding(boxes, memory.shape[-1] // 2))).chunk(2, -1)
         else:
             queries = self.query_embed.weight[None, : boxes.shape[1]].expand(len(boxes), -1, -1)
-        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
-        attn_mask = None
-        if denoising is not None:
-            queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
-            boxes = torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)
-            attn_mask = denoising.attn_mask
-        hidden, layer_boxes = self.decoder(
-            queries, boxes, memory, levels.shapes, levels.padding_mask, levels.valid_ratios, self.bbox_embed,
-            query_pos, attn_mask, self.look_forward_twice and self.training,
-        )
-        logits = torch.stack([head(h) for head, h in zip(self.class_embed, hidden)])
+        logits, layer_boxes, denoising = self.decode(queries, query_pos, boxes, memory, levels, targets)
         enc_logits = proposal_logits[..., :1] if self.query_selection == "two_stage" else proposal_logits
         return decoder_outputs(logits, layer_boxes, enc_logits, proposal_boxes, denoising)
 

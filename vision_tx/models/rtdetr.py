@@ -13,7 +13,6 @@ from torch import nn
 from vision_tx.backbones import build_backbone
 from vision_tx.heads.detr.criterion import normalize_targets
 from vision_tx.heads.detr.matcher import HungarianMatcher
-from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.dino.denoising import ContrastiveDenoising
 from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
@@ -93,11 +92,7 @@ class RTDETR(DeformableQueryDetector):
             DeformableDecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout),
             num_decoder_layers, hidden_dim, query_pos_from_boxes=True, final_norm=False, eps=1e-5, box_encoding="linear",
         )
-        # One class and box head per decoder layer, and a last one for the encoder's proposals.
-        self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_decoder_layers + 1))
-        self.bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_decoder_layers + 1))
-        self.enc_output = nn.Linear(hidden_dim, hidden_dim)
-        self.enc_output_norm = nn.LayerNorm(hidden_dim)
+        self.build_query_heads(num_classes, hidden_dim, num_decoder_layers)
         self.query_embed = nn.Embedding(num_queries, hidden_dim) if learn_query_content else None
         self.denoising = (
             # RT-DETR stores the noised boxes through inverse_sigmoid's default eps 1e-5, not DINO's 1e-3
@@ -138,17 +133,7 @@ class RTDETR(DeformableQueryDetector):
             queries = torch.gather(features, 1, top[..., None].expand(-1, -1, features.shape[-1])).detach()
         else:
             queries = self.query_embed.weight[None, : boxes.shape[1]].expand(len(boxes), -1, -1)
-        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
-        attn_mask = None
-        if denoising is not None:
-            queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
-            boxes = torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)
-            attn_mask = denoising.attn_mask
-        hidden, layer_boxes = self.decoder(
-            queries, boxes, memory, levels.shapes, levels.padding_mask, levels.valid_ratios, self.bbox_embed,
-            None, attn_mask, self.look_forward_twice and self.training,
-        )
-        logits = torch.stack([head(h) for head, h in zip(self.class_embed, hidden)])
+        logits, layer_boxes, denoising = self.decode(queries, None, boxes, memory, levels, targets)
         return decoder_outputs(logits, layer_boxes, proposal_logits, proposal_boxes, denoising)
 
     @classmethod
