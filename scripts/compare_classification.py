@@ -36,7 +36,10 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from compare_common import cpu_description, machine_line, side_by_side, train_vision_tx, versions, write_report
+from compare_common import (
+    comparison_parser, cpu_description, machine_line, parse_with_vision_tx_options, side_by_side, train_vision_tx, versions,
+    write_report,
+)
 from vision_tx.data.imagefolder import val_transforms
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
@@ -103,23 +106,14 @@ def train_resnet(loader: DataLoader, num_classes: int, seconds: float, lr: float
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("root", type=Path, help="an ImageFolder set: train/CLASS/*, val/CLASS/*")
-    p.add_argument("--config", default="classification_toy", help="the vision_tx config")
-    p.add_argument("--out", type=Path, default=Path("runs/compare_classification"), help="where both runs and the results go")
-    p.add_argument("--budget-seconds", type=float, help="training time of both sides (default: vision_tx's own run's)")
+    p = comparison_parser(__doc__, "an ImageFolder set: train/CLASS/*, val/CLASS/*", "classification_toy", "runs/compare_classification")
     p.add_argument("--resnet-batch", type=int, default=32)
     p.add_argument("--resnet-lr", type=float, default=2e-3)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of both sides")
-    p.add_argument("--workers", type=int, default=0, help="data loader workers of both sides")
-    p.add_argument("--seed", type=int, default=0)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    args, extra = parser().parse_args(argv[:split]), argv[split + 1:]
+    args, extra = parse_with_vision_tx_options(parser(), sys.argv[1:] if argv is None else argv)
     for folder in ("train", "val"):
         if not (args.root / folder).is_dir():
             raise SystemExit(f"error: {args.root / folder}: no such folder (expected ROOT/{{train,val}}/CLASS/images)")

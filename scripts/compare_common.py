@@ -1,5 +1,5 @@
-"""What ``compare_detection.py`` and ``compare_classification.py`` share: the machine's description,
-the clock of a vision_tx training run, and the side-by-side table.
+"""What ``compare_detection.py`` and ``compare_classification.py`` share: their common options, the
+machine's description, the clock of a vision_tx training run, and the side-by-side table.
 
 Training time is counted without validation on both sides of a comparison (each side validates
 once, after its budget), as wall-clock and as CPU seconds of the process (all its threads).
@@ -7,6 +7,7 @@ once, after its budget), as wall-clock and as CPU seconds of the process (all it
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import platform
@@ -19,6 +20,27 @@ from typing import Any, Sequence
 
 import lightning.pytorch as pl
 import torch
+
+
+def comparison_parser(doc: str, root_help: str, config: str, out: str) -> argparse.ArgumentParser:
+    """The options both comparisons take: the data ``root``, the vision_tx ``--config``, ``--out``, the
+    time budget, threads, loader workers and seed; each script adds its peer's own."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("root", type=Path, help=root_help)
+    p.add_argument("--config", default=config, help="the vision_tx config")
+    p.add_argument("--out", type=Path, default=Path(out), help="where both runs and the results go")
+    p.add_argument("--budget-seconds", type=float, help="training time of both sides (default: vision_tx's own run's)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of both sides")
+    p.add_argument("--workers", type=int, default=0, help="data loader workers of both sides")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def parse_with_vision_tx_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The script's options, and those after ``--``, which go to vision_tx's training command."""
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    return parser.parse_args(argv[:split]), argv[split + 1:]
 
 
 def cpu_description() -> dict[str, Any]:

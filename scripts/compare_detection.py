@@ -51,7 +51,10 @@ from PIL import Image
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from compare_common import cpu_description, machine_line, side_by_side, train_vision_tx, versions, write_report
+from compare_common import (
+    comparison_parser, cpu_description, machine_line, parse_with_vision_tx_options, side_by_side, train_vision_tx, versions,
+    write_report,
+)
 
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 SPLITS = {"train": "train2017", "val": "val2017"}  # YOLO split -> COCO folder
@@ -268,23 +271,15 @@ def predict_yolo(weights: Path, root: Path, args: argparse.Namespace) -> list[di
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("root", type=Path, help="a COCO-layout set: train2017/, val2017/, annotations/instances_*.json")
-    p.add_argument("--config", default="dino_swin_toy", help="the vision_tx config (default: the README's main job)")
-    p.add_argument("--out", type=Path, default=Path("runs/compare_detection"), help="where both runs and the results go")
-    p.add_argument("--budget-seconds", type=float, help="training time of both sides (default: vision_tx's own run's)")
+    p = comparison_parser(__doc__, "a COCO-layout set: train2017/, val2017/, annotations/instances_*.json", "dino_swin_toy",
+                          "runs/compare_detection")
     p.add_argument("--imgsz", type=int, default=192, help="YOLO's image size (the longer side)")
     p.add_argument("--yolo-batch", type=int, default=16, help="YOLO's batch size (its default)")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of both sides")
-    p.add_argument("--workers", type=int, default=0, help="data loader workers of both sides")
-    p.add_argument("--seed", type=int, default=0)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    args, extra = parser().parse_args(argv[:split]), argv[split + 1:]
+    args, extra = parse_with_vision_tx_options(parser(), sys.argv[1:] if argv is None else argv)
     for folder in SPLITS.values():
         if not annotation_file(args.root, folder).is_file():
             raise SystemExit(f"error: {annotation_file(args.root, folder)}: no such file (expected a COCO-layout set)")

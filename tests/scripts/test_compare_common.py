@@ -50,3 +50,12 @@ def test_clock_leaves_validations_out_and_stops_the_run_at_its_budget() -> None:
     assert summary["train_seconds"] >= summary["steps"] * STEP_SECONDS
     assert summary["images_seen"] == 4 * summary["steps"] and summary["torch_threads"] == [torch.get_num_threads()]
     assert 2 <= summary["validated_step"] <= summary["steps"]
+
+
+def test_options_after_the_double_dash_go_to_vision_tx() -> None:
+    common = runpy.run_path(str(SCRIPTS / "compare_common.py"))
+    parser = common["comparison_parser"]("doc", "a set", "dino_swin_toy", "runs/x")
+    args, extra = common["parse_with_vision_tx_options"](parser, ["/data", "--seed", "1", "--", "--model.lr", "2e-4"])
+    assert (args.root, args.seed, args.config, extra) == (Path("/data"), 1, "dino_swin_toy", ["--model.lr", "2e-4"])
+    args, extra = common["parse_with_vision_tx_options"](parser, ["/data"])
+    assert (args.seed, args.budget_seconds, extra) == (0, None, [])
