@@ -402,18 +402,23 @@ def test_mixed_selection_and_query_positions_follow_the_paper(batch) -> None:
     assert (levels.valid_ratios < 1).any()  # the padding makes the scaling visible
 
 
+def mixed_dino_training_losses(batch) -> tuple[list[dict[str, torch.Tensor]], dict, dict[str, torch.Tensor]]:
+    """The targets, training outputs and losses of :func:`mixed_dino` on ``batch``."""
+    images, pixel_mask, _, _ = batch
+    model = mixed_dino(batch)
+    targets = dino_targets()
+    with torch.no_grad():
+        out = model(images, pixel_mask, targets)
+        return targets, out, model.loss(out, targets)
+
+
 def test_denoising_losses_are_per_target_and_group(batch) -> None:
     """The denoising losses of the last layer, by hand: the positive query of target k in group g is
     slot g * 2 * group_size + k; focal loss over every denoising query (one-hot on the positives),
     L1 and 1 - GIoU on the positives, each divided by the number of targets times the groups."""
     from torchvision.ops import box_convert, generalized_box_iou, sigmoid_focal_loss
 
-    images, pixel_mask, _, _ = batch
-    model = mixed_dino(batch)
-    targets = dino_targets()
-    with torch.no_grad():
-        out = model(images, pixel_mask, targets)
-        losses = model.loss(out, targets)
+    targets, out, losses = mixed_dino_training_losses(batch)
     queries = out["dn_outputs"]["queries"]
     logits, boxes = out["dn_outputs"]["pred_logits"][-1], out["dn_outputs"]["pred_boxes"][-1]
     onehot = torch.zeros_like(logits)
@@ -443,12 +448,7 @@ def test_every_loss_term_of_mixed_selection_by_hand(batch) -> None:
     from scipy.optimize import linear_sum_assignment
     from torchvision.ops import box_convert, generalized_box_iou, sigmoid_focal_loss
 
-    images, pixel_mask, _, _ = batch
-    model = mixed_dino(batch)
-    targets = dino_targets()
-    with torch.no_grad():
-        out = model(images, pixel_mask, targets)
-        losses = model.loss(out, targets)
+    targets, out, losses = mixed_dino_training_losses(batch)
     count = sum(len(t["labels"]) for t in targets)
     xyxy = lambda b: box_convert(b, "cxcywh", "xyxy")  # noqa: E731
 
