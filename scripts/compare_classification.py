@@ -13,7 +13,7 @@ workers. Both final models are scored by the same code on the same validation im
 and centre-cropped by vision_tx's validation transform.
 
     python scripts/make_shapes_classification.py /tmp/shapes_cls --seed 0
-    python scripts/compare_classification.py /tmp/shapes_cls                       # classification_toy's 20 epochs
+    python scripts/compare_classification.py /tmp/shapes_cls                       # classification_toy's own 120 epochs
     python scripts/compare_classification.py /tmp/shapes_cls --budget-seconds 200 --seed 1
     python scripts/compare_classification.py /tmp/shapes_cls -- --trainer.max_epochs 40  # after --: vision_tx options
 

@@ -81,6 +81,7 @@ VIT_RESIZE = "tests/backbones/test_vit.py::test_resize_pos_embed_is_timms_bicubi
 PYRAMID = "tests/backbones/test_vit.py::test_pyramid_is_the_vitdet_simple_feature_pyramid"
 CONVNEXT = "tests/backbones/test_convnext.py::test_timm_weights_give_timm_logits"
 CONVNEXT_DENSE = "tests/backbones/test_convnext.py::test_dense_outputs_are_timms_stage_outputs_through_the_output_norms"
+CONVNEXT_SMALL_DATA = "tests/backbones/test_convnext.py::test_small_data_variant_is_its_description"
 MIXER = "tests/backbones/test_mixer.py::test_timm_weights_give_timm_logits"
 SAM = "tests/optim/test_sam.py"
 SAM_DDP = "tests/lightning/test_ddp.py::test_sam_classification_trains_the_same_on_two_processes"
@@ -534,6 +535,19 @@ MUTANTS = [
     Mutant("convnext: dense output norm not applied", "vision_tx/backbones/layers.py",
            'outputs[f"res{index + 2}"] = stage.out_norm(x).permute(0, 3, 1, 2).contiguous()',
            'outputs[f"res{index + 2}"] = x.permute(0, 3, 1, 2).contiguous()', (CONVNEXT_DENSE,)),
+    Mutant("convnext small-data: average pooling for max", "vision_tx/backbones/convnext.py",
+           "x = F.max_pool2d(x.permute(0, 3, 1, 2), kernel_size=2, ceil_mode=True)",
+           "x = F.avg_pool2d(x.permute(0, 3, 1, 2), kernel_size=2, ceil_mode=True)", (CONVNEXT_SMALL_DATA,)),
+    Mutant("convnext small-data: batch statistics at evaluation", "vision_tx/backbones/convnext.py",
+           "return super().forward(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)",
+           "return F.batch_norm(x.permute(0, 3, 1, 2), None, None, self.weight, self.bias, True, 0.0, self.eps).permute(0, 2, 3, 1)",
+           (CONVNEXT_SMALL_DATA,)),
+    Mutant("convnext small-data: head keeps the LayerNorm", "vision_tx/backbones/convnext.py",
+           'norm = nn.BatchNorm1d(dim) if kwargs.get("norm") == "batchnorm" else nn.LayerNorm(dim, eps=1e-6)',
+           "norm = nn.LayerNorm(dim, eps=1e-6)", (CONVNEXT_SMALL_DATA,)),
+    Mutant("convnext small-data: norm after the 1x1 convolution", "vision_tx/backbones/convnext.py",
+           "return self.conv(self.norm(x).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)",
+           "return self.norm(self.conv(x.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1))", (CONVNEXT_SMALL_DATA,)),
     # MLP-Mixer
     Mutant("mixer: token mixing reads norm2", "vision_tx/backbones/mixer.py",
            "tokens = self.mlp_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)",

@@ -131,3 +131,52 @@ def test_dense_outputs_are_timms_stage_outputs_through_the_output_norms(tiny_pai
         norm = stage.out_norm
         expected = F.layer_norm(feature.permute(0, 2, 3, 1), norm.normalized_shape, norm.weight, norm.bias, 1e-6).permute(0, 3, 1, 2)
         torch.testing.assert_close(output, expected, rtol=0, atol=1e-5, msg=name)  # measured 2-4e-6 (outputs of about 5)
+
+
+def _batch_norm(x: torch.Tensor, norm: torch.nn.Module, training: bool) -> torch.Tensor:
+    """BatchNorm of ``x [N, C, ...]`` over its channels by ``torch.nn.functional`` (batch statistics when training)."""
+    if training:
+        return F.batch_norm(x, None, None, norm.weight, norm.bias, True, 0.0, norm.eps)
+    return F.batch_norm(x, norm.running_mean, norm.running_var, norm.weight, norm.bias, False, 0.0, norm.eps)
+
+
+def _small_data_logits(model: torch.nn.Module, images: torch.Tensor, training: bool) -> torch.Tensor:
+    """The small-data variant written out from its description, on NCHW maps: 4x4 stem (image zero-padded
+    to a multiple of 4 at the bottom and right) and BatchNorm;
+    each later stage entered by a 2x2 max-pool (odd maps rounded up), BatchNorm and a 1x1 convolution;
+    blocks of 7x7 depthwise convolution, BatchNorm, ``C -> 4C -> C`` GELU MLP and layer scale; mean pool,
+    BatchNorm, linear."""
+    images = F.pad(images, (0, -images.shape[-1] % 4, 0, -images.shape[-2] % 4))
+    x = F.conv2d(images, model.stem.proj.weight, model.stem.proj.bias, stride=4)
+    x = _batch_norm(x, model.stem.norm, training)
+    for stage in model.stages:
+        if stage.downsample is not None:
+            x = F.max_pool2d(x, 2, ceil_mode=True)
+            x = F.conv2d(_batch_norm(x, stage.downsample.norm, training), stage.downsample.conv.weight, stage.downsample.conv.bias)
+        for block in stage.blocks:
+            y = F.conv2d(x, block.conv_dw.weight, block.conv_dw.bias, padding=3, groups=x.shape[1])
+            y = _batch_norm(y, block.norm, training).permute(0, 2, 3, 1)
+            y = F.linear(F.gelu(F.linear(y, block.mlp.fc1.weight, block.mlp.fc1.bias)), block.mlp.fc2.weight, block.mlp.fc2.bias)
+            x = x + (y * block.gamma).permute(0, 3, 1, 2)
+    pooled = _batch_norm(x.mean((2, 3)), model.head.norm, training)
+    return F.linear(pooled, model.head.fc.weight, model.head.fc.bias)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["batch statistics", "running statistics"])
+def test_small_data_variant_is_its_description(training: bool) -> None:
+    """``norm="batchnorm", downsample="maxpool"`` (classification_toy's backbone) against a by-hand forward
+    pass, float64, every weight and running statistic moved off its initialisation, odd image sizes."""
+    model = build_classifier("convnext_tiny", num_classes=5, dims=(8, 16, 24, 32), depths=(1, 2, 1, 1),
+                             drop_path_rate=0.0, norm="batchnorm", downsample="maxpool")
+    perturb_(model, seed=4).double().train(training)
+    images = torch.randn(3, 3, 45, 38, dtype=torch.float64)
+    with torch.no_grad():
+        expected = _small_data_logits(model, images, training)
+        actual = model(images)
+    torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("option", [{"norm": "groupnorm"}, {"downsample": "avgpool"}])
+def test_unknown_norm_or_downsample_is_an_error_naming_the_file(option: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match=r"convnext\.py: .*" + next(iter(option.values()))):
+        build_backbone("convnext_tiny", dims=(8, 16, 24, 32), depths=(1, 1, 1, 1), **option)

@@ -4,6 +4,11 @@ Each block is a 7x7 depthwise convolution, a LayerNorm and an inverted-bottlenec
 GELU), scaled per channel by a learned layer scale, as a residual branch with stochastic depth.
 A 4x4 stride-4 convolution is the stem, a LayerNorm and a 2x2 stride-2 convolution enter each later stage.
 
+A small-data variant (not the paper's, off by default): ``norm="batchnorm"`` puts BatchNorm where the
+paper has LayerNorm, and ``downsample="maxpool"`` enters each later stage through a 2x2 max-pool, the norm
+and a 1x1 convolution. Together they let a few hundred images teach shapes from scratch, where the
+paper's form only memorises them (figures: docs/LEARNING.md, "classification_toy").
+
 Native layout: ``stem`` (``proj``, ``norm``), ``stages.{i}`` with its ``downsample`` (``norm``, ``conv``),
 ``blocks`` (timm's names: ``conv_dw``, ``norm``, ``mlp.fc1/fc2``, ``gamma``) and, in the dense form, an
 ``out_norm`` per returned stage; the classifier pools, then applies ``head.norm`` and ``head.fc``.
@@ -32,12 +37,30 @@ VARIANTS: dict[str, dict] = {
 }
 
 
+NORMS = ("layernorm", "batchnorm")
+DOWNSAMPLES = ("conv", "maxpool")
+
+
+class ChannelsLastBatchNorm(nn.BatchNorm2d):
+    """BatchNorm over the channels of a ``[N,H,W,C]`` map (the form of the maps between ConvNeXt's layers)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+def channel_norm(norm: str, dim: int) -> nn.Module:
+    """The norm over the channels of a ``[N,H,W,C]`` map: the paper's LayerNorm or BatchNorm."""
+    if norm not in NORMS:
+        raise ValueError(f"vision_tx/backbones/convnext.py: norm must be one of {NORMS}, got {norm!r}")
+    return nn.LayerNorm(dim, eps=1e-6) if norm == "layernorm" else ChannelsLastBatchNorm(dim)
+
+
 class Downsample(nn.Module):
     """LayerNorm, then a 2x2 stride-2 convolution: ``[N,H,W,C] -> [N, ceil(H/2), ceil(W/2), C']`` (odd maps zero-padded)."""
 
-    def __init__(self, in_dim: int, out_dim: int) -> None:
+    def __init__(self, in_dim: int, out_dim: int, norm: str = "layernorm") -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(in_dim, eps=1e-6)
+        self.norm = channel_norm(norm, in_dim)
         self.conv = nn.Conv2d(in_dim, out_dim, kernel_size=2, stride=2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -46,14 +69,30 @@ class Downsample(nn.Module):
         return self.conv(x.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)
 
 
+class MaxPoolDownsample(nn.Module):
+    """2x2 stride-2 max-pool, norm, 1x1 convolution: ``[N,H,W,C] -> [N, ceil(H/2), ceil(W/2), C']``.
+
+    The small-data variant's entry to a stage: the strongest response of each 2x2 window goes on,
+    so a corner or an edge found anywhere in it survives the halving."""
+
+    def __init__(self, in_dim: int, out_dim: int, norm: str = "layernorm") -> None:
+        super().__init__()
+        self.norm = channel_norm(norm, in_dim)
+        self.conv = nn.Conv2d(in_dim, out_dim, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(x.permute(0, 3, 1, 2), kernel_size=2, ceil_mode=True).permute(0, 2, 3, 1)
+        return self.conv(self.norm(x).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)
+
+
 class ConvNeXtBlock(nn.Module):
     """7x7 depthwise convolution, LayerNorm, ``C -> 4C -> C`` MLP, layer scale, stochastic depth: ``[N,H,W,C] -> [N,H,W,C]``."""
 
-    def __init__(self, dim: int, layer_scale: float | None, drop_path_rate: float) -> None:
+    def __init__(self, dim: int, layer_scale: float | None, drop_path_rate: float, norm: str = "layernorm") -> None:
         super().__init__()
         self.drop_path_rate = drop_path_rate
         self.conv_dw = nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.norm = channel_norm(norm, dim)
         self.mlp = Mlp(dim, 4 * dim)
         self.gamma = nn.Parameter(torch.full((dim,), layer_scale)) if layer_scale is not None else None
 
@@ -96,20 +135,26 @@ class ConvNeXt(StagedBackbone):
         frozen_stages: int = -1,
         grad_checkpointing: bool = False,
         output_norm: bool = True,
+        norm: str = "layernorm",
+        downsample: str = "conv",
     ) -> None:
         super().__init__()
         if len(depths) != len(dims):
             raise ValueError(f"vision_tx/backbones/convnext.py: depths {tuple(depths)} and dims {tuple(dims)} differ in length")
+        if downsample not in DOWNSAMPLES:
+            raise ValueError(f"vision_tx/backbones/convnext.py: downsample must be one of {DOWNSAMPLES}, got {downsample!r}")
+        entry = Downsample if downsample == "conv" else MaxPoolDownsample
         self.num_stages = len(depths)
         valid = out_indices and all(0 <= i < self.num_stages for i in out_indices)
         num_built = max(out_indices) + 1 if valid else self.num_stages  # bad indices are reported by _init_outputs
         rates = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
         self.stem = PatchEmbed(4, in_chans, dims[0], norm_eps=1e-6)
+        self.stem.norm = channel_norm(norm, dims[0])
         self.stages = nn.ModuleList(
             Stage(
-                Downsample(dims[i - 1], dims[i]) if i > 0 else None,
-                [ConvNeXtBlock(dims[i], layer_scale, rate) for rate in rates[sum(depths[:i]): sum(depths[: i + 1])]],
-                nn.LayerNorm(dims[i], eps=1e-6) if output_norm and i in out_indices else None,
+                entry(dims[i - 1], dims[i], norm) if i > 0 else None,
+                [ConvNeXtBlock(dims[i], layer_scale, rate, norm) for rate in rates[sum(depths[:i]): sum(depths[: i + 1])]],
+                channel_norm(norm, dims[i]) if output_norm and i in out_indices else None,
             )
             for i in range(num_built)
         )
@@ -158,7 +203,8 @@ class ConvNeXtClassifier(ConvNeXt):
     def __init__(self, num_classes: int = 1000, **kwargs) -> None:
         super().__init__(out_indices=(len(kwargs["depths"]) - 1,), output_norm=False, **kwargs)
         dim = self.out_channels[-1]
-        self.head = nn.Sequential(OrderedDict(norm=nn.LayerNorm(dim, eps=1e-6), fc=nn.Linear(dim, num_classes)))
+        norm = nn.BatchNorm1d(dim) if kwargs.get("norm") == "batchnorm" else nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Sequential(OrderedDict(norm=norm, fc=nn.Linear(dim, num_classes)))
         self.head.apply(init_weights)
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
