@@ -56,7 +56,7 @@ def channel_norm(norm: str, dim: int) -> nn.Module:
 
 
 class Downsample(nn.Module):
-    """LayerNorm, then a 2x2 stride-2 convolution: ``[N,H,W,C] -> [N, ceil(H/2), ceil(W/2), C']`` (odd maps zero-padded)."""
+    """Norm, then a 2x2 stride-2 convolution: ``[N,H,W,C] -> [N, ceil(H/2), ceil(W/2), C']`` (odd maps zero-padded)."""
 
     def __init__(self, in_dim: int, out_dim: int, norm: str = "layernorm") -> None:
         super().__init__()
@@ -86,7 +86,7 @@ class MaxPoolDownsample(nn.Module):
 
 
 class ConvNeXtBlock(nn.Module):
-    """7x7 depthwise convolution, LayerNorm, ``C -> 4C -> C`` MLP, layer scale, stochastic depth: ``[N,H,W,C] -> [N,H,W,C]``."""
+    """7x7 depthwise convolution, norm, ``C -> 4C -> C`` MLP, layer scale, stochastic depth: ``[N,H,W,C] -> [N,H,W,C]``."""
 
     def __init__(self, dim: int, layer_scale: float | None, drop_path_rate: float, norm: str = "layernorm") -> None:
         super().__init__()
@@ -148,8 +148,8 @@ class ConvNeXt(StagedBackbone):
         valid = out_indices and all(0 <= i < self.num_stages for i in out_indices)
         num_built = max(out_indices) + 1 if valid else self.num_stages  # bad indices are reported by _init_outputs
         rates = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
-        self.stem = PatchEmbed(4, in_chans, dims[0], norm_eps=1e-6)
-        self.stem.norm = channel_norm(norm, dims[0])
+        self.stem = PatchEmbed(4, in_chans, dims[0], norm_eps=None)
+        self.stem.norm = channel_norm(norm, dims[0])  # PatchEmbed's own norm is a LayerNorm or none
         self.stages = nn.ModuleList(
             Stage(
                 entry(dims[i - 1], dims[i], norm) if i > 0 else None,
