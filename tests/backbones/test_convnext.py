@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 
@@ -148,14 +149,14 @@ def _small_data_logits(model: torch.nn.Module, images: torch.Tensor, training: b
     BatchNorm, linear."""
     images = F.pad(images, (0, -images.shape[-1] % 4, 0, -images.shape[-2] % 4))
     x = F.conv2d(images, model.stem.proj.weight, model.stem.proj.bias, stride=4)
-    x = _batch_norm(x, model.stem.norm, training)
+    x = _batch_norm(x, model.stem.norm.bn, training)
     for stage in model.stages:
         if stage.downsample is not None:
             x = F.max_pool2d(x, 2, ceil_mode=True)
-            x = F.conv2d(_batch_norm(x, stage.downsample.norm, training), stage.downsample.conv.weight, stage.downsample.conv.bias)
+            x = F.conv2d(_batch_norm(x, stage.downsample.norm.bn, training), stage.downsample.conv.weight, stage.downsample.conv.bias)
         for block in stage.blocks:
             y = F.conv2d(x, block.conv_dw.weight, block.conv_dw.bias, padding=3, groups=x.shape[1])
-            y = _batch_norm(y, block.norm, training).permute(0, 2, 3, 1)
+            y = _batch_norm(y, block.norm.bn, training).permute(0, 2, 3, 1)
             y = F.linear(F.gelu(F.linear(y, block.mlp.fc1.weight, block.mlp.fc1.bias)), block.mlp.fc2.weight, block.mlp.fc2.bias)
             x = x + (y * block.gamma).permute(0, 3, 1, 2)
     pooled = _batch_norm(x.mean((2, 3)), model.head.norm, training)
@@ -174,6 +175,24 @@ def test_small_data_variant_is_its_description(training: bool) -> None:
         expected = _small_data_logits(model, images, training)
         actual = model(images)
     torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_small_data_variant_survives_sync_batchnorm_conversion() -> None:
+    """Lightning's ``sync_batchnorm`` runs ``SyncBatchNorm.convert_sync_batchnorm``: every BatchNorm of the
+    small-data variant must become a SyncBatchNorm that still normalises over the channels (outside a
+    process group it computes what BatchNorm does, so the outputs must not change)."""
+    model = build_classifier("convnext_tiny", num_classes=5, dims=(8, 16, 24, 32), depths=(1, 2, 1, 1),
+                             drop_path_rate=0.0, norm="batchnorm", downsample="maxpool")
+    perturb_(model, seed=5)
+    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    synced = [m for m in converted.modules() if isinstance(m, torch.nn.SyncBatchNorm)]
+    assert len(synced) == len(norms) == 1 + 3 + 5 + 1  # stem, stage entries, blocks, head
+    images = torch.randn(2, 3, 45, 38)
+    for training in (True, False):
+        model.train(training), converted.train(training)
+        with torch.no_grad():
+            torch.testing.assert_close(converted(images), model(images), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("option", [{"norm": "groupnorm"}, {"downsample": "avgpool"}])

@@ -41,11 +41,19 @@ NORMS = ("layernorm", "batchnorm")
 DOWNSAMPLES = ("conv", "maxpool")
 
 
-class ChannelsLastBatchNorm(nn.BatchNorm2d):
-    """BatchNorm over the channels of a ``[N,H,W,C]`` map (the form of the maps between ConvNeXt's layers)."""
+class ChannelsLastBatchNorm(nn.Module):
+    """BatchNorm over the channels of a ``[N,H,W,C]`` map (the form of the maps between ConvNeXt's layers).
+
+    It holds a plain ``BatchNorm2d`` rather than being one, so that ``SyncBatchNorm.convert_sync_batchnorm``
+    (Lightning's ``sync_batchnorm``) swaps the inner norm and keeps the channel permutation around it.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        return self.bn(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
 
 
 def channel_norm(norm: str, dim: int) -> nn.Module:
