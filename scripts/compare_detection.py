@@ -22,7 +22,7 @@ ultralytics``. Nothing is downloaded: the model comes from its YAML, its font is
 DejaVu Sans, its settings (no hub, no online checks, no TensorBoard) live in OUT/ultralytics_config.
 
     python scripts/make_shapes_dataset.py /tmp/shapes_a --seed 1
-    python scripts/compare_detection.py /tmp/shapes_a                            # dino_swin_toy, YOLOv8n the same time
+    python scripts/compare_detection.py /tmp/shapes_a                            # rtdetr_convnext_toy, YOLOv8n the same time
     python scripts/compare_detection.py /tmp/shapes_a --budget-seconds 180 --seed 1
     python scripts/compare_detection.py /tmp/shapes_a --config detr_swin_toy -- --model.lr 2e-4  # after --: vision_tx options
 
@@ -271,7 +271,7 @@ def predict_yolo(weights: Path, root: Path, args: argparse.Namespace) -> list[di
 
 
 def parser() -> argparse.ArgumentParser:
-    p = comparison_parser(__doc__, "a COCO-layout set: train2017/, val2017/, annotations/instances_*.json", "dino_swin_toy",
+    p = comparison_parser(__doc__, "a COCO-layout set: train2017/, val2017/, annotations/instances_*.json", "rtdetr_convnext_toy",
                           "runs/compare_detection")
     p.add_argument("--imgsz", type=int, default=192, help="YOLO's image size (the longer side)")
     p.add_argument("--yolo-batch", type=int, default=16, help="YOLO's batch size (its default)")

@@ -12,7 +12,7 @@ empty images; JPEG. Boxes are tight around each object's visible pixels.
     python scripts/make_shapes_dataset.py /tmp/shapes_a --seed 1
     python scripts/make_shapes_dataset.py /tmp/shapes_b --seed 2 --kinds 5 --min-side 256 --max-side 400
     python scripts/make_shapes_dataset.py /tmp/shapes_c --seed 3 --kinds 4 --background plain
-    python tools/train.py --config dino_swin_toy --data.root /tmp/shapes_a
+    python tools/train.py --config rtdetr_convnext_toy --data.root /tmp/shapes_a
 """
 
 from __future__ import annotations
