@@ -15,7 +15,7 @@ from vision_tx.backbones import build_classifier
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SETUP_COMMANDS = (
-    'pip install -e . && python tools/train.py --config dino_swin_toy',
+    'pip install -e . && python tools/train.py --config rtdetr_convnext_toy',
     'pip install -e ".[test]" && python -m pytest -q',
 )
 
