@@ -82,6 +82,8 @@ PYRAMID = "tests/backbones/test_vit.py::test_pyramid_is_the_vitdet_simple_featur
 CONVNEXT = "tests/backbones/test_convnext.py::test_timm_weights_give_timm_logits"
 CONVNEXT_DENSE = "tests/backbones/test_convnext.py::test_dense_outputs_are_timms_stage_outputs_through_the_output_norms"
 CONVNEXT_SMALL_DATA = "tests/backbones/test_convnext.py::test_small_data_variant_is_its_description"
+CONVNEXT_SMALL_DATA_DENSE = "tests/backbones/test_convnext.py::test_small_data_dense_outputs_are_its_stage_maps_through_batchnorm"
+CONVNEXT_SYNC_BN = "tests/backbones/test_convnext.py::test_small_data_variant_survives_sync_batchnorm_conversion"
 MIXER = "tests/backbones/test_mixer.py::test_timm_weights_give_timm_logits"
 SAM = "tests/optim/test_sam.py"
 SAM_DDP = "tests/lightning/test_ddp.py::test_sam_classification_trains_the_same_on_two_processes"
@@ -548,6 +550,16 @@ MUTANTS = [
     Mutant("convnext small-data: norm after the 1x1 convolution", "vision_tx/backbones/convnext.py",
            "return self.conv(self.norm(x).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)",
            "return self.norm(self.conv(x.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1))", (CONVNEXT_SMALL_DATA,)),
+    Mutant("convnext small-data: dense output norm not applied", "vision_tx/backbones/layers.py",
+           'outputs[f"res{index + 2}"] = stage.out_norm(x).permute(0, 3, 1, 2).contiguous()',
+           'outputs[f"res{index + 2}"] = x.permute(0, 3, 1, 2).contiguous()', (CONVNEXT_SMALL_DATA_DENSE,)),
+    Mutant("convnext small-data: the BatchNorm is a BatchNorm2d subclass (sync conversion drops the permutation)",
+           "vision_tx/backbones/convnext.py",
+           "class ChannelsLastBatchNorm(nn.Module):",
+           "class ChannelsLastBatchNorm(nn.BatchNorm2d):\n"
+           "    bn = property(lambda self: self)\n"
+           "    forward = lambda self, x: nn.BatchNorm2d.forward(self, x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)\n\n\n"
+           "class _Unused(nn.Module):", (CONVNEXT_SYNC_BN,)),
     # MLP-Mixer
     Mutant("mixer: token mixing reads norm2", "vision_tx/backbones/mixer.py",
            "tokens = self.mlp_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)",

@@ -141,15 +141,15 @@ def _batch_norm(x: torch.Tensor, norm: torch.nn.Module, training: bool) -> torch
     return F.batch_norm(x, norm.running_mean, norm.running_var, norm.weight, norm.bias, False, 0.0, norm.eps)
 
 
-def _small_data_logits(model: torch.nn.Module, images: torch.Tensor, training: bool) -> torch.Tensor:
-    """The small-data variant written out from its description, on NCHW maps: 4x4 stem (image zero-padded
-    to a multiple of 4 at the bottom and right) and BatchNorm;
-    each later stage entered by a 2x2 max-pool (odd maps rounded up), BatchNorm and a 1x1 convolution;
-    blocks of 7x7 depthwise convolution, BatchNorm, ``C -> 4C -> C`` GELU MLP and layer scale; mean pool,
-    BatchNorm, linear."""
+def _small_data_stage_maps(model: torch.nn.Module, images: torch.Tensor, training: bool) -> list[torch.Tensor]:
+    """Each stage's output of the small-data variant written out from its description, NCHW: 4x4 stem
+    (image zero-padded to a multiple of 4 at the bottom and right) and BatchNorm; each later stage
+    entered by a 2x2 max-pool (odd maps rounded up), BatchNorm and a 1x1 convolution; blocks of 7x7
+    depthwise convolution, BatchNorm, ``C -> 4C -> C`` GELU MLP and layer scale."""
     images = F.pad(images, (0, -images.shape[-1] % 4, 0, -images.shape[-2] % 4))
     x = F.conv2d(images, model.stem.proj.weight, model.stem.proj.bias, stride=4)
     x = _batch_norm(x, model.stem.norm.bn, training)
+    maps = []
     for stage in model.stages:
         if stage.downsample is not None:
             x = F.max_pool2d(x, 2, ceil_mode=True)
@@ -159,7 +159,13 @@ def _small_data_logits(model: torch.nn.Module, images: torch.Tensor, training: b
             y = _batch_norm(y, block.norm.bn, training).permute(0, 2, 3, 1)
             y = F.linear(F.gelu(F.linear(y, block.mlp.fc1.weight, block.mlp.fc1.bias)), block.mlp.fc2.weight, block.mlp.fc2.bias)
             x = x + (y * block.gamma).permute(0, 3, 1, 2)
-    pooled = _batch_norm(x.mean((2, 3)), model.head.norm, training)
+        maps.append(x)
+    return maps
+
+
+def _small_data_logits(model: torch.nn.Module, images: torch.Tensor, training: bool) -> torch.Tensor:
+    """The classifier: the last stage's map, mean pool, BatchNorm, linear."""
+    pooled = _batch_norm(_small_data_stage_maps(model, images, training)[-1].mean((2, 3)), model.head.norm, training)
     return F.linear(pooled, model.head.fc.weight, model.head.fc.bias)
 
 
@@ -177,6 +183,22 @@ def test_small_data_variant_is_its_description(training: bool) -> None:
     torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10)
 
 
+def test_small_data_dense_outputs_are_its_stage_maps_through_batchnorm() -> None:
+    """The dense form (``rtdetr_convnext_toy``'s backbone): stages 1-3, each through its own output
+    BatchNorm, against the by-hand stage maps; float64, running statistics, odd image sizes."""
+    backbone = build_backbone("convnext_tiny", dims=(8, 16, 24, 32), depths=(1, 2, 1, 1), drop_path_rate=0.0,
+                              norm="batchnorm", downsample="maxpool", out_indices=(1, 2, 3))
+    perturb_(backbone, seed=6).double().eval()
+    images = torch.randn(2, 3, 45, 38, dtype=torch.float64)
+    with torch.no_grad():
+        outputs = backbone(images)
+        maps = _small_data_stage_maps(backbone, images, training=False)
+    assert list(outputs) == ["res3", "res4", "res5"]
+    for index, name in enumerate(outputs, start=1):
+        expected = _batch_norm(maps[index], backbone.stages[index].out_norm.bn, training=False)
+        torch.testing.assert_close(outputs[name], expected, rtol=1e-10, atol=1e-10, msg=name)
+
+
 def test_small_data_variant_survives_sync_batchnorm_conversion() -> None:
     """Lightning's ``sync_batchnorm`` runs ``SyncBatchNorm.convert_sync_batchnorm``: every BatchNorm of the
     small-data variant must become a SyncBatchNorm that still normalises over the channels (outside a
@@ -190,7 +212,8 @@ def test_small_data_variant_survives_sync_batchnorm_conversion() -> None:
     assert len(synced) == len(norms) == 1 + 3 + 5 + 1  # stem, stage entries, blocks, head
     images = torch.randn(2, 3, 45, 38)
     for training in (True, False):
-        model.train(training), converted.train(training)
+        model.train(training)
+        converted.train(training)
         with torch.no_grad():
             torch.testing.assert_close(converted(images), model(images), rtol=1e-6, atol=1e-6)
 
