@@ -1,5 +1,5 @@
 """What ``compare_detection.py`` and ``compare_classification.py`` share: their common options, the
-machine's description, the clock of a vision_tx training run, and the side-by-side table.
+machine's description, a vision_tx training run with its clock, and the side-by-side table.
 
 Training time is counted without validation on both sides of a comparison (each side validates
 once, after its budget), as wall-clock and as CPU seconds of the process (all its threads).
@@ -14,11 +14,9 @@ import platform
 import re
 import shlex
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import lightning.pytorch as pl
 import torch
 
 
@@ -75,80 +73,21 @@ def versions(*packages: str) -> dict[str, str]:
     return found
 
 
-class TrainingClock(pl.Callback):
-    """Counts a Lightning run's training: wall-clock and process CPU seconds from the start of
-    training to its end without the validations, images seen, optimizer steps, and the torch
-    threads in use. With ``budget_seconds`` it stops the run once that much training time is spent.
-    """
-
-    def __init__(self, budget_seconds: float | None = None) -> None:
-        self.budget_seconds = budget_seconds
-        self.wall = self.cpu = 0.0
-        self.images = 0
-        self.threads: set[int] = set()
-        self.steps = self.validated_step = None
-        self._started: tuple[float, float] | None = None
-        self._training = False
-
-    def _pause(self) -> None:
-        if self._started is not None:
-            wall, cpu = self._started
-            self.wall += time.perf_counter() - wall
-            self.cpu += time.process_time() - cpu
-            self._started = None
-
-    def _resume(self) -> None:
-        self._started = (time.perf_counter(), time.process_time())
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._training = True
-        self._resume()
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._pause()
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._training and not trainer.sanity_checking:
-            self.validated_step = trainer.global_step
-            self._resume()
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.images += len(batch["images"]) if isinstance(batch, dict) else len(batch[0])
-        self.threads.add(torch.get_num_threads())
-        if self.budget_seconds is not None and self.elapsed() >= self.budget_seconds:
-            trainer.should_stop = True
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._pause()
-        self._training = False
-        self.steps = trainer.global_step
-
-    def elapsed(self) -> float:
-        """Training wall-clock so far, seconds."""
-        return self.wall + (time.perf_counter() - self._started[0] if self._started else 0.0)
-
-    def summary(self) -> dict[str, Any]:
-        return {"train_seconds": self.wall, "cpu_seconds": self.cpu, "images_seen": self.images,
-                "images_per_second": self.images / max(self.wall, 1e-9), "steps": self.steps,
-                "validated_step": self.validated_step,
-                "torch_threads": sorted(self.threads)}
-
-
 def train_vision_tx(config: str, data_root: str, out: Path, seed: int, workers: int,
                     budget_seconds: float | None, extra: Sequence[str]) -> tuple[Any, dict[str, Any]]:
     """Trains ``config`` on ``data_root`` through vision_tx's CLI (``tools/train.py``'s ``fit``), with
-    a :class:`TrainingClock` appended to its callbacks; returns the CLI (trainer, model, datamodule)
-    and the clock's summary."""
+    ``--budget.minutes`` when ``budget_seconds`` is given (the config's step plan stretched to it);
+    returns the CLI (trainer, model, datamodule) and the summary of its :class:`TrainingBudget` clock."""
+    from vision_tx.lightning.budget import TrainingBudget
     from vision_tx.lightning.cli import run_cli
 
-    clock = {"class_path": f"{__name__}.TrainingClock", "init_args": {"budget_seconds": budget_seconds}}
+    budget = ["--budget.minutes", str(budget_seconds / 60)] if budget_seconds else []
     args = ["--config", config, "--data.root", str(data_root), "--seed_everything", str(seed),
-            "--data.num_workers", str(workers), "--trainer.default_root_dir", str(out),
-            f"--trainer.callbacks+={json.dumps(clock)}", *extra]
+            "--data.num_workers", str(workers), "--trainer.default_root_dir", str(out), *budget, *extra]
     print(f"vision_tx: python tools/train.py {shlex.join(args)}", flush=True)
     cli = run_cli("fit", args)
-    found = [c for c in cli.trainer.callbacks if type(c).__name__ == "TrainingClock"]
-    return cli, found[0].summary()
+    clock = next(c for c in cli.trainer.callbacks if isinstance(c, TrainingBudget))
+    return cli, clock.summary()
 
 
 def side_by_side(title: str, names: Sequence[str], columns: dict[str, dict[str, Any]]) -> str:

@@ -1,12 +1,13 @@
-"""Trains a vision_tx detector and Ultralytics YOLOv8n from scratch on the same COCO-layout set for the
-same training wall-clock, and scores both with pycocotools on the set's validation split.
+"""Trains a vision_tx detector and Ultralytics YOLO models (YOLOv8n, YOLO11n, YOLO26n: ``--yolo``) from
+scratch on the same COCO-layout set for the same training wall-clock, and scores all with pycocotools
+on the set's validation split.
 
 The vision_tx side is ``python tools/train.py --config CONFIG --data.root ROOT`` (run in this process
-through vision_tx's CLI), its training time measured without its validations; YOLOv8n
+through vision_tx's CLI), its training time measured without its validations; each YOLO model
 (``YOLO("yolov8n.yaml")``: no weights, Ultralytics' default augmentations) then trains for that
 long through Ultralytics' own ``time=`` budget (which fits its learning-rate schedule to it) with
 no validation before the end. ``--budget-seconds`` gives both sides a fixed time instead (vision_tx
-then stops at that time or at its config's step count, whichever comes first). Both use the same
+then trains with ``--budget.minutes``: its config's step plan stretched to that time). Both use the same
 torch threads, seed and no loader workers. Each final model (YOLO's last EMA weights, not a best
 epoch picked on the validation set) predicts the validation images once and pycocotools scores
 the COCO results of both: at most 100 detections per image, scores from 0.001 (YOLO's validation
@@ -23,10 +24,11 @@ DejaVu Sans, its settings (no hub, no online checks, no TensorBoard) live in OUT
 
     python scripts/make_shapes_dataset.py /tmp/shapes_a --seed 1
     python scripts/compare_detection.py /tmp/shapes_a                            # rtdetr_convnext_toy, YOLOv8n the same time
+    python scripts/compare_detection.py /tmp/shapes_a --yolo yolov8n yolo11n yolo26n   # each of the three, the same time
     python scripts/compare_detection.py /tmp/shapes_a --budget-seconds 180 --seed 1
     python scripts/compare_detection.py /tmp/shapes_a --config detr_swin_toy -- --model.lr 2e-4  # after --: vision_tx options
 
-Prints both COCO tables side by side with the training wall-clock, CPU seconds, images seen and
+Prints the COCO tables side by side with the training wall-clock, CPU seconds, images seen and
 images per second of each, the CPU and the versions; writes all of it to OUT/comparison.json.
 """
 
@@ -61,6 +63,7 @@ SPLITS = {"train": "train2017", "val": "val2017"}  # YOLO split -> COCO folder
 MAX_DETECTIONS = 100
 SCORE_FLOOR = 0.001
 ROUND_TRIP_TOLERANCE_PX = 1e-3
+YOLO_MODELS = {"yolov8n": "YOLOv8n", "yolo11n": "YOLO11n", "yolo26n": "YOLO26n"}  # Ultralytics' YAML name -> display name
 
 
 def annotation_file(root: Path, folder: str) -> Path:
@@ -237,18 +240,19 @@ class YoloClock:
                 "torch_threads": sorted(self.seen_threads)}
 
 
-def train_yolo(data_yaml: Path, out: Path, seconds: float, args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
-    """Trains YOLOv8n from its YAML for ``seconds`` of training; returns its last weights and its clock."""
+def train_yolo(name: str, data_yaml: Path, out: Path, seconds: float, args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+    """Trains the YOLO model ``name`` (e.g. ``yolov8n``) from its YAML for ``seconds`` of training;
+    returns its last weights and its clock."""
     offline_ultralytics(out / "ultralytics_config")
     from ultralytics import YOLO
 
-    model = YOLO("yolov8n.yaml")
+    model = YOLO(f"{name}.yaml")
     clock = YoloClock(args.threads)
     for event in ("on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_train_epoch_end"):
         model.add_callback(event, getattr(clock, event))
     model.train(data=str(data_yaml), imgsz=args.imgsz, batch=args.yolo_batch, time=seconds / 3600, workers=args.workers,
                 seed=args.seed, device="cpu", pretrained=False, amp=False, val=False, plots=False,
-                project=str(out.resolve()), name="yolo", exist_ok=True)
+                project=str(out.resolve()), name=name, exist_ok=True)
     # Ultralytics' own validation of the same weights (best.pt is the last epoch's: the only one validated), a cross-check
     own = {"own AP50": model.trainer.metrics.get("metrics/mAP50(B)"), "own AP": model.trainer.metrics.get("metrics/mAP50-95(B)")}
     return Path(model.trainer.last), {**clock.summary(), "ultralytics_val": own}
@@ -275,6 +279,9 @@ def parser() -> argparse.ArgumentParser:
                           "runs/compare_detection")
     p.add_argument("--imgsz", type=int, default=192, help="YOLO's image size (the longer side)")
     p.add_argument("--yolo-batch", type=int, default=16, help="YOLO's batch size (its default)")
+    p.add_argument("--yolo", nargs="*", choices=YOLO_MODELS, default=["yolov8n"], metavar="MODEL",
+                   help=f"the YOLO models trained after vision_tx, each for the same time ({', '.join(YOLO_MODELS)}; "
+                        "none: vision_tx alone)")
     return p
 
 
@@ -300,9 +307,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     del cli
 
     budget = args.budget_seconds or vtx["train_seconds"]
-    weights, yolo = train_yolo(data_yaml, out, budget, args)
-    torch.set_num_threads(args.threads)
-    yolo["coco"] = coco_stats(annotation_file(args.root, SPLITS["val"]), predict_yolo(weights, args.root, args))
+    yolos = {}
+    for name in args.yolo:
+        weights, yolo = train_yolo(name, data_yaml, out, budget, args)
+        torch.set_num_threads(args.threads)
+        yolo["coco"] = coco_stats(annotation_file(args.root, SPLITS["val"]), predict_yolo(weights, args.root, args))
+        yolos[name] = {"model": f"{name}.yaml", "imgsz": args.imgsz, "batch": args.yolo_batch, "weights": str(weights), **yolo}
 
     report = {
         "data": str(Path(args.root).resolve()), "budget_seconds": budget, "threads": args.threads, "seed": args.seed,
@@ -310,11 +320,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "versions": versions("torch", "torchvision", "lightning", "pycocotools", "ultralytics"),
         "round_trip_max_error_px": errors, "max_detections": MAX_DETECTIONS, "score_floor": SCORE_FLOOR,
         "vision_tx": {"config": args.config, "extra_args": extra, **vtx},
-        "yolo": {"model": "yolov8n.yaml", "imgsz": args.imgsz, "batch": args.yolo_batch, "weights": str(weights), **yolo},
+        "yolo": yolos,
     }
     timing = ("train_seconds", "cpu_seconds", "images_seen", "images_per_second")
-    columns = {args.config: {**vtx["coco"], **{k: vtx[k] for k in timing}, "steps/epochs": vtx["steps"]},
-               "YOLOv8n": {**yolo["coco"], **{k: yolo[k] for k in timing}, "steps/epochs": yolo["epochs"], **yolo["ultralytics_val"]}}
+    columns = {args.config: {**vtx["coco"], **{k: vtx[k] for k in timing}, "steps/epochs": vtx["steps"]}}
+    for name, yolo in yolos.items():
+        columns[YOLO_MODELS[name]] = {**yolo["coco"], **{k: yolo[k] for k in timing}, "steps/epochs": yolo["epochs"], **yolo["ultralytics_val"]}
     print(side_by_side(f"\nbox detection on {args.root} val2017, training {budget:.0f} s each\n"
                        f"{machine_line(report['cpu'], args.threads, report['versions'])}",
                        [*STAT_NAMES, *timing, "steps/epochs", "own AP50", "own AP"], columns))

@@ -21,7 +21,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import yaml
 
-from compare_common import TrainingClock
+from vision_tx.lightning.budget import TrainingBudget
+
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RUNS = {
@@ -59,7 +60,7 @@ def main() -> None:
     model_node["init_args"].update(overrides)
     module, datamodule = build(model_node), build(config["data"])
     clip = None if args.run == "upernet_semantic" else config["trainer"].get("gradient_clip_val")
-    clock = TrainingClock()
+    clock = TrainingBudget()
     trainer = pl.Trainer(
         max_steps=args.steps, val_check_interval=args.steps, check_val_every_n_epoch=None, num_sanity_val_steps=0,
         accelerator=args.accelerator, devices=1, gradient_clip_val=clip, enable_checkpointing=False,
@@ -70,7 +71,7 @@ def main() -> None:
     seconds = time.perf_counter() - start
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     print(json.dumps({"run": args.run, "config": name, "steps": args.steps, "seconds": round(seconds, 1),
-                      "train_seconds": round(clock.wall, 1), "metric": metric,
+                      "train_seconds": round(clock.spent, 1), "metric": metric,
                       "value": metrics.get(metric), "val": metrics}), flush=True)
 
 

@@ -115,7 +115,8 @@ M2F_NUM_MASKS = "tests/models/test_mask2former.py::test_loss_divides_by_the_mask
 M2F_OBJECT_THRESHOLD = "tests/heads/test_mask2former_postprocess.py::test_panoptic_object_threshold_is_the_given_one"
 YOLO_LABELS = "tests/scripts/test_compare_detection.py"
 SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
-TRAINING_CLOCK = "tests/scripts/test_compare_common.py"
+TRAINING_BUDGET = "tests/lightning/test_budget.py"
+MAL = "tests/heads/test_rtdetr_criterion.py"
 
 
 @dataclass(frozen=True)
@@ -743,12 +744,27 @@ MUTANTS = [
            'key=lambda r: -r["score"])[:MAX_DETECTIONS]]', 'key=lambda r: -r["score"])[:MAX_DETECTIONS + 1]]', (YOLO_LABELS,)),
     Mutant("compare detection: the round-trip check lets a box off by a pixel pass", "scripts/compare_detection.py",
            'if ap != 1.0 or errors[split] > ROUND_TRIP_TOLERANCE_PX:', 'if ap < 0.5:', (YOLO_LABELS,)),
-    Mutant("compare: the training clock counts the validations", "scripts/compare_common.py",
+    Mutant("budget: the training clock counts the validations", "vision_tx/lightning/budget.py",
            "def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:\n        self._pause()",
            "def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:\n        pass",
-           (TRAINING_CLOCK,)),
-    Mutant("compare: the training clock does not stop the run at its budget", "scripts/compare_common.py",
-           "trainer.should_stop = True", "trainer.should_stop = False", (TRAINING_CLOCK,)),
+           (TRAINING_BUDGET,)),
+    Mutant("budget: the run does not stop at its budget", "vision_tx/lightning/budget.py",
+           "trainer.should_stop = True", "trainer.should_stop = False", (TRAINING_BUDGET,)),
+    Mutant("budget: the step limit stays", "vision_tx/lightning/budget.py",
+           "trainer.fit_loop.epoch_loop.max_steps = -1", "pass", (TRAINING_BUDGET,)),
+    Mutant("budget: the drop comes at half its step's fraction of the time", "vision_tx/lightning/budget.py",
+           "sum(fraction * self.planned_steps >= m for m in self.milestones)", "sum(fraction * self.planned_steps >= m / 2 for m in self.milestones)",
+           (TRAINING_BUDGET,)),
+    Mutant("budget: the config's own drop still fires", "vision_tx/lightning/budget.py",
+           "scheduler.milestones = Counter()", "pass", (TRAINING_BUDGET,)),
+    Mutant("budget: the spent time is not restored", "vision_tx/lightning/budget.py",
+           'self.spent, self.drops = state_dict["spent"], state_dict["drops"]', 'self.drops = state_dict["drops"]', (TRAINING_BUDGET,)),
+    Mutant("mal: the target is the IoU, not a power of it", "vision_tx/heads/rtdetr/criterion.py",
+           "score[positives] = iou.to(logits.dtype).pow(self.mal_gamma)", "score[positives] = iou.to(logits.dtype)", (MAL,)),
+    Mutant("mal: positives weighted by their IoU (the varifocal weight)", "vision_tx/heads/rtdetr/criterion.py",
+           "* (1 - onehot) + onehot", "* (1 - onehot) + score", (MAL,)),
+    Mutant("mal: mal_alpha ignored", "vision_tx/heads/rtdetr/criterion.py",
+           "(1.0 if self.mal_alpha is None else self.mal_alpha)", "1.0", (MAL,)),
     # The held-out classification set and the comparison's top-k
     Mutant("shapes classification: the added classes draw the first outline", "scripts/make_shapes_classification.py",
            "_paint(image, _shape_mask(rng, kind, side, side, box, CLASSES), rng)", "_paint(image, _shape_mask(rng, kind % 6, side, side, box), rng)",

@@ -26,6 +26,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from vision_tx.backbones import list_backbones
 from vision_tx.checkpoint import CheckpointError, read_training_checkpoint
 from vision_tx.data.invalid import InvalidDataError
+from vision_tx.lightning.budget import TrainingBudget
 from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint, TrainingMonitor, ValidationReport
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
 from vision_tx.io import merge_metrics_json
@@ -141,6 +142,8 @@ class VisionTxCLI(LightningCLI):
         # module's own scalars: learning rates, gradient norm, speed, memory; pictures and tables.
         parser.add_lightning_class_args(TrainingMonitor, "monitor")
         parser.add_lightning_class_args(ValidationReport, "report")
+        # Off unless --budget.minutes M: the config's step plan stretched to M minutes of training.
+        parser.add_lightning_class_args(TrainingBudget, "budget")
 
     def before_subcommand(self) -> None:
         """Checks the backbone name before any data is read, and lets the checkpoint reader check a

@@ -1,0 +1,71 @@
+"""RT-DETR's classification losses: DEIM's matchability-aware loss against transformers' DEIMv2 loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
+
+from tests.conftest import require_reference
+
+transformers = require_reference("transformers")
+_deim_loss = require_reference("transformers.loss.loss_deimv2")
+
+BATCH, QUERIES, CLASSES = 3, 12, 5
+
+
+def matched_layer() -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Random logits ``[B,Q,C]`` and cxcywh boxes ``[B,Q,4]``, targets of 0-4 boxes per image (one image empty)
+    and a matching of every target to a distinct query, boxes near their targets (IoU spread over 0-1)."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(BATCH, QUERIES, CLASSES, generator=generator) * 2
+    boxes = torch.rand(BATCH, QUERIES, 4, generator=generator) * 0.4 + 0.2
+    targets, indices = [], []
+    for count in (4, 0, 3):
+        target_boxes = torch.rand(count, 4, generator=generator) * 0.4 + 0.2
+        labels = torch.randint(0, CLASSES, (count,), generator=generator)
+        queries = torch.randperm(QUERIES, generator=generator)[:count]
+        targets.append({"labels": labels, "boxes": target_boxes})
+        indices.append((queries, torch.arange(count)))
+    for b, (queries, k) in enumerate(indices):  # some predictions close to their targets, some far
+        boxes[b, queries] = targets[b]["boxes"][k] + torch.randn(len(k), 4, generator=generator) * 0.05
+    return logits, boxes.clamp(0.05, 0.95), targets, indices
+
+
+def ours(criterion: RTDETRCriterion, logits: torch.Tensor, boxes: torch.Tensor, targets: list[dict], indices: list) -> torch.Tensor:
+    """The criterion's classification term of one layer, summed and divided by the number of targets."""
+    image = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)])
+    query = torch.cat([q for q, _ in indices])
+    labels = torch.cat([t["labels"][k] for t, (_, k) in zip(targets, indices)])
+    target_boxes = torch.cat([t["boxes"][k] for t, (_, k) in zip(targets, indices)])
+    onehot = torch.zeros_like(logits)
+    onehot[image, query, labels] = 1.0
+    loss = criterion.classification_loss(logits, onehot, (image, query, labels), boxes[image, query][None], target_boxes[None])
+    return loss.sum() / len(labels)
+
+
+@pytest.mark.parametrize("mal_alpha", [None, 0.75])
+def test_matchability_aware_loss_is_deims(mal_alpha: float | None) -> None:
+    logits, boxes, targets, indices = matched_layer()
+    config = transformers.Deimv2Config(num_labels=CLASSES, focal_loss_gamma=1.5, mal_alpha=mal_alpha)
+    reference = _deim_loss.Deimv2Loss(config)
+    theirs = reference.loss_labels_mal(
+        {"logits": logits, "pred_boxes": boxes}, [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets],
+        indices, num_boxes=sum(len(t["labels"]) for t in targets),
+    )["loss_mal"]
+    criterion = RTDETRCriterion(CLASSES, class_loss="mal", mal_alpha=mal_alpha, mal_gamma=1.5)
+    torch.testing.assert_close(ours(criterion, logits, boxes, targets, indices), theirs, rtol=1e-6, atol=1e-7)
+    varifocal = ours(RTDETRCriterion(CLASSES), logits, boxes, targets, indices)
+    assert not torch.allclose(varifocal, theirs, rtol=1e-2)  # the two losses differ on these inputs
+
+
+def test_matchability_aware_loss_is_logged_and_weighted_as_the_class_term() -> None:
+    logits, boxes, targets, indices = matched_layer()
+    outputs = {"pred_logits": logits, "pred_boxes": boxes}
+    criterion = RTDETRCriterion(CLASSES, class_loss="mal", weight_vfl=3.0)
+    losses = criterion(outputs, targets)
+    assert "loss_mal" in losses and "loss_vfl" not in losses
+    assert losses["loss"] == pytest.approx(3.0 * losses["loss_mal"] + 5.0 * losses["loss_bbox"] + 2.0 * losses["loss_giou"], rel=1e-6)
+    with pytest.raises(ValueError, match="class_loss must be one of"):
+        RTDETRCriterion(CLASSES, class_loss="focal")

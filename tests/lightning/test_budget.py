@@ -1,0 +1,103 @@
+"""TrainingBudget counts training time without the validations, stops at its budget, and stretches a
+config's step plan (max_steps, MultiStepLR drops) to the budget's minutes."""
+
+from __future__ import annotations
+
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from vision_tx.lightning.budget import TrainingBudget
+
+STEP_SECONDS, VALIDATION_SECONDS = 0.02, 0.3
+PLANNED_STEPS, DROP_STEP = 10, 8
+
+
+class Sleepy(pl.LightningModule):
+    """A linear classifier whose steps take ``STEP_SECONDS`` and validations ``VALIDATION_SECONDS``,
+    with DETR's step plan (the rate divided by 10 at ``DROP_STEP``) or ``schedule`` in its place;
+    it records the learning rate of every step."""
+
+    def __init__(self, schedule: str = "steps") -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+        self.schedule = schedule
+        self.validations = 0
+        self.rates: list[float] = []
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        time.sleep(STEP_SECONDS)
+        self.rates.append(self.optimizers().param_groups[0]["lr"])
+        return torch.nn.functional.cross_entropy(self.layer(batch[0]), batch[1])
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        time.sleep(VALIDATION_SECONDS)
+        self.validations += not self.trainer.sanity_checking
+
+    def configure_optimizers(self) -> dict:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        if self.schedule == "steps":
+            return {"optimizer": optimizer, "lr_scheduler": {
+                "scheduler": torch.optim.lr_scheduler.MultiStepLR(optimizer, [DROP_STEP], gamma=0.1), "interval": "step"}}
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 5)}
+
+
+def fit(budget: TrainingBudget, model: Sleepy, max_steps: int = PLANNED_STEPS, val_check_interval: int = 20) -> float:
+    """Fits ``model`` on random data under ``budget``; returns the whole run's wall-clock seconds."""
+    data = TensorDataset(torch.randn(4000, 4), torch.randint(0, 2, (4000,)))
+    trainer = pl.Trainer(max_steps=max_steps, val_check_interval=val_check_interval, check_val_every_n_epoch=None,
+                         limit_val_batches=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=[budget],
+                         max_time={"seconds": 30})  # a run the budget fails to stop still ends
+    start = time.perf_counter()
+    trainer.fit(model, DataLoader(data, batch_size=4), DataLoader(data, batch_size=4))
+    return time.perf_counter() - start
+
+
+def test_without_minutes_it_counts_and_the_run_is_the_configs() -> None:
+    budget, model = TrainingBudget(), Sleepy()
+    total = fit(budget, model, max_steps=30, val_check_interval=10)
+    summary = budget.summary()
+    assert summary["steps"] == 30 and model.validations == 3
+    assert 30 * STEP_SECONDS <= summary["train_seconds"] <= total - model.validations * VALIDATION_SECONDS
+    assert summary["images_seen"] == 4 * 30 and summary["torch_threads"] == [torch.get_num_threads()]
+    assert summary["validated_step"] == 30
+    assert model.rates[DROP_STEP - 1] == pytest.approx(0.1) and model.rates[DROP_STEP] == pytest.approx(0.01)
+
+
+def test_minutes_stretch_the_step_plan_and_stop_the_run_with_a_validation() -> None:
+    seconds = 1.5
+    budget, model = TrainingBudget(minutes=seconds / 60), Sleepy()
+    total = fit(budget, model)
+    summary = budget.summary()
+    steps = summary["steps"]
+    assert steps > 3 * PLANNED_STEPS  # the step limit is lifted: the time decides
+    assert seconds <= summary["train_seconds"] <= min(seconds + 1.0, total - model.validations * VALIDATION_SECONDS)
+    assert summary["validated_step"] == steps  # a last validation of the final weights
+    # The drop planned at 80% of the steps comes at 80% of the time: near 80% of the steps taken.
+    dropped = next(i for i, rate in enumerate(model.rates) if rate < 0.05)
+    assert model.rates[:dropped] == [pytest.approx(0.1)] * dropped and model.rates[dropped:] == [pytest.approx(0.01)] * (steps - dropped)
+    assert 0.65 * steps <= dropped <= 0.9 * steps
+
+
+def test_the_time_spent_is_kept_in_checkpoints() -> None:
+    budget = TrainingBudget(minutes=1.0)
+    budget.load_state_dict({"spent": 42.0, "drops": 1})
+    resumed = TrainingBudget(minutes=1.0)
+    resumed.load_state_dict(budget.state_dict())
+    assert resumed.elapsed() == 42.0 and resumed.drops == 1
+
+
+def test_another_schedule_runs_as_written_and_stops_at_the_budget() -> None:
+    budget, model = TrainingBudget(minutes=0.5 / 60), Sleepy(schedule="cosine")
+    with pytest.warns(UserWarning, match="only a step plan"):
+        fit(budget, model, max_steps=1000, val_check_interval=1000)
+    assert 0.5 <= budget.summary()["train_seconds"] <= 1.5 and budget.summary()["steps"] < 1000
+
+
+def test_minutes_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="minutes must be positive"):
+        TrainingBudget(minutes=0)
