@@ -1,4 +1,4 @@
-"""Every config in configs/ trains 2 steps and validates on its toy set on a CPU, as written but for the
+"""Every config in vision_tx/configs/ trains 2 steps and validates on its toy set on a CPU, as written but for the
 sizes set on the command line (small backbone, detector, head and images); all in this one process."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 from vision_tx.lightning.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted(ROOT.glob("configs/*.yaml"))
+CONFIGS = sorted(ROOT.glob("vision_tx/configs/*.yaml"))
 
 # Backbone kwargs that shrink each family (the variant's other settings, window sizes included, stay).
 SMALL_BACKBONES = {
