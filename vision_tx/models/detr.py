@@ -132,7 +132,7 @@ class DETR(nn.Module):
 
     def forward_features(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> DETRFeatures:
         """Backbone, input projection and transformer: everything before the prediction heads."""
-        pixel_mask = checked_pixel_mask(images, pixel_mask, "vision_tx/models/detr.py")
+        pixel_mask = checked_pixel_mask(images, pixel_mask, __name__)
         backbone_maps = list(self.backbone(images).values())
         mask = F.interpolate(pixel_mask[None].float(), size=backbone_maps[-1].shape[-2:])[0].bool()
         projected = self.input_proj(backbone_maps[-1])

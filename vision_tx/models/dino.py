@@ -145,9 +145,9 @@ class DINO(DeformableQueryDetector):
     ) -> None:
         super().__init__()
         if query_selection not in QUERY_SELECTIONS:
-            raise ValueError(f"vision_tx/models/dino.py: query_selection must be one of {QUERY_SELECTIONS}, got {query_selection!r}")
+            raise ValueError(f"{__name__}: query_selection must be one of {QUERY_SELECTIONS}, got {query_selection!r}")
         if query_selection == "two_stage" and num_denoising:
-            raise ValueError("vision_tx/models/dino.py: denoising needs query_selection='mixed' (set num_denoising=0)")
+            raise ValueError(f"{__name__}: denoising needs query_selection='mixed' (set num_denoising=0)")
         self.backbone = backbone
         self.num_classes = num_classes
         self.num_queries = num_queries
@@ -187,7 +187,7 @@ class DINO(DeformableQueryDetector):
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (as for :meth:`loss`;
         used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
         "aux_outputs", "enc_outputs"}`` and in training with targets ``"dn_outputs"``."""
-        pixel_mask = checked_pixel_mask(images, pixel_mask, "vision_tx/models/dino.py")
+        pixel_mask = checked_pixel_mask(images, pixel_mask, __name__)
         levels = self.neck(list(self.backbone(images).values()), pixel_mask)
         memory = self.encoder(levels.tokens, levels.position, levels.padding_mask, levels.shapes, levels.valid_ratios)
         return self.forward_decoder(memory, levels, normalize_targets(targets) if self.training and targets is not None else None)

@@ -72,7 +72,7 @@ class RTDETR(DeformableQueryDetector):
         super().__init__()
         in_channels = list(backbone.out_channels)
         if num_levels < len(in_channels):
-            raise ValueError(f"vision_tx/models/rtdetr.py: num_levels={num_levels} is below the {len(in_channels)} backbone maps")
+            raise ValueError(f"{__name__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps")
         self.backbone = backbone
         self.num_classes = num_classes
         self.num_queries = num_queries
@@ -110,7 +110,7 @@ class RTDETR(DeformableQueryDetector):
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (as for :meth:`loss`;
         used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
         "aux_outputs", "enc_outputs"}`` and in training with targets ``"dn_outputs"``."""
-        pixel_mask = checked_pixel_mask(images, pixel_mask, "vision_tx/models/rtdetr.py")
+        pixel_mask = checked_pixel_mask(images, pixel_mask, __name__)
         maps = self.encoder(list(self.backbone(images).values()), pixel_mask)
         targets = normalize_targets(targets) if self.training and targets is not None else None
         return self.forward_decoder(self.memory(maps, pixel_mask), targets)
