@@ -120,5 +120,5 @@ def test_compiled_model_gives_the_eager_loss_gradients_and_validation_outputs(ta
 
 
 def test_compile_option_must_be_a_flag_or_torch_compile_arguments() -> None:
-    with pytest.raises(ValueError, match="task.py: compile must be"):
+    with pytest.raises(ValueError, match="lightning.task: compile must be"):
         ClassificationModule("swin_t", NUM_CLASSES, compile="inductor")

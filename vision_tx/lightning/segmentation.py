@@ -66,6 +66,8 @@ class SegmentationModule(TaskModule):
     ``num_visualized`` validation images are drawn with their predicted and true classes.
     With ``sync_batchnorm`` the BatchNorm layers normalise over the global batch when training runs
     on several GPUs (SyncBatchNorm); on one device or on CPUs they stay per-process BatchNorm.
+    The optimiser is AdamW; the parameters the model's ``no_weight_decay()`` names (norms, biases, tables)
+    are not decayed unless ``decay_norms_and_biases=True``.
     ``compile`` (and any other option of :class:`TaskModule`) is passed on.
     ``head="mask2former"`` trains a ``Mask2Former`` (with ``head_kwargs``, and ``criterion_kwargs`` for its
     ``Mask2FormerCriterion``) instead of the UperNet (whose arguments it ignores); it owns its loss and
@@ -85,6 +87,7 @@ class SegmentationModule(TaskModule):
         dropout: float = 0.1,
         lr: float = 6e-5,
         weight_decay: float = 0.01,
+        decay_norms_and_biases: bool = False,
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_iters: int = 1500,
         warmup_ratio: float = 1e-6,
@@ -104,10 +107,6 @@ class SegmentationModule(TaskModule):
         super().__init__(**kwargs)
         self.save_hyperparameters()
         self.model: UperNetSegmentor | Mask2Former | None = None
-        # What ``ValidationReport`` shows: see DetectionModule.
-        self.preview: list[torch.Tensor] = []
-        self.preview_truth: list[torch.Tensor] = []
-        self.per_category_tables: dict[str, str] = {}
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -141,9 +140,6 @@ class SegmentationModule(TaskModule):
         self.log("loss", losses["loss"], prog_bar=True, logger=False, batch_size=batch_size)
         return losses["loss"]
 
-    def on_validation_epoch_start(self) -> None:
-        self.preview, self.preview_truth, self.per_category_tables = [], [], {}
-
     def validation_step(self, batch: dict[str, Any], batch_index: int) -> None:
         scores = self(batch["images"])
         for image, score, (height, width), label, (label_h, label_w) in zip(
@@ -176,7 +172,7 @@ class SegmentationModule(TaskModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        groups = param_groups(self.model, hp.lr, hp.weight_decay, decay_norms_and_biases=False)
+        groups = param_groups(self.model, hp.lr, hp.weight_decay, decay_norms_and_biases=hp.decay_norms_and_biases)
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=hp.betas)
         total = int(self.trainer.estimated_stepping_batches)
         schedule = torch.optim.lr_scheduler.LambdaLR(
