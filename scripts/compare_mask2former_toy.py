@@ -1,5 +1,5 @@
 """Mask2Former against UperNet (semantic) and DETR panoptic at equal training steps on the built-in toy sets,
-and Mask2Former's instance mask AP: each run fits a config of ``configs/`` for ``--steps`` optimiser
+and Mask2Former's instance mask AP: each run fits a config of ``vision_tx/configs/`` for ``--steps`` optimiser
 steps, validates once at the end and prints one JSON line (steps, seconds in all and in training alone, metrics).
 
     python scripts/compare_mask2former_toy.py --run m2f_semantic --steps 1500 --accelerator gpu
@@ -24,10 +24,10 @@ import yaml
 from vision_tx.lightning.budget import TrainingBudget
 
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "vision_tx" / "configs"
 RUNS = {
     "m2f_semantic": ("mask2former_swin_toy_ade20k", {}, "val/mIoU"),
-    "upernet_semantic": ("mask2former_swin_toy_ade20k", {"head": "upernet", "channels": 128, "aux_channels": 64}, "val/mIoU"),
+    "upernet_semantic": ("mask2former_swin_toy_ade20k", {"head": "upernet", "head_kwargs": {"channels": 128, "aux_channels": 64}, "criterion_kwargs": None}, "val/mIoU"),
     "m2f_panoptic": ("mask2former_swin_toy_coco_panoptic", {}, "val/PQ"),
     "detr_panoptic": ("detr_panoptic_swin_toy", {}, "val/PQ"),
     "m2f_instance": ("mask2former_swin_toy_coco_instance", {}, "val/segm_AP50"),

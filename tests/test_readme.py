@@ -48,7 +48,7 @@ def test_configs_and_tools_named_exist() -> None:
     table_rows = [line for line in _section(text, "Training and evaluating on your data").splitlines() if line.startswith("| `")]
     configs = set(re.findall(r"--config (\w+)", text))
     configs |= {n for row in table_rows for name in re.findall(r"`([\w{},]+)`", row.split("|")[1]) for n in _expand(name)}
-    missing = sorted(name for name in configs if not (ROOT / "configs" / f"{name}.yaml").exists())
+    missing = sorted(name for name in configs if not (ROOT / "vision_tx" / "configs" / f"{name}.yaml").exists())
     assert len(configs) > 20 and not missing, missing
     tools = set(re.findall(r"python (tools/\w+\.py|scripts/\w+\.py)", text))
     assert tools and not [tool for tool in tools if not (ROOT / tool).exists()]

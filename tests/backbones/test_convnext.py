@@ -220,5 +220,5 @@ def test_small_data_variant_survives_sync_batchnorm_conversion() -> None:
 
 @pytest.mark.parametrize("option", [{"norm": "groupnorm"}, {"downsample": "avgpool"}])
 def test_unknown_norm_or_downsample_is_an_error_naming_the_file(option: dict[str, str]) -> None:
-    with pytest.raises(ValueError, match=r"convnext\.py: .*" + next(iter(option.values()))):
+    with pytest.raises(ValueError, match=r"backbones\.convnext: .*" + next(iter(option.values()))):
         build_backbone("convnext_tiny", dims=(8, 16, 24, 32), depths=(1, 1, 1, 1), **option)

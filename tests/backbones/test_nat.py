@@ -88,7 +88,7 @@ def test_classifier_features_and_registry() -> None:
 
 
 def test_bad_configuration_is_refused_clearly() -> None:
-    with pytest.raises(ValueError, match="nat.py: dilations must list one value per block"):
+    with pytest.raises(ValueError, match=r"backbones\.nat: dilations must list one value per block"):
         NAT(**{**SMALL, "dilations": ((1,), (1,), (1,), (1,))})
-    with pytest.raises(ValueError, match="nat.py: kernel_size must be odd"):
+    with pytest.raises(ValueError, match=r"backbones\.nat: kernel_size must be odd"):
         NAT(**{**SMALL, "kernel_size": 6})

@@ -53,7 +53,7 @@ def test_mask_head_matches_transformers() -> None:
 
 def test_mismatched_widths_are_named() -> None:
     head = MaskHead(136, [24, 16, 8], 128)
-    with pytest.raises(ValueError, match=r"mask_head.py: 120 feature channels \+ 8 attention heads != the head's input width 136"):
+    with pytest.raises(ValueError, match=r"detr\.mask_head: 120 feature channels \+ 8 attention heads != the head's input width 136"):
         head(torch.randn(1, 120, 2, 2), torch.rand(1, 3, 8, 2, 2), [])
 
 

@@ -74,7 +74,7 @@ def test_images_without_targets() -> None:
 
 
 def test_bad_input_is_named() -> None:
-    with pytest.raises(ValueError, match="matcher.py: 1 targets for a batch of 2"):
+    with pytest.raises(ValueError, match="detr.matcher: 1 targets for a batch of 2"):
         HungarianMatcher()(torch.randn(2, 4, 3), torch.rand(2, 4, 4), [{"labels": torch.tensor([0]), "boxes": torch.rand(1, 4)}])
-    with pytest.raises(ValueError, match="matcher.py: all matching costs are 0"):
+    with pytest.raises(ValueError, match="detr.matcher: all matching costs are 0"):
         HungarianMatcher(0, 0, 0)

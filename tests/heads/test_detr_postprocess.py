@@ -37,7 +37,7 @@ def test_round_trip_with_target_normalisation() -> None:
 
 def test_bad_sizes_are_named() -> None:
     outputs = {"pred_logits": torch.zeros(2, 3, 5), "pred_boxes": torch.rand(2, 3, 4)}
-    with pytest.raises(ValueError, match="postprocess.py: orig_sizes must be"):
+    with pytest.raises(ValueError, match="detr.postprocess: orig_sizes must be"):
         postprocess_detections(outputs, torch.tensor([480, 640]))
 
 
@@ -94,9 +94,9 @@ def test_panoptic_without_confident_queries_is_void() -> None:
 
 
 def test_panoptic_bad_sizes_are_named() -> None:
-    with pytest.raises(ValueError, match=r"postprocess.py: sizes must be \[B,2\]"):
+    with pytest.raises(ValueError, match=r"detr\.postprocess: sizes must be \[B,2\]"):
         postprocess_panoptic(panoptic_outputs(), torch.tensor([12, 16]), torch.tensor([[24, 32]]), IS_THING)
-    with pytest.raises(ValueError, match=r"postprocess.py: sizes \[20, 16\] exceed the padded input \[16, 24\]"):
+    with pytest.raises(ValueError, match=r"detr\.postprocess: sizes \[20, 16\] exceed the padded input \[16, 24\]"):
         postprocess_panoptic(panoptic_outputs(), torch.tensor([[20, 16]]), torch.tensor([[24, 32]]), IS_THING)
 
 

@@ -26,7 +26,7 @@ TINY = [
 
 def test_config_names_resolve_to_the_yaml_files() -> None:
     assert {"detr_swin_t", "detr_swin_s", "detr_swin_b", "detr_nat_tiny", "detr_r50", "upernet_swin_t_ade20k"} <= set(available_configs())
-    assert resolve_config("detr_swin_t") == ROOT / "configs" / "detr_swin_t.yaml"
+    assert resolve_config("detr_swin_t") == ROOT / "vision_tx" / "configs" / "detr_swin_t.yaml"
 
 
 def test_unknown_config_lists_the_known_ones() -> None:

@@ -89,3 +89,37 @@ def test_batchnorm_is_synced_only_over_several_gpu_processes(world_size: int, de
 
     assert isinstance(sync_batchnorm_where_supported(module, model())[1], torch.nn.SyncBatchNorm) is synced
     assert not isinstance(sync_batchnorm_where_supported(_Task(), model())[1], torch.nn.SyncBatchNorm)  # no trainer
+
+
+def _task_modules(decay: bool) -> list[LightningModule]:
+    """A small module of each task with ``decay_norms_and_biases=decay``, its model built, attached to a
+    stand-in trainer of 10 steps (what their schedules read)."""
+    from vision_tx.lightning.classification import ClassificationModule
+    from vision_tx.lightning.detection import DetectionModule
+    from vision_tx.lightning.segmentation import SegmentationModule
+
+    small = {"backbone": "swin_t", "num_classes": 3, "backbone_kwargs": SMALL, "decay_norms_and_biases": decay}
+    modules = [
+        DetectionModule(detector="rtdetr", **small, detector_kwargs={"hidden_dim": 32, "num_heads": 2, "num_queries": 5,
+                                                                      "num_decoder_layers": 1, "num_denoising": 0}),
+        SegmentationModule(**small, head_kwargs={"channels": 16, "aux_channels": 8}),
+        ClassificationModule(**small),
+    ]
+    for module in modules:
+        module._trainer = SimpleNamespace(
+            estimated_stepping_batches=10, world_size=1, accumulate_grad_batches=1, num_training_batches=10,
+            datamodule=SimpleNamespace(hparams=SimpleNamespace(batch_size=8)), fit_loop=SimpleNamespace(setup_data=lambda: None),
+        )
+        module.configure_model()
+    return modules
+
+
+@pytest.mark.parametrize("decay", [True, False])
+def test_every_task_decays_norms_and_biases_as_its_option_says(decay: bool) -> None:
+    """``decay_norms_and_biases`` (the recipe in the config) reaches each task's optimiser: false exempts exactly
+    the parameters its model's ``no_weight_decay()`` names, true none."""
+    for module in _task_modules(decay):
+        optimizer = module.configure_optimizers()["optimizer"]
+        undecayed = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0.0 for p in g["params"]}
+        exempt = {id(p) for name, p in module.model.named_parameters() if name in module.model.no_weight_decay()}
+        assert exempt and undecayed == (set() if decay else exempt), type(module).__name__

@@ -57,7 +57,7 @@ TASKS: dict[str, Callable[[], tuple[TaskModule, dict[str, Any]]]] = {
         detection_batch(with_masks=True),
     ),
     "segmentation": lambda: (
-        SegmentationModule("swin_t", NUM_CLASSES, backbone_kwargs=SWIN, channels=16, aux_channels=8, dropout=0.0, compile=COMPILE),
+        SegmentationModule("swin_t", NUM_CLASSES, backbone_kwargs=SWIN, head_kwargs={"channels": 16, "aux_channels": 8, "dropout": 0.0}, compile=COMPILE),
         image_batch(torch.randint(0, NUM_CLASSES, (2, 64, 64))),
     ),
 }
@@ -120,5 +120,5 @@ def test_compiled_model_gives_the_eager_loss_gradients_and_validation_outputs(ta
 
 
 def test_compile_option_must_be_a_flag_or_torch_compile_arguments() -> None:
-    with pytest.raises(ValueError, match="task.py: compile must be"):
+    with pytest.raises(ValueError, match="lightning.task: compile must be"):
         ClassificationModule("swin_t", NUM_CLASSES, compile="inductor")

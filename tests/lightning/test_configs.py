@@ -1,4 +1,4 @@
-"""Every config in configs/ trains 2 steps and validates on its toy set on a CPU, as written but for the
+"""Every config in vision_tx/configs/ trains 2 steps and validates on its toy set on a CPU, as written but for the
 sizes set on the command line (small backbone, detector, head and images); all in this one process."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 from vision_tx.lightning.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted(ROOT.glob("configs/*.yaml"))
+CONFIGS = sorted(ROOT.glob("vision_tx/configs/*.yaml"))
 
 # Backbone kwargs that shrink each family (the variant's other settings, window sizes included, stay).
 SMALL_BACKBONES = {
@@ -57,7 +57,7 @@ def small_args(config: Path) -> list[str]:
         detector = f"{{{SMALL_DETR}, {width}{denoising}}}"
         args += ([] if mask2former else ["--model.detector_kwargs", detector]) + ["--data.batch_size", "2", *DETR_TRANSFORMS]
     elif module == "SegmentationModule":
-        args += ["--model.channels", "16", "--model.aux_channels", "8", "--data.scale", "[96, 64]",
+        args += ([] if mask2former else ["--model.head_kwargs", "{channels: 16, aux_channels: 8}"]) + ["--data.scale", "[96, 64]",
                  "--data.crop_size", "[64, 64]", "--data.batch_size", "2", "--data.val_batch_size", "1"]
     elif module == "ClassificationModule":
         args += ["--data.image_size", "32", "--data.batch_size", "4", "--data.val_batch_size", "4"]

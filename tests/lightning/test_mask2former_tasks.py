@@ -11,7 +11,7 @@ import pytest
 
 from tests.lightning.tools import run_tool_in_process
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "vision_tx" / "configs"
 TINY = ["--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--data.num_workers", "0",
         "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.check_val_every_n_epoch", "null",
         "--trainer.num_sanity_val_steps", "0", "--trainer.limit_val_batches", "2"]

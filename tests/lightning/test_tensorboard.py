@@ -1,7 +1,8 @@
 """What a run shows in TensorBoard, read back from its event file with tensorboard's EventAccumulator:
 the loss terms, learning rates, gradient norm, speed and memory at every logging step; the
 validation metrics, the predictions drawn and the per-category table at every validation; the
-ground truth once. Each toy config trains 4 steps, logging every 2 and validating every 2."""
+ground truth once (classification draws its top classes and has neither). Each toy config trains 4
+steps, logging every 2 and validating every 2."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.lightning.test_classification import SMALL as CLASSIFICATION
 from tests.lightning.test_detection import SMALL as DETECTION
 from tests.lightning.test_panoptic import SMALL as PANOPTIC
 from tests.lightning.test_resume import SEGMENTATION
 from tests.lightning.tools import run_tool_in_process
 
-# Each task: its arguments, its loss terms, its validation metrics, its per-category table.
+# Each task: its arguments, its loss terms, its validation metrics, its per-category table (drawn with the ground truth).
 TASKS = {
     "detection": (
         [*DETECTION, "--model.detector_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 64}"],
@@ -30,6 +32,7 @@ TASKS = {
         "val/PQ_per_category",
     ),
     "segmentation": (SEGMENTATION, ["loss", "loss_ce", "loss_aux"], ["mIoU", "mAcc", "aAcc"], "val/IoU_per_class"),
+    "classification": (CLASSIFICATION, ["loss", "class"], ["top1", "top5"], None),
 }
 STEPS = [
     "--trainer.max_steps", "4", "--trainer.log_every_n_steps", "2", "--trainer.val_check_interval", "2",
@@ -66,6 +69,9 @@ def test_run_shows_its_curves_pictures_and_tables(task: str, tmp_path: Path) -> 
     for name in metrics:
         assert len(steps(f"val/{name}")) == 2, name
     assert [event.step for event in accumulator.Images("val/predictions")] == [2, 4]
+    if table is None:
+        assert not {"val/ground_truth"} & set(accumulator.Tags()["images"]) and not accumulator.Tags()["tensors"]
+        return
     assert [event.step for event in accumulator.Images("val/ground_truth")] == [2]
     texts = accumulator.Tensors(f"{table}/text_summary")
     assert [event.step for event in texts] == [2, 4]

@@ -58,7 +58,7 @@ def test_truncated_jpeg_in_a_worker_is_one_error_line(config: str, build, tmp_pa
     root, bad = build(tmp_path / "root")
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "train.py"), "--config", config,
-         *small_args(ROOT / "configs" / f"{config}.yaml"), *SHORT,
+         *small_args(ROOT / "vision_tx" / "configs" / f"{config}.yaml"), *SHORT,
          # Every training image in the first batch, read by two worker processes.
          "--data.root", str(root), "--data.num_workers", "2", "--data.batch_size", "3", "--trainer.val_check_interval", "1",
          "--trainer.default_root_dir", str(tmp_path / "run")],

@@ -129,7 +129,7 @@ def test_backbone_stem_and_layer1_are_frozen_by_default() -> None:
 
 def test_bad_inputs_are_named() -> None:
     model = DETR(ResNet(), NUM_CLASSES, num_encoder_layers=1, num_decoder_layers=1)
-    with pytest.raises(ValueError, match=r"detr.py: images must be \[B,3,H,W\]"):
+    with pytest.raises(ValueError, match=r"models\.detr: images must be \[B,3,H,W\]"):
         model(torch.randn(3, 64, 64))
-    with pytest.raises(ValueError, match=r"detr.py: pixel_mask must be bool"):
+    with pytest.raises(ValueError, match=r"models\.detr: pixel_mask must be bool"):
         model(torch.randn(1, 3, 64, 64), torch.zeros(1, 64, 64))

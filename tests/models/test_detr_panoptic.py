@@ -97,5 +97,5 @@ def test_frozen_detector_trains_only_the_mask_head() -> None:
 
 
 def test_backbone_without_all_strides_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"detr_panoptic.py: the mask head needs the backbone's maps at strides \[4, 8, 16, 32\]"):
+    with pytest.raises(ValueError, match=r"models\.detr_panoptic: the mask head needs the backbone's maps at strides \[4, 8, 16, 32\]"):
         build(out_indices=(1, 2, 3))

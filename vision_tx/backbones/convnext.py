@@ -59,7 +59,7 @@ class ChannelsLastBatchNorm(nn.Module):
 def channel_norm(norm: str, dim: int) -> nn.Module:
     """The norm over the channels of a ``[N,H,W,C]`` map: the paper's LayerNorm or BatchNorm."""
     if norm not in NORMS:
-        raise ValueError(f"vision_tx/backbones/convnext.py: norm must be one of {NORMS}, got {norm!r}")
+        raise ValueError(f"{__name__}: norm must be one of {NORMS}, got {norm!r}")
     return nn.LayerNorm(dim, eps=1e-6) if norm == "layernorm" else ChannelsLastBatchNorm(dim)
 
 
@@ -148,9 +148,9 @@ class ConvNeXt(StagedBackbone):
     ) -> None:
         super().__init__()
         if len(depths) != len(dims):
-            raise ValueError(f"vision_tx/backbones/convnext.py: depths {tuple(depths)} and dims {tuple(dims)} differ in length")
+            raise ValueError(f"{__name__}: depths {tuple(depths)} and dims {tuple(dims)} differ in length")
         if downsample not in DOWNSAMPLES:
-            raise ValueError(f"vision_tx/backbones/convnext.py: downsample must be one of {DOWNSAMPLES}, got {downsample!r}")
+            raise ValueError(f"{__name__}: downsample must be one of {DOWNSAMPLES}, got {downsample!r}")
         entry = Downsample if downsample == "conv" else MaxPoolDownsample
         self.num_stages = len(depths)
         valid = out_indices and all(0 <= i < self.num_stages for i in out_indices)

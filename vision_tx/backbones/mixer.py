@@ -67,7 +67,7 @@ class MLPMixer(nn.Module):
     ) -> None:
         super().__init__()
         if img_size % patch_size:
-            raise ValueError(f"vision_tx/backbones/mixer.py: img_size {img_size} is not a multiple of patch_size {patch_size}")
+            raise ValueError(f"{__name__}: img_size {img_size} is not a multiple of patch_size {patch_size}")
         self.img_size = img_size
         self.stem = PatchEmbed(patch_size, in_chans, embed_dim, norm_eps=None)
         num_tokens = (img_size // patch_size) ** 2
@@ -81,7 +81,7 @@ class MLPMixer(nn.Module):
         """Normalised patch tokens ``[N, T, C]`` (row-major patches)."""
         if tuple(images.shape[-2:]) != (self.img_size, self.img_size):
             raise ValueError(
-                f"vision_tx/backbones/mixer.py: MLP-Mixer takes {self.img_size}x{self.img_size} images only (its "
+                f"{__name__}: MLP-Mixer takes {self.img_size}x{self.img_size} images only (its "
                 f"token-mixing MLPs are sized by the patch count), got {tuple(images.shape[-2:])}; resize the "
                 f"images or build it with img_size={images.shape[-1]}"
             )

@@ -75,7 +75,7 @@ class NeighborhoodAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, kernel_size: int, dilation: int, qkv_bias: bool) -> None:
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"vision_tx/backbones/nat.py: dim {dim} is not divisible by num_heads {num_heads}")
+            raise ValueError(f"{__name__}: dim {dim} is not divisible by num_heads {num_heads}")
         self.num_heads = num_heads
         self.kernel_size = kernel_size
         self.dilation = dilation
@@ -164,11 +164,11 @@ class NAT(StagedBackbone):
     ) -> None:
         super().__init__()
         if kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"vision_tx/backbones/nat.py: kernel_size must be odd and positive, got {kernel_size}")
+            raise ValueError(f"{__name__}: kernel_size must be odd and positive, got {kernel_size}")
         dilations = [[1] * depth for depth in depths] if dilations is None else [list(d) for d in dilations]
         if [len(d) for d in dilations] != list(depths):
-            raise ValueError(f"vision_tx/backbones/nat.py: dilations must list one value per block, {tuple(depths)}, got {dilations}")
-        num_built = self.stages_to_build("vision_tx/backbones/nat.py", depths, num_heads, out_indices)
+            raise ValueError(f"{__name__}: dilations must list one value per block, {tuple(depths)}, got {dilations}")
+        num_built = self.stages_to_build(__name__, depths, num_heads, out_indices)
         self.num_stages = len(depths)
         dims = [embed_dim * 2**i for i in range(self.num_stages)]
         total = sum(depths)

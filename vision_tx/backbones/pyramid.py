@@ -27,7 +27,7 @@ class PyramidLevel(nn.Module):
     def __init__(self, dim: int, stride: int, out_channels: int) -> None:
         super().__init__()
         if stride not in PYRAMID_STRIDES:
-            raise ValueError(f"vision_tx/backbones/pyramid.py: stride must be one of {PYRAMID_STRIDES}, got {stride}")
+            raise ValueError(f"{__name__}: stride must be one of {PYRAMID_STRIDES}, got {stride}")
         self.stride = stride
         if stride == 4:
             layers: list[nn.Module] = [nn.ConvTranspose2d(dim, dim // 2, 2, stride=2), LayerNorm2d(dim // 2, eps=1e-6),

@@ -43,7 +43,7 @@ class ResNet(Backbone):
     ) -> None:
         super().__init__()
         if depth not in _BLOCKS_PER_STAGE:
-            raise ValueError(f"vision_tx/backbones/resnet.py: depth must be one of {sorted(_BLOCKS_PER_STAGE)}, got {depth}")
+            raise ValueError(f"{__name__}: depth must be one of {sorted(_BLOCKS_PER_STAGE)}, got {depth}")
         net = resnet.ResNet(resnet.Bottleneck, _BLOCKS_PER_STAGE[depth], norm_layer=FrozenBatchNorm2d if frozen_bn else None)
         self.stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
         self.stages = nn.ModuleList([net.layer1, net.layer2, net.layer3, net.layer4])

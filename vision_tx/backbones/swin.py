@@ -280,8 +280,8 @@ class SwinTransformer(StagedBackbone):
     ) -> None:
         super().__init__()
         if window_size < 1:
-            raise ValueError(f"vision_tx/backbones/swin.py: window_size must be positive, got {window_size}")
-        num_built = self.stages_to_build("vision_tx/backbones/swin.py", depths, num_heads, out_indices)
+            raise ValueError(f"{__name__}: window_size must be positive, got {window_size}")
+        num_built = self.stages_to_build(__name__, depths, num_heads, out_indices)
         self.num_stages = len(depths)
         dims = [embed_dim * 2**i for i in range(self.num_stages)]
         rates = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()

@@ -144,7 +144,7 @@ class ViTEncoder(nn.Module):
     ) -> None:
         super().__init__()
         if embed_dim % num_heads:
-            raise ValueError(f"vision_tx/backbones/vit.py: embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+            raise ValueError(f"{__name__}: embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         self.embed_dim = embed_dim
         self.grad_checkpointing = grad_checkpointing
         self.stem = TokenEmbedding(patch_size, in_chans, embed_dim, img_size, distilled)
@@ -232,7 +232,7 @@ class ViTBackbone(ViTEncoder, Backbone):
         super().__init__(**kwargs)
         patch_size = self.stem.patch_embed.patch_size
         if patch_size != 16:
-            raise ValueError(f"vision_tx/backbones/vit.py: the dense form builds strides 4..32 from the stride-16 map, "
+            raise ValueError(f"{__name__}: the dense form builds strides 4..32 from the stride-16 map, "
                              f"so it needs patch_size 16 (got {patch_size}); other patch sizes are classifier-only")
         # Levels that are not returned are placeholders without parameters (DDP rejects unused ones).
         self.stages = nn.ModuleList(

@@ -16,6 +16,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.data import extract_batch_size
 
+from vision_tx.lightning.task import TaskModule
 from vision_tx.visualize import grid
 
 
@@ -213,7 +214,7 @@ class TrainingMonitor(LearningRateMonitor):
 
 class ValidationReport(pl.Callback):
     """Shows each validation in TensorBoard, beside the scalars the module logs: the pictures of the
-    module's ``preview`` (its predictions drawn on the same validation images every time) as
+    task module's (``TaskModule``'s) ``preview`` (its predictions drawn on the same validation images every time) as
     ``val/predictions``, its ``preview_truth`` (the ground truth drawn on them) as ``val/ground_truth``
     once, and its ``per_category_tables`` (``{tag: Markdown table}``) in the text tab. Other loggers
     get the scalars only."""
@@ -222,18 +223,18 @@ class ValidationReport(pl.Callback):
         self.pictures_per_row = pictures_per_row
         self._truth_shown = False
 
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: TaskModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         writers = [logger.experiment for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
-        preview, truth = getattr(pl_module, "preview", []), getattr(pl_module, "preview_truth", [])
+        preview, truth = pl_module.preview, pl_module.preview_truth
         step = trainer.global_step
         for writer in writers:
             if preview:
                 writer.add_image("val/predictions", grid(preview, self.pictures_per_row), step)
             if truth and not self._truth_shown:
                 writer.add_image("val/ground_truth", grid(truth, self.pictures_per_row), step)
-            for tag, table in getattr(pl_module, "per_category_tables", {}).items():
+            for tag, table in pl_module.per_category_tables.items():
                 writer.add_text(tag, table, step)
             writer.flush()
         self._truth_shown |= bool(writers and truth)

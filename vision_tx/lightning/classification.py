@@ -73,7 +73,8 @@ class ClassificationModule(TaskModule):
     of classes keeps the new model's initialisation (fine-tuning), and the log names it. The learning rate is ``lr * global batch / lr_batch_size``
     (DeiT: 5e-4 x 1024 / 512), warmed up linearly from ``warmup_lr`` over ``warmup_epochs`` and then
     decayed by a half cosine to ``min_lr``, updated every step. Training batches are mixed by Mixup
-    (``mixup_alpha``) or CutMix (``cutmix_alpha``), one of the two at random (0 turns one off).
+    (``mixup_alpha``) or CutMix (``cutmix_alpha``), one of the two at random (0 turns one off). The
+    parameters the model's ``no_weight_decay()`` names are not decayed unless ``decay_norms_and_biases=True``.
 
     With ``teacher`` (a checkpoint path) and ``teacher_backbone`` (a factory name or ``torchvision:NAME``)
     the loss is DeiT's hard distillation: ``(1 - w) CE(class head, y) + w CE(distillation head,
@@ -95,6 +96,7 @@ class ClassificationModule(TaskModule):
         warmup_lr: float = 1e-6,
         warmup_epochs: float = 5.0,
         weight_decay: float = 0.05,
+        decay_norms_and_biases: bool = False,
         betas: tuple[float, float] = (0.9, 0.999),
         label_smoothing: float = 0.1,
         mixup_alpha: float = 0.8,
@@ -168,19 +170,16 @@ class ClassificationModule(TaskModule):
         self.log("loss", losses["loss"], prog_bar=True, logger=False, batch_size=len(images))
         return losses["loss"]
 
-    def on_validation_epoch_start(self) -> None:
-        self._preview: list[torch.Tensor] = []
-
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> None:
         images, labels = batch
         logits = self(images)
         self.log("val/loss", F.cross_entropy(logits, labels), batch_size=len(images), sync_dist=True)
         for metric in (self.val_top1, self.val_top5, self.val_confusion):
             metric.update(logits, labels)
-        if len(self._preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
+        if len(self.preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
             names = self.class_names
-            for image, probabilities in zip(images[: self.hparams.num_visualized - len(self._preview)], logits.softmax(1)):
-                self._preview.append(draw_top_classes(denormalize(image), probabilities.cpu(), names))
+            for image, probabilities in zip(images[: self.hparams.num_visualized - len(self.preview)], logits.softmax(1)):
+                self.preview.append(draw_top_classes(denormalize(image), probabilities.cpu(), names))
 
     def on_validation_epoch_end(self) -> None:
         top1, top5 = float(self.val_top1.compute()), float(self.val_top5.compute())  # synchronised over processes
@@ -199,15 +198,15 @@ class ClassificationModule(TaskModule):
         merge_metrics_json("classification", summary, log_dir / "metrics.json")
         picture = draw_confusion(confusion, self.class_names, self.hparams.confusion_classes)
         save_grid([picture], log_dir / f"confusion_step{self.global_step}.png")
-        if self._preview:
-            save_grid(self._preview, log_dir / f"predictions_step{self.global_step}.png")
+        if self.preview:
+            save_grid(self.preview, log_dir / f"predictions_step{self.global_step}.png")
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         datamodule = self.trainer.datamodule
         global_batch = datamodule.hparams.batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
         lr = hp.lr * global_batch / hp.lr_batch_size
-        optimizer = torch.optim.AdamW(param_groups(self.model, lr, hp.weight_decay, decay_norms_and_biases=False), lr=lr, betas=hp.betas)
+        optimizer = torch.optim.AdamW(param_groups(self.model, lr, hp.weight_decay, decay_norms_and_biases=hp.decay_norms_and_biases), lr=lr, betas=hp.betas)
         total = int(self.trainer.estimated_stepping_batches)
         self.trainer.fit_loop.setup_data()  # with max_steps alone, the estimate above leaves the batches per epoch unknown
         steps_per_epoch = max(self.trainer.num_training_batches // self.trainer.accumulate_grad_batches, 1)

@@ -1,9 +1,11 @@
-"""The command line: LightningCLI with config names from ``configs/`` and dotted overrides.
+"""The command line: LightningCLI with config names from ``vision_tx/configs/`` and dotted overrides.
 
     python tools/train.py --config detr_swin_t --data.root /data/coco --trainer.devices 4
+    vision-tx train --config detr_swin_t --data.root /data/coco --trainer.devices 4   # the same, installed
 
-``--config`` takes a name from ``configs/`` (without ``.yaml``) or a path to a YAML file; every
-value in it can be overridden with ``--section.key value`` (``--model.lr 2e-4``).
+``--config`` takes a name from ``configs/`` in the working directory or from the package's
+``vision_tx/configs/`` (without ``.yaml``), or a path to a YAML file; every value in it can be
+overridden with ``--section.key value`` (``--model.lr 2e-4``).
 """
 
 from __future__ import annotations
@@ -31,16 +33,17 @@ from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpo
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
 from vision_tx.io import merge_metrics_json
 
-CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[2] / "configs")
+# A folder of the user's own configs first, then those shipped inside the package (package data).
+CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[1] / "configs")
 
 
 def available_configs() -> list[str]:
-    """Names of the YAML files in ``configs/``."""
+    """Names of the YAML files in the folders of :data:`CONFIG_DIRS`."""
     return sorted({p.stem for d in CONFIG_DIRS if d.is_dir() for p in d.glob("*.yaml")})
 
 
 def resolve_config(name_or_path: str) -> Path:
-    """``detr_swin_t`` -> ``configs/detr_swin_t.yaml``; an existing file path is returned as is."""
+    """``detr_swin_t`` -> ``vision_tx/configs/detr_swin_t.yaml``; an existing file path is returned as is."""
     path = Path(name_or_path)
     if path.is_file():
         return path
@@ -49,7 +52,7 @@ def resolve_config(name_or_path: str) -> Path:
         if candidate.is_file():
             return candidate
     raise SystemExit(
-        f"error: no config named {name_or_path!r} (not a file, not in configs/). "
+        f"error: no config named {name_or_path!r} (not a file, not in {' or '.join(map(str, CONFIG_DIRS))}). "
         f"Available: {', '.join(available_configs())}"
     )
 
@@ -303,3 +306,26 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
             for section, values in json.loads(written.read_text()).items():
                 merge_metrics_json(section, values, metrics_json)
         print(f"metrics: {metrics_json}")
+
+
+# The subcommands of ``vision-tx`` (the console entry point), each ``module:function(argv)``; the tools of
+# ``tools/`` run the same functions.
+SUBCOMMANDS = {
+    "train": "vision_tx.lightning.cli:train_main",
+    "eval": "vision_tx.lightning.cli:eval_main",
+    "infer": "vision_tx.lightning.inference:infer_main",
+}
+
+
+def train_main(argv: Sequence[str] | None = None) -> None:
+    """``tools/train.py``, ``vision-tx train``: fits the model of ``--config NAME [--section.key value ...]``."""
+    run_cli("fit", argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``vision-tx SUBCOMMAND [options]``: ``train``, ``eval`` or ``infer``, as ``tools/<subcommand>.py``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in SUBCOMMANDS:
+        raise SystemExit(f"usage: vision-tx {{{','.join(SUBCOMMANDS)}}} [options]  (--help after one for its options)")
+    module, _, function = SUBCOMMANDS[argv[0]].partition(":")
+    getattr(importlib.import_module(module), function)(argv[1:])

@@ -1,4 +1,4 @@
-"""LightningModule for object detection: a named detector (DETR, DINO) on a named backbone, COCO evaluation."""
+"""LightningModule for object detection: a named detector (DETR, DINO, RT-DETR, Mask2Former) on a named backbone, COCO evaluation."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from vision_tx.visualize import denormalize, draw_detections, save_grid
 
 class DetectionModule(TaskModule):
     """Detection of the datamodule's categories by ``detector`` (a name of ``vision_tx.models.DETECTORS``:
-    ``detr``, ``dino``) on ``build_backbone(backbone, **backbone_kwargs)``.
+    ``detr``, ``dino``, ``rtdetr``, ``mask2former``) on ``build_backbone(backbone, **backbone_kwargs)``.
 
     ``num_classes=None`` takes the datamodule's number (largest category id + 1) when the model is
     built (``configure_model``) and records it, so a checkpoint rebuilds the same model.
@@ -34,7 +34,9 @@ class DetectionModule(TaskModule):
     matcher and criterion from the last two (``HungarianMatcher``, ``SetCriterion``/``DINOCriterion``;
     their signatures hold the papers' defaults). The model computes its loss and post-processing from
     the batch's targets; this module only calls them (the protocol: docs/CONVENTIONS.md, "Detectors"). The
-    optimiser is DETR's: AdamW, the backbone at ``backbone_lr``, the learning rate divided by 10
+    optimiser is DETR's: AdamW, the backbone at ``backbone_lr``, every parameter decayed unless
+    ``decay_norms_and_biases=False`` exempts those the model's ``no_weight_decay()`` names (norms, biases,
+    tables, tokens: RT-DETR's and Mask2Former's recipes), the learning rate divided by 10
     after ``lr_drop_epochs``, or after ``lr_drop_steps`` optimiser steps when that is given (a
     schedule that does not depend on the dataset's size, for runs budgeted by ``trainer.max_steps``).
     ``compile`` (and any other option of :class:`TaskModule`) is passed on.
@@ -57,6 +59,7 @@ class DetectionModule(TaskModule):
         lr: float = 1e-4,
         backbone_lr: float = 1e-5,
         weight_decay: float = 1e-4,
+        decay_norms_and_biases: bool = True,
         lr_drop_epochs: int = 200,
         lr_drop_steps: int | None = None,
         num_visualized: int = 8,
@@ -68,11 +71,6 @@ class DetectionModule(TaskModule):
             raise ValueError(f"DetectionModule: unknown detector {detector!r}; known: {', '.join(DETECTORS)}")
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
-        # The first validation images with the predictions drawn, with the ground truth, and the
-        # per-category tables: what ``ValidationReport`` shows.
-        self.preview: list[torch.Tensor] = []
-        self.preview_truth: list[torch.Tensor] = []
-        self.per_category_tables: dict[str, str] = {}
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -116,8 +114,8 @@ class DetectionModule(TaskModule):
         return losses["loss"]
 
     def on_validation_epoch_start(self) -> None:
+        super().on_validation_epoch_start()
         self.evaluator = CocoEvaluator(self.trainer.datamodule.val_coco, "bbox")
-        self.preview, self.preview_truth, self.per_category_tables = [], [], {}
 
     def validation_step(self, batch: dict[str, Any], batch_index: int) -> dict[str, Any]:
         """Scores the boxes of ``batch``; returns the model's outputs (for subclasses that score more)."""
@@ -164,7 +162,8 @@ class DetectionModule(TaskModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        groups = param_groups(self.model, hp.lr, hp.weight_decay, backbone_lr=hp.backbone_lr, backbone_prefix=self.backbone_prefix)
+        groups = param_groups(self.model, hp.lr, hp.weight_decay, backbone_lr=hp.backbone_lr,
+                              decay_norms_and_biases=hp.decay_norms_and_biases, backbone_prefix=self.backbone_prefix)
         optimizer = torch.optim.AdamW(groups)
         if hp.lr_drop_steps is None:
             schedule, interval = torch.optim.lr_scheduler.StepLR(optimizer, hp.lr_drop_epochs, gamma=0.1), "epoch"

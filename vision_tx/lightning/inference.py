@@ -1,7 +1,11 @@
-"""Run a trained checkpoint on one image and draw what it predicts (``tools/infer.py``)."""
+"""Run a trained checkpoint on one image and draw what it predicts (``tools/infer.py``, ``vision-tx infer``).
+
+    python tools/infer.py --config detr_swin_toy --ckpt runs/.../last.ckpt --image cat.jpg --out cat_pred.png
+"""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,3 +54,13 @@ def infer_image(config_args: Sequence[str], ckpt: str | Path, image: str | Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     write_png(picture, str(out))
     return out
+
+
+def infer_main(argv: Sequence[str] | None = None) -> None:
+    """``tools/infer.py``, ``vision-tx infer``: ``--ckpt``, ``--image``, ``--out`` and the config's arguments."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", required=True, help="Lightning checkpoint of the model")
+    parser.add_argument("--image", required=True, help="input image (any format PIL reads)")
+    parser.add_argument("--out", required=True, help="output PNG")
+    args, config_args = parser.parse_known_args(argv)
+    print(f"wrote {infer_image(config_args, args.ckpt, args.image, args.out)}")

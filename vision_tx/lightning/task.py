@@ -1,11 +1,12 @@
-"""The base of every task's LightningModule: the ``compile`` option and the check that the data's labels
-fit the model, shared by all of them."""
+"""The base of every task's LightningModule: the ``compile`` option, the check that the data's labels
+fit the model, and what each validation reports (pictures, per-category tables), shared by all of them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from vision_tx.data.invalid import InvalidDataError
@@ -24,13 +25,21 @@ class TaskModule(pl.LightningModule):
     Before training and before each validation, the datamodule's largest label (``label_extent()``: the
     file that defines the labels, the id and its name) must be one the model predicts (below
     ``hparams.num_classes``): a checkpoint meeting other data is an ``InvalidDataError`` naming them.
+
+    What ``ValidationReport`` shows of each validation, emptied when it starts and filled by the task:
+    ``preview`` (the first validation images, ``[3,H,W]`` uint8, with the predictions drawn),
+    ``preview_truth`` (the same images with the ground truth, where the task draws it) and
+    ``per_category_tables`` (``{TensorBoard tag: Markdown table}``).
     """
 
     def __init__(self, compile: bool | dict[str, Any] = False) -> None:
         super().__init__()
         if not isinstance(compile, (bool, dict)):
-            raise ValueError(f"vision_tx/lightning/task.py: compile must be true, false or a dict of torch.compile arguments, got {compile!r}")
+            raise ValueError(f"{__name__}: compile must be true, false or a dict of torch.compile arguments, got {compile!r}")
         self.compile_options: dict[str, Any] | None = ({} if compile is True else dict(compile)) if compile else None
+        self.preview: list[torch.Tensor] = []
+        self.preview_truth: list[torch.Tensor] = []
+        self.per_category_tables: dict[str, str] = {}
 
     def compile_model(self) -> None:
         """Compiles ``self.model``'s forward pass in place when the ``compile`` option asks for it."""
@@ -57,3 +66,6 @@ class TaskModule(pl.LightningModule):
 
     def on_validation_start(self) -> None:
         self.check_labels_fit()
+
+    def on_validation_epoch_start(self) -> None:
+        self.preview, self.preview_truth, self.per_category_tables = [], [], {}

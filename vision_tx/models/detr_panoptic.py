@@ -48,7 +48,7 @@ class DETRPanoptic(nn.Module):
         strides = list(getattr(detr.backbone, "strides", _REQUIRED_STRIDES[-len(channels):]))
         if strides != _REQUIRED_STRIDES:
             raise ValueError(
-                "vision_tx/models/detr_panoptic.py: the mask head needs the backbone's maps at strides "
+                f"{__name__}: the mask head needs the backbone's maps at strides "
                 f"{_REQUIRED_STRIDES} (out_indices=(0, 1, 2, 3)), but it returns strides {strides}"
             )
         self.detr = detr

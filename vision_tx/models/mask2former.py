@@ -84,7 +84,7 @@ class Mask2Former(nn.Module):
         super().__init__()
         channels = list(backbone.out_channels)
         if len(channels) != 4:
-            raise ValueError(f"vision_tx/models/mask2former.py: the backbone returns {len(channels)} maps, Mask2Former reads 4 (out_indices=(0, 1, 2, 3))")
+            raise ValueError(f"{__name__}: the backbone returns {len(channels)} maps, Mask2Former reads 4 (out_indices=(0, 1, 2, 3))")
         self.backbone = backbone
         self.num_classes = num_classes
         self.ignore_index = ignore_index
@@ -138,7 +138,7 @@ class Mask2Former(nn.Module):
         """Semantic class scores ``[B,C,H,W]`` at the input size, averaged over ``scales`` and flips
         (the signature of ``UperNetSegmentor.predict``; only ``mode="whole"``)."""
         if mode != "whole":
-            raise ValueError(f"vision_tx/models/mask2former.py: inference mode {mode!r} is not supported, only 'whole'")
+            raise ValueError(f"{__name__}: inference mode {mode!r} is not supported, only 'whole'")
         size = images.shape[-2:]
         total = images.new_zeros(images.shape[0], self.num_classes, *size)
         for scale in scales:

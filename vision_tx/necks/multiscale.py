@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vision_tx.heads.detr.position_encoding import SinePositionEncoding
+from vision_tx.necks.position_encoding import SinePositionEncoding
 
 
 @dataclass
@@ -45,7 +45,7 @@ class MultiScaleProjection(nn.Module):
         super().__init__()
         if num_levels < len(in_channels):
             raise ValueError(
-                f"vision_tx/necks/multiscale.py: num_levels={num_levels} is below the {len(in_channels)} backbone maps given"
+                f"{__name__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps given"
             )
         projections = [nn.Sequential(nn.Conv2d(c, dim, 1), nn.GroupNorm(num_groups, dim)) for c in in_channels]
         extra_in = in_channels[-1]
@@ -64,7 +64,7 @@ class MultiScaleProjection(nn.Module):
         """``maps``: ``[B,C_i,h_i,w_i]`` highest resolution first; ``pixel_mask [B,H,W]`` True on padding."""
         if len(maps) != self.num_backbone_levels:
             raise ValueError(
-                f"vision_tx/necks/multiscale.py: {len(maps)} backbone maps given, built for {self.num_backbone_levels}"
+                f"{__name__}: {len(maps)} backbone maps given, built for {self.num_backbone_levels}"
             )
         levels = [projection(x) for projection, x in zip(self.input_proj, maps)]
         source = maps[-1]

@@ -70,7 +70,7 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None) -> None:
         if activation not in _ACTIVATIONS:
-            raise ValueError(f"vision_tx/ops/linear.py: activation must be one of {list(_ACTIVATIONS)}, got {activation!r}")
+            raise ValueError(f"{__name__}: activation must be one of {list(_ACTIVATIONS)}, got {activation!r}")
         super().__init__(in_features, out_features, bias)
         self.activation = activation
 

@@ -71,7 +71,7 @@ def _check_shapes(value: torch.Tensor, shapes: list[tuple[int, int]], locations:
         problem = "attention_weights must have the shape of sampling_locations without its last dimension"
     if problem:
         raise ValueError(
-            f"vision_tx/ops/ms_deform_attn.py: {problem} (value {tuple(value.shape)}, sampling_locations "
+            f"{__name__}: {problem} (value {tuple(value.shape)}, sampling_locations "
             f"{tuple(locations.shape)}, attention_weights {tuple(weights.shape)})"
         )
 

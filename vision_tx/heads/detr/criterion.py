@@ -98,7 +98,7 @@ class SetCriterion(nn.Module):
         num_layers, (batch, num_queries, num_channels) = len(layers), outputs["pred_logits"].shape
         if num_channels != self.num_classes + 1:
             raise ValueError(
-                f"vision_tx/heads/detr/criterion.py: logits have {num_channels} classes, expected num_classes + 1 = {self.num_classes + 1}"
+                f"{__name__}: logits have {num_channels} classes, expected num_classes + 1 = {self.num_classes + 1}"
             )
         logits = torch.cat([layer["pred_logits"] for layer in layers])
         boxes = torch.cat([layer["pred_boxes"] for layer in layers])

@@ -21,7 +21,7 @@ class AttentionMaps(nn.Module):
     def __init__(self, query_dim: int, hidden_dim: int, num_heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         if hidden_dim % num_heads:
-            raise ValueError(f"vision_tx/heads/detr/mask_head.py: width {hidden_dim} is not divisible by {num_heads} heads")
+            raise ValueError(f"{__name__}: width {hidden_dim} is not divisible by {num_heads} heads")
         self.num_heads = num_heads
         self.scale = (hidden_dim // num_heads) ** -0.5
         self.q_proj = nn.Linear(query_dim, hidden_dim)
@@ -62,11 +62,11 @@ class MaskHead(nn.Module):
     def __init__(self, dim: int, fpn_dims: list[int], context_dim: int) -> None:
         super().__init__()
         if len(fpn_dims) != 3:
-            raise ValueError(f"vision_tx/heads/detr/mask_head.py: fpn_dims must hold the channels at stride 16, 8 and 4, got {fpn_dims}")
+            raise ValueError(f"{__name__}: fpn_dims must hold the channels at stride 16, 8 and 4, got {fpn_dims}")
         widths = [context_dim // 2, context_dim // 4, context_dim // 8, context_dim // 16]
         if dim % GROUPS or context_dim % (16 * GROUPS):
             raise ValueError(
-                f"vision_tx/heads/detr/mask_head.py: the head's GroupNorm({GROUPS}) layers need an input width "
+                f"{__name__}: the head's GroupNorm({GROUPS}) layers need an input width "
                 f"(DETR width + attention heads, here {dim}) divisible by {GROUPS} and a DETR width (here "
                 f"{context_dim}) divisible by {16 * GROUPS}: e.g. hidden_dim 128 or 256 with 8 heads"
             )
@@ -89,7 +89,7 @@ class MaskHead(nn.Module):
         first = self.blocks[0][0]
         if features.shape[1] + num_heads != first.in_channels:
             raise ValueError(
-                f"vision_tx/heads/detr/mask_head.py: {features.shape[1]} feature channels + {num_heads} attention heads "
+                f"{__name__}: {features.shape[1]} feature channels + {num_heads} attention heads "
                 f"!= the head's input width {first.in_channels}"
             )
         # The first conv sees the image's features once per query; it is linear, so the features'

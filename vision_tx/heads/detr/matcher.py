@@ -29,7 +29,7 @@ class HungarianMatcher(nn.Module):
     ) -> None:
         super().__init__()
         if cost_class == cost_bbox == cost_giou == 0:
-            raise ValueError("vision_tx/heads/detr/matcher.py: all matching costs are 0")
+            raise ValueError(f"{__name__}: all matching costs are 0")
         self.cost_class = cost_class
         self.cost_bbox = cost_bbox
         self.cost_giou = cost_giou
@@ -49,7 +49,7 @@ class HungarianMatcher(nn.Module):
         batch, num_queries = pred_logits.shape[:2]
         sizes = [len(t["labels"]) for t in targets]
         if len(sizes) != batch:
-            raise ValueError(f"vision_tx/heads/detr/matcher.py: {len(sizes)} targets for a batch of {batch} images")
+            raise ValueError(f"{__name__}: {len(sizes)} targets for a batch of {batch} images")
         empty = torch.empty(0, dtype=torch.int64)
         if sum(sizes) == 0:
             return [(empty, empty) for _ in sizes]
@@ -82,6 +82,6 @@ def assign(cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``(query_indices, target_indices)``, int64 CPU tensors of length ``min(Q, K)``."""
     cost = cost.float().cpu()
     if not torch.isfinite(cost).all():
-        raise ValueError("vision_tx/heads/detr/matcher.py: the matching cost holds NaN/inf (diverged predictions or invalid boxes)")
+        raise ValueError(f"{__name__}: the matching cost holds NaN/inf (diverged predictions or invalid boxes)")
     rows, cols = linear_sum_assignment(cost.numpy())
     return torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)

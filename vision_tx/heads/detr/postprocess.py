@@ -31,7 +31,7 @@ def postprocess_detections(outputs: dict, orig_sizes: torch.Tensor) -> list[dict
 def _check_sizes(orig_sizes: torch.Tensor, batch: int) -> None:
     if orig_sizes.shape != (batch, 2):
         raise ValueError(
-            f"vision_tx/heads/detr/postprocess.py: orig_sizes must be [B,2] = [{batch},2] (h, w), got {list(orig_sizes.shape)}"
+            f"{__name__}: orig_sizes must be [B,2] = [{batch},2] (h, w), got {list(orig_sizes.shape)}"
         )
 
 
@@ -113,7 +113,7 @@ def postprocess_panoptic(
     for name, value in (("sizes", sizes), ("orig_sizes", orig_sizes)):
         if value.shape != (len(logits), 2):
             raise ValueError(
-                f"vision_tx/heads/detr/postprocess.py: {name} must be [B,2] = [{len(logits)},2] (h, w), got {list(value.shape)}"
+                f"{__name__}: {name} must be [B,2] = [{len(logits)},2] (h, w), got {list(value.shape)}"
             )
     scores, classes = logits.softmax(-1).max(-1)
     known = torch.tensor([c in is_thing for c in classes.flatten().tolist()], dtype=torch.bool, device=classes.device)
@@ -132,7 +132,7 @@ def _panoptic_image(
     padded_size = [4 * n for n in mask_logits.shape[-2:]]
     if height > padded_size[0] or width > padded_size[1]:
         raise ValueError(
-            f"vision_tx/heads/detr/postprocess.py: sizes {size} exceed the padded input {padded_size} that the stride-4 masks cover"
+            f"{__name__}: sizes {size} exceed the padded input {padded_size} that the stride-4 masks cover"
         )
     if classes:
         mask_logits = F.interpolate(mask_logits[None], scale_factor=4, mode="bilinear", align_corners=False)[0, :, :height, :width]

@@ -25,7 +25,7 @@ class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int, dropout: float) -> None:
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"vision_tx/heads/detr/transformer.py: width {dim} is not divisible by {num_heads} heads")
+            raise ValueError(f"{__name__}: width {dim} is not divisible by {num_heads} heads")
         self.num_heads = num_heads
         self.dropout = dropout
         self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))

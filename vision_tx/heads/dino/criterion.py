@@ -47,7 +47,7 @@ class DINOCriterion(nn.Module):
         self.matcher = HungarianMatcher(2.0, 5.0, 2.0, focal_alpha=focal_alpha, focal_gamma=focal_gamma) if matcher is None else matcher
         if self.matcher.focal_alpha is None:
             raise ValueError(
-                "vision_tx/heads/dino/criterion.py: the matcher must score sigmoid logits: give HungarianMatcher a focal_alpha (e.g. 0.25)"
+                f"{__name__}: the matcher must score sigmoid logits: give HungarianMatcher a focal_alpha (e.g. 0.25)"
             )
         self.weights = {self.class_loss_name: weight_ce, "loss_bbox": weight_bbox, "loss_giou": weight_giou}
         self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
@@ -55,7 +55,7 @@ class DINOCriterion(nn.Module):
     def forward(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         if outputs["pred_logits"].shape[-1] != self.num_classes:
             raise ValueError(
-                f"vision_tx/heads/dino/criterion.py: logits have {outputs['pred_logits'].shape[-1]} classes, expected num_classes = {self.num_classes}"
+                f"{__name__}: logits have {outputs['pred_logits'].shape[-1]} classes, expected num_classes = {self.num_classes}"
             )
         num_boxes = num_boxes_in_batch(targets, outputs["pred_logits"].device)
         layers = [*outputs.get("aux_outputs", []), outputs]

@@ -21,7 +21,7 @@ class MultiScaleDeformableAttention(nn.Module):
     def __init__(self, dim: int = 256, num_heads: int = 8, num_levels: int = 4, num_points: int = 4) -> None:
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"vision_tx/heads/dino/deformable_attention.py: dim {dim} is not divisible by num_heads {num_heads}")
+            raise ValueError(f"{__name__}: dim {dim} is not divisible by num_heads {num_heads}")
         self.num_heads, self.num_levels, self.num_points = num_heads, num_levels, num_points
         self.sampling_offsets = Linear(dim, num_heads * num_levels * num_points * 2)
         self.attention_weights = Linear(dim, num_heads * num_levels * num_points)
@@ -81,5 +81,5 @@ class MultiScaleDeformableAttention(nn.Module):
         elif reference.shape[-1] == 4:
             locations = reference[:, :, None, :, None, :2] + offsets * reference[:, :, None, :, None, 2:] * (0.5 / points)
         else:
-            raise ValueError(f"vision_tx/heads/dino/deformable_attention.py: reference must end in 2 or 4 coordinates, got {reference.shape[-1]}")
+            raise ValueError(f"{__name__}: reference must end in 2 or 4 coordinates, got {reference.shape[-1]}")
         return locations, weights

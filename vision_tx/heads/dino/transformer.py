@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.heads.detr.position_encoding import sine_embedding
+from vision_tx.necks.position_encoding import sine_embedding
 from vision_tx.heads.dino.deformable_attention import MultiScaleDeformableAttention
 from vision_tx.ops.feed_forward import residual_feed_forward
 
@@ -128,7 +128,7 @@ class DeformableDecoder(nn.Module):
     ) -> None:
         super().__init__()
         if box_encoding not in ("sine", "linear"):
-            raise ValueError(f"vision_tx/heads/dino/transformer.py: box_encoding must be 'sine' or 'linear', got {box_encoding!r}")
+            raise ValueError(f"{__name__}: box_encoding must be 'sine' or 'linear', got {box_encoding!r}")
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
         head = MLP(2 * dim, dim, dim, 2) if box_encoding == "sine" else MLP(4, 2 * dim, dim, 2)
         self.ref_point_head = head if query_pos_from_boxes else None

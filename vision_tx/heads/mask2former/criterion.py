@@ -39,7 +39,7 @@ class MaskHungarianMatcher(nn.Module):
     def __init__(self, cost_class: float = 2.0, cost_mask: float = 5.0, cost_dice: float = 5.0, num_points: int = 12544) -> None:
         super().__init__()
         if cost_class == cost_mask == cost_dice == 0:
-            raise ValueError("vision_tx/heads/mask2former/criterion.py: all matching costs are 0")
+            raise ValueError(f"{__name__}: all matching costs are 0")
         self.cost_class, self.cost_mask, self.cost_dice, self.num_points = cost_class, cost_mask, cost_dice, num_points
 
     @torch.no_grad()
@@ -96,7 +96,7 @@ class Mask2FormerCriterion(nn.Module):
     def forward(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         channels = outputs["pred_logits"].shape[-1]
         if channels != self.num_classes + 1:
-            raise ValueError(f"vision_tx/heads/mask2former/criterion.py: logits have {channels} classes, expected num_classes + 1 = {self.num_classes + 1}")
+            raise ValueError(f"{__name__}: logits have {channels} classes, expected num_classes + 1 = {self.num_classes + 1}")
         height = max(t["masks"].shape[-2] for t in targets)
         width = max(t["masks"].shape[-1] for t in targets)
         padded = [F.pad(t["masks"], (0, width - t["masks"].shape[-1], 0, height - t["masks"].shape[-2])) for t in targets]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.heads.detr.position_encoding import SinePositionEncoding
+from vision_tx.necks.position_encoding import SinePositionEncoding
 from vision_tx.heads.detr.transformer import Attention
 from vision_tx.heads.dino.transformer import FeedForward
 
@@ -86,7 +86,7 @@ class MaskedAttentionDecoder(nn.Module):
 
     def forward(self, levels: Sequence[torch.Tensor], mask_features: torch.Tensor) -> dict:
         if len(levels) != self.num_levels:
-            raise ValueError(f"vision_tx/heads/mask2former/decoder.py: {len(levels)} levels given, built for {self.num_levels}")
+            raise ValueError(f"{__name__}: {len(levels)} levels given, built for {self.num_levels}")
         batch = mask_features.shape[0]
         memory, memory_pos, sizes = [], [], []
         for level, (x, proj) in enumerate(zip(levels, self.input_proj)):

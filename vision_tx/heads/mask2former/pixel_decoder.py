@@ -39,7 +39,7 @@ class PixelDecoder(nn.Module):
     ) -> None:
         super().__init__()
         if len(in_channels) < num_levels:
-            raise ValueError(f"vision_tx/heads/mask2former/pixel_decoder.py: {len(in_channels)} backbone maps, need at least num_levels={num_levels}")
+            raise ValueError(f"{__name__}: {len(in_channels)} backbone maps, need at least num_levels={num_levels}")
         self.num_levels = num_levels
         # Positions 1..n normalised to 2 pi with temperature 10000, as the official PositionEmbeddingSine.
         self.projection = MultiScaleProjection(list(in_channels[-num_levels:])[::-1], dim, num_levels, num_groups, temperature=10000.0)

@@ -15,7 +15,7 @@ def resize_masks(masks: torch.Tensor, size: tuple[int, int], orig_size: tuple[in
     height, width = size
     padded = (4 * masks.shape[-2], 4 * masks.shape[-1])
     if height > padded[0] or width > padded[1]:
-        raise ValueError(f"vision_tx/heads/mask2former/postprocess.py: size {list(size)} exceeds the padded input {list(padded)} that the stride-4 masks cover")
+        raise ValueError(f"{__name__}: size {list(size)} exceeds the padded input {list(padded)} that the stride-4 masks cover")
     masks = F.interpolate(masks[None], size=padded, mode="bilinear", align_corners=False)[:, :, :height, :width]
     return F.interpolate(masks, size=tuple(orig_size), mode="bilinear", align_corners=False)[0]
 

@@ -16,7 +16,7 @@ def sincos_position_embedding(height: int, width: int, dim: int, temperature: fl
     """``[h*w, dim]`` (row-major tokens): ``[sin(y w_k) | cos(y w_k) | sin(x w_k) | cos(x w_k)]`` with
     ``w_k = temperature ** (-k / (dim / 4))``, ``x``, ``y`` the integer column and row."""
     if dim % 4:
-        raise ValueError(f"vision_tx/heads/rtdetr/aifi.py: the embedding width {dim} is not divisible by 4")
+        raise ValueError(f"{__name__}: the embedding width {dim} is not divisible by 4")
     omega = temperature ** -(torch.arange(dim // 4, dtype=torch.float64, device=device) / (dim // 4))
     y, x = torch.meshgrid(torch.arange(height, dtype=torch.float64, device=device),
                           torch.arange(width, dtype=torch.float64, device=device), indexing="ij")

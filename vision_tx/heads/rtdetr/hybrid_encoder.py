@@ -49,7 +49,7 @@ class HybridEncoder(nn.Module):
         """``maps``: ``[B,C_i,h_i,w_i]``; ``pixel_mask [B,H,W]`` True on padding (hidden from the attention)
         -> ``[B,dim,h_i,w_i]`` each."""
         if len(maps) != len(self.input_proj):
-            raise ValueError(f"vision_tx/heads/rtdetr/hybrid_encoder.py: {len(maps)} backbone maps given, built for {len(self.input_proj)}")
+            raise ValueError(f"{__name__}: {len(maps)} backbone maps given, built for {len(self.input_proj)}")
         projected = [projection(x) for projection, x in zip(self.input_proj, maps)]
         top_mask = None if pixel_mask is None else F.interpolate(pixel_mask[None].float(), size=projected[-1].shape[-2:])[0].bool()
         projected[-1] = self.encoder(projected[-1], top_mask)
