@@ -168,6 +168,9 @@ MUTANTS = [
     Mutant("resnet: frozen BN mean not subtracted", "vision_tx/backbones/resnet.py",
            "shift = norm.bias - norm.running_mean * scale", "shift = norm.bias", (RESNET,)),
     # DETR
+    Mutant("detr padding: the row positions normalised by the valid width", "vision_tx/heads/detr/position_encoding.py",
+           "y = (y + self.offset) / (y[:, -1:, :] + eps) * self.scale", "y = (y + self.offset) / (x[:, :, -1:] + eps) * self.scale",
+           (DETR, DINO_TX)),
     Mutant("detr: decoder norm2 and norm3 swapped", "vision_tx/heads/detr/transformer.py",
            "tgt = self.norm2(tgt + self.dropout(attended))", "tgt = self.norm3(tgt + self.dropout(attended))", (DETR,)),
     Mutant("detr: encoder FFN ReLU removed", "vision_tx/heads/detr/transformer.py",
