@@ -436,6 +436,9 @@ MUTANTS = [
     Mutant("fine-tuning: the segmentation task does not log what it left", "vision_tx/lightning/segmentation.py",
            'rank_zero_info(f"segmentor weights: {report}")', 'rank_zero_info(f"segmentor weights: {report.source}")',
            (f"{FINETUNE_TWO_STEPS}[mask2former]",)),
+    Mutant("fine-tuning: tools/convert_weights.py refuses another class count", "vision_tx/models/convert.py",
+           "class_keys=found[0].class_keys if found is not None else ()", "class_keys=()",
+           (f"{FINETUNE_OFFICIAL}::test_conversion_to_another_class_count_keeps_the_new_class_tensors",)),
     # Constructor defaults against the official configs (tests/models/test_official_defaults.py)
     Mutant("official defaults: RT-DETR's decoder feed-forward 2048 (DINO's; the official 1024)", "vision_tx/models/rtdetr.py",
            "        dim_feedforward: int = 1024,", "        dim_feedforward: int = 2048,", (OFFICIAL_DEFAULTS,)),

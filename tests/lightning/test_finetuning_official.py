@@ -20,6 +20,7 @@ from vision_tx.backbones import load_weights
 from vision_tx.lightning.detection import DetectionModule
 from vision_tx.lightning.segmentation import SegmentationModule
 from vision_tx.models import DINO, RTDETR
+from vision_tx.models.convert import build_for_conversion, convert_checkpoint
 
 from tests.lightning.test_finetuning import NUM_CLASSES, finetune, mmseg_upernet_heads, save
 from tests.lightning.tools import run_tool_in_process
@@ -81,6 +82,20 @@ def test_mask2former_weights_of_another_class_count(tmp_path: Path) -> None:
                               ("predictor.mask_embed.layers.2.bias", "sem_seg_head.predictor.mask_embed.layers.2.bias"),
                               ("backbone.stages.3.out_norm.weight", "backbone.norm3.weight")):
         torch.testing.assert_close(tuned[key], official[official_key].float(), rtol=0, atol=0)
+
+
+def test_conversion_to_another_class_count_keeps_the_new_class_tensors(tmp_path: Path) -> None:
+    """``tools/convert_weights.py --num-classes``: the native file holds the new model's own class tensors and the
+    report names them."""
+    save(random_state(read_layout("rtdetr_r50vd_6x_coco_head")), tmp_path / "rtdetr.pth")
+    torch.manual_seed(0)
+    report = convert_checkpoint("rtdetr_resnet50", tmp_path / "rtdetr.pth", tmp_path / "native.pth", num_classes=NUM_CLASSES)
+    assert sorted(report.other_classes_keys) == sorted(RTDETR_SKIPPED)
+    torch.manual_seed(0)
+    fresh = build_for_conversion("rtdetr_resnet50", num_classes=NUM_CLASSES).state_dict()
+    native = torch.load(tmp_path / "native.pth", weights_only=True)["model"]
+    for key in RTDETR_SKIPPED:
+        assert torch.equal(native[key], fresh[key]), key
 
 
 @pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter")
