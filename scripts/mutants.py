@@ -62,6 +62,12 @@ FINETUNE_DETR = "tests/lightning/test_finetuning.py::test_detr_weights_of_anothe
 FINETUNE_DINO = "tests/lightning/test_finetuning.py::test_dino_weights_of_another_class_count"
 FINETUNE_UPERNET = "tests/lightning/test_finetuning.py::test_upernet_weights_of_another_class_count"
 FINETUNE_CLASSIFIER = "tests/lightning/test_finetuning.py::test_classifier_pretrained_of_another_class_count"
+FINETUNE_OFFICIAL = "tests/lightning/test_finetuning_official.py"
+FINETUNE_RTDETR = f"{FINETUNE_OFFICIAL}::test_rtdetr_weights_of_another_class_count"
+FINETUNE_M2F = f"{FINETUNE_OFFICIAL}::test_mask2former_weights_of_another_class_count"
+FINETUNE_ONE_MORE = f"{FINETUNE_OFFICIAL}::test_one_class_more_than_the_checkpoint_keeps_its_label_embeddings"
+FINETUNE_TWO_STEPS = f"{FINETUNE_OFFICIAL}::test_two_training_steps_from_an_official_checkpoint_of_another_class_count"
+OFFICIAL_DEFAULTS = "tests/models/test_official_defaults.py"
 LABEL_RANGE = "tests/lightning/test_label_range.py"
 LABEL_RANGE_EVAL = "tests/lightning/test_label_range.py::test_evaluating_a_checkpoint_on_other_data_is_one_line"
 RT_TX = "tests/models/test_rtdetr.py::test_encoder_proposals_and_decoder_match_transformers"
@@ -84,6 +90,7 @@ CONVNEXT_DENSE = "tests/backbones/test_convnext.py::test_dense_outputs_are_timms
 CONVNEXT_SMALL_DATA = "tests/backbones/test_convnext.py::test_small_data_variant_is_its_description"
 CONVNEXT_SMALL_DATA_DENSE = "tests/backbones/test_convnext.py::test_small_data_dense_outputs_are_its_stage_maps_through_batchnorm"
 CONVNEXT_SYNC_BN = "tests/backbones/test_convnext.py::test_small_data_variant_survives_sync_batchnorm_conversion"
+CONVNEXT_RUNNING_STATISTICS = "tests/backbones/test_convnext.py::test_small_data_running_statistics_after_training_steps_are_the_by_hand_update"
 MIXER = "tests/backbones/test_mixer.py::test_timm_weights_give_timm_logits"
 SAM = "tests/optim/test_sam.py"
 SAM_DDP = "tests/lightning/test_ddp.py::test_sam_classification_trains_the_same_on_two_processes"
@@ -114,6 +121,7 @@ M2F_INSTANCE = "tests/heads/test_mask2former_postprocess.py::test_instances_matc
 M2F_OFFICIAL = "tests/models/test_mask2former_official.py"
 M2F_NUM_MASKS = "tests/models/test_mask2former.py::test_loss_divides_by_the_mask_count_of_the_whole_distributed_batch"
 M2F_OBJECT_THRESHOLD = "tests/heads/test_mask2former_postprocess.py::test_panoptic_object_threshold_is_the_given_one"
+M2F_PADDING = "tests/models/test_mask2former_padding.py"
 YOLO_LABELS = "tests/scripts/test_compare_detection.py"
 SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
 TRAINING_BUDGET = "tests/lightning/test_budget.py"
@@ -162,6 +170,9 @@ MUTANTS = [
     Mutant("resnet: frozen BN mean not subtracted", "vision_tx/backbones/resnet.py",
            "shift = norm.bias - norm.running_mean * scale", "shift = norm.bias", (RESNET,)),
     # DETR
+    Mutant("detr padding: the row positions normalised by the valid width", "vision_tx/heads/detr/position_encoding.py",
+           "y = (y + self.offset) / (y[:, -1:, :] + eps) * self.scale", "y = (y + self.offset) / (x[:, :, -1:] + eps) * self.scale",
+           (DETR, DINO_TX)),
     Mutant("detr: decoder norm2 and norm3 swapped", "vision_tx/heads/detr/transformer.py",
            "tgt = self.norm2(tgt + self.dropout(attended))", "tgt = self.norm3(tgt + self.dropout(attended))", (DETR,)),
     Mutant("detr: encoder FFN ReLU removed", "vision_tx/heads/detr/transformer.py",
@@ -378,8 +389,8 @@ MUTANTS = [
     Mutant("denoising mask: a group does not see the matching queries", "vision_tx/heads/dino/denoising.py",
            "other_group = is_denoising[:, None] & is_denoising[None, :] & (group[:, None] != group[None, :])",
            "other_group = is_denoising[:, None] & (group[:, None] != group[None, :])", (DN_MASK_BOTH, DN_RT_DETR)),
-    Mutant("dino default: box noise scale 1.0 (the official config's is 0.4)", "vision_tx/models/dino.py",
-           "box_noise_scale: float = 0.4,", "box_noise_scale: float = 1.0,", (DINO_DEFAULTS,)),
+    Mutant("dino default: box noise scale 0.4 (the config file's; the official training command's is 1.0)", "vision_tx/models/dino.py",
+           "box_noise_scale: float = 1.0,", "box_noise_scale: float = 0.4,", (DINO_DEFAULTS,)),
     Mutant("dino default: dn_number 200", "vision_tx/models/dino.py",
            "num_denoising: int = 100,", "num_denoising: int = 200,", (DINO_DEFAULTS,)),
     Mutant("dino default: matcher class cost 1 (the official 2)", "vision_tx/heads/dino/criterion.py",
@@ -406,12 +417,45 @@ MUTANTS = [
            "value = torch.cat([value[:, quarter : 2 * quarter], value[:, :quarter], value[:, 2 * quarter :]], 1)",
            "value = torch.cat([value[:, :quarter], value[:, quarter : 2 * quarter], value[:, 2 * quarter :]], 1)", (DINO_OFFICIAL,)),
     Mutant("dino converter: label embedding rows shifted", "vision_tx/models/dino_official.py",
-           "value = value[: model.num_classes]", "value = value[1 : model.num_classes + 1]", (DINO_OFFICIAL,)),
+           "value = value[:-1]", "value = value[1:]", (DINO_OFFICIAL,)),
     # Fine-tuning from official checkpoints of another number of classes
     Mutant("fine-tuning: class tensors of another count refused", "vision_tx/backbones/weights.py",
            "other_classes = other_class_keys(state, model, class_keys)", "other_classes = []", (FINETUNE_DETR, FINETUNE_CLASSIFIER)),
     Mutant("fine-tuning: DINO's label book cut to the new class count and loaded", "vision_tx/models/dino_official.py",
-           'if key == "label_enc.weight" and len(value) == model.num_classes + 1:', 'if key == "label_enc.weight":', (FINETUNE_DINO,)),
+           "value = value[:-1]", "value = value[: model.num_classes]", (FINETUNE_DINO,)),
+    Mutant("fine-tuning: DINO's label book of one class more read as the model's", "vision_tx/models/dino_official.py",
+           "value = value[:-1]", "value = value[: model.num_classes] if len(value) == model.num_classes + 1 else value",
+           (f"{FINETUNE_ONE_MORE}[dino]",)),
+    Mutant("fine-tuning: RT-DETR's denoising labels cut to the new class count and loaded", "vision_tx/models/rtdetr_official.py",
+           "value = value[:-1]", "value = value[: model.num_classes]", (FINETUNE_RTDETR,)),
+    Mutant("fine-tuning: RT-DETR's denoising labels of one class more read as the model's", "vision_tx/models/rtdetr_official.py",
+           "value = value[:-1]", "value = value[: model.num_classes] if len(value) == model.num_classes + 1 else value",
+           (f"{FINETUNE_ONE_MORE}[rtdetr]",)),
+    Mutant("fine-tuning: Mask2Former's class head not a class tensor", "vision_tx/models/mask2former.py",
+           'class_keys = (r"^predictor\\.class_embed\\.",)', 'class_keys = (r"^predictor\\.mask_embed\\.",)', (FINETUNE_M2F,)),
+    Mutant("fine-tuning: the detection task does not log what it left", "vision_tx/lightning/detection.py",
+           'rank_zero_info(f"model weights: {report}")', 'rank_zero_info(f"model weights: {report.source}")', (f"{FINETUNE_TWO_STEPS}[rtdetr]",)),
+    Mutant("fine-tuning: the segmentation task does not log what it left", "vision_tx/lightning/segmentation.py",
+           'rank_zero_info(f"segmentor weights: {report}")', 'rank_zero_info(f"segmentor weights: {report.source}")',
+           (f"{FINETUNE_TWO_STEPS}[mask2former]",)),
+    Mutant("fine-tuning: tools/convert_weights.py refuses another class count", "vision_tx/models/convert.py",
+           "class_keys=found[0].class_keys if found is not None else ()", "class_keys=()",
+           (f"{FINETUNE_OFFICIAL}::test_conversion_to_another_class_count_keeps_the_new_class_tensors",)),
+    # Constructor defaults against the official configs (tests/models/test_official_defaults.py)
+    Mutant("official defaults: RT-DETR's decoder feed-forward 2048 (DINO's; the official 1024)", "vision_tx/models/rtdetr.py",
+           "        dim_feedforward: int = 1024,", "        dim_feedforward: int = 2048,", (OFFICIAL_DEFAULTS,)),
+    Mutant("official defaults: RT-DETR 900 queries (DINO's; the official 300)", "vision_tx/models/rtdetr.py",
+           "num_queries: int = 300,", "num_queries: int = 900,", (OFFICIAL_DEFAULTS,)),
+    Mutant("official defaults: Mask2Former 6 decoder layers (the official 9)", "vision_tx/models/mask2former.py",
+           "num_decoder_layers: int = 9,", "num_decoder_layers: int = 6,", (OFFICIAL_DEFAULTS,)),
+    Mutant("official defaults: Mask2Former's encoder feed-forward 2048 (the decoder's; the official 1024)", "vision_tx/models/mask2former.py",
+           "encoder_dim_feedforward: int = 1024,", "encoder_dim_feedforward: int = 2048,", (OFFICIAL_DEFAULTS,)),
+    Mutant("official defaults: Mask2Former class weight 1 (DETR's; the official 2)", "vision_tx/heads/mask2former/criterion.py",
+           "weight_ce: float = 2.0,", "weight_ce: float = 1.0,", (OFFICIAL_DEFAULTS,)),
+    Mutant("official defaults: DETR dropout 0 (DINO's; the official 0.1)", "vision_tx/models/detr.py",
+           "dropout: float = 0.1,", "dropout: float = 0.0,", (OFFICIAL_DEFAULTS,)),
+    Mutant("official defaults: UperNet auxiliary loss weight 1 (the official 0.4)", "vision_tx/models/segmentor.py",
+           "aux_loss_weight: float = 0.4,", "aux_loss_weight: float = 1.0,", (OFFICIAL_DEFAULTS,)),
     Mutant("fine-tuning: mmsegmentation's conv_seg not read as the classifier", "vision_tx/models/segmentor.py",
            '.replace(".conv_seg.", ".classifier.")', '.replace(".conv_seg.", ".conv_seg.")', (FINETUNE_UPERNET,)),
     Mutant("fine-tuning: a classifier's head not a class tensor", "vision_tx/lightning/classification.py",
@@ -486,7 +530,7 @@ MUTANTS = [
     Mutant("rtdetr converter: proposal heads as the first layer's", "vision_tx/models/rtdetr_official.py",
            "_embed.{num_layers}.{key[match.end():]}", "_embed.0.{key[match.end():]}", (RT_OFFICIAL,)),
     Mutant("rtdetr converter: denoising rows shifted", "vision_tx/models/rtdetr_official.py",
-           "value = value[: model.num_classes]", "value = value[1:]", (RT_OFFICIAL,)),
+           "value = value[:-1]", "value = value[1:]", (RT_OFFICIAL,)),
     # The detector protocol (docs/CONVENTIONS.md, "Detectors"), on RT-DETR, the detector written beside it
     Mutant("detector protocol: rtdetr matcher_kwargs ignored", "vision_tx/models/query_detector.py",
            "matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None", "matcher = None", (PROTOCOL_KWARGS,)),
@@ -562,6 +606,22 @@ MUTANTS = [
            "    bn = property(lambda self: self)\n"
            "    forward = lambda self, x: nn.BatchNorm2d.forward(self, x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)\n\n\n"
            "class _Unused(nn.Module):", (CONVNEXT_SYNC_BN,)),
+    Mutant("convnext small-data: BatchNorm momentum 0.01 (torch's 0.1)", "vision_tx/backbones/convnext.py",
+           "self.bn = nn.BatchNorm2d(dim)", "self.bn = nn.BatchNorm2d(dim, momentum=0.01)", (CONVNEXT_RUNNING_STATISTICS,)),
+    Mutant("convnext small-data: running statistics a cumulative average", "vision_tx/backbones/convnext.py",
+           "self.bn = nn.BatchNorm2d(dim)", "self.bn = nn.BatchNorm2d(dim, momentum=None)", (CONVNEXT_RUNNING_STATISTICS,)),
+    Mutant("convnext small-data: head BatchNorm momentum 0.2", "vision_tx/backbones/convnext.py",
+           'norm = nn.BatchNorm1d(dim) if kwargs.get("norm")', 'norm = nn.BatchNorm1d(dim, momentum=0.2) if kwargs.get("norm")',
+           (CONVNEXT_RUNNING_STATISTICS,)),
+    Mutant("convnext small-data: BatchNorm by hand, running variance biased", "vision_tx/backbones/convnext.py",
+           "        return self.bn(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)",
+           "        if self.training:\n"
+           "            flat = x.detach().flatten(0, 2)\n"
+           "            self.bn.running_mean.mul_(0.9).add_(0.1 * flat.mean(0))\n"
+           "            self.bn.running_var.mul_(0.9).add_(0.1 * flat.var(0, correction=0))\n"
+           "            self.bn.num_batches_tracked.add_(1)\n"
+           "            return F.batch_norm(x.permute(0, 3, 1, 2), None, None, self.bn.weight, self.bn.bias, True, 0.0, self.bn.eps).permute(0, 2, 3, 1)\n"
+           "        return self.bn(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)", (CONVNEXT_RUNNING_STATISTICS,)),
     # MLP-Mixer
     Mutant("mixer: token mixing reads norm2", "vision_tx/backbones/mixer.py",
            "tokens = self.mlp_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)",
@@ -722,6 +782,15 @@ MUTANTS = [
            r'r"transformer_self_attention_layers\.(\d+)\.norm\.", r"predictor.layers.\1.norm1."', (M2F_OFFICIAL,)),
     Mutant("mask2former official: FPN convs counted from the coarsest", "vision_tx/models/mask2former_official.py",
            "kind, index, part = fpn[1], num_fpn_levels - int(fpn[2]), fpn[3]", "kind, index, part = fpn[1], int(fpn[2]), fpn[3]", (M2F_OFFICIAL,)),
+    Mutant("mask2former padding: unpadded height and width swapped", "vision_tx/models/mask2former.py",
+           "sizes = torch.stack([(~pixel_mask[:, :, 0]).sum(1), (~pixel_mask[:, 0, :]).sum(1)], -1)",
+           "sizes = torch.stack([(~pixel_mask[:, 0, :]).sum(1), (~pixel_mask[:, :, 0]).sum(1)], -1)", (M2F_PADDING,)),
+    Mutant("mask2former padding: targets padded by the height's amount in width and the width's in height", "vision_tx/models/mask2former.py",
+           'F.pad(t["masks"], (0, width - t["masks"].shape[-1], 0, height - t["masks"].shape[-2]))',
+           'F.pad(t["masks"], (0, height - t["masks"].shape[-2], 0, width - t["masks"].shape[-1]))', (M2F_PADDING,)),
+    Mutant("mask2former padding: targets padded at the top and left", "vision_tx/models/mask2former.py",
+           'F.pad(t["masks"], (0, width - t["masks"].shape[-1], 0, height - t["masks"].shape[-2]))',
+           'F.pad(t["masks"], (width - t["masks"].shape[-1], 0, height - t["masks"].shape[-2], 0))', (M2F_PADDING,)),
     Mutant("mask2former instance: query and class of a pair swapped", "vision_tx/heads/mask2former/postprocess.py",
            "query, labels = index // num_classes, index % num_classes", "query, labels = index % num_classes, index // num_classes", (M2F_INSTANCE,)),
     # The learning comparison's COCO <-> YOLO conversion and scoring (scripts/compare_detection.py)

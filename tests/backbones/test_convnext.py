@@ -134,38 +134,42 @@ def test_dense_outputs_are_timms_stage_outputs_through_the_output_norms(tiny_pai
         torch.testing.assert_close(output, expected, rtol=0, atol=1e-5, msg=name)  # measured 2-4e-6 (outputs of about 5)
 
 
-def _batch_norm(x: torch.Tensor, norm: torch.nn.Module, training: bool) -> torch.Tensor:
-    """BatchNorm of ``x [N, C, ...]`` over its channels by ``torch.nn.functional`` (batch statistics when training)."""
+def _batch_norm(x: torch.Tensor, norm: torch.nn.Module, training: bool, statistics: dict | None = None) -> torch.Tensor:
+    """BatchNorm of ``x [N, C, ...]`` over its channels by ``torch.nn.functional`` (batch statistics when training);
+    ``statistics`` (when given and training) receives ``norm -> (mean [C], unbiased variance [C])`` of the batch."""
     if training:
+        if statistics is not None:
+            values = x.transpose(0, 1).flatten(1)
+            statistics[norm] = (values.mean(1), values.var(1, correction=1))
         return F.batch_norm(x, None, None, norm.weight, norm.bias, True, 0.0, norm.eps)
     return F.batch_norm(x, norm.running_mean, norm.running_var, norm.weight, norm.bias, False, 0.0, norm.eps)
 
 
-def _small_data_stage_maps(model: torch.nn.Module, images: torch.Tensor, training: bool) -> list[torch.Tensor]:
+def _small_data_stage_maps(model: torch.nn.Module, images: torch.Tensor, training: bool, statistics: dict | None = None) -> list[torch.Tensor]:
     """Each stage's output of the small-data variant written out from its description, NCHW: 4x4 stem
     (image zero-padded to a multiple of 4 at the bottom and right) and BatchNorm; each later stage
     entered by a 2x2 max-pool (odd maps rounded up), BatchNorm and a 1x1 convolution; blocks of 7x7
-    depthwise convolution, BatchNorm, ``C -> 4C -> C`` GELU MLP and layer scale."""
+    depthwise convolution, BatchNorm, ``C -> 4C -> C`` GELU MLP and layer scale (``statistics``: see :func:`_batch_norm`)."""
     images = F.pad(images, (0, -images.shape[-1] % 4, 0, -images.shape[-2] % 4))
     x = F.conv2d(images, model.stem.proj.weight, model.stem.proj.bias, stride=4)
-    x = _batch_norm(x, model.stem.norm.bn, training)
+    x = _batch_norm(x, model.stem.norm.bn, training, statistics)
     maps = []
     for stage in model.stages:
         if stage.downsample is not None:
             x = F.max_pool2d(x, 2, ceil_mode=True)
-            x = F.conv2d(_batch_norm(x, stage.downsample.norm.bn, training), stage.downsample.conv.weight, stage.downsample.conv.bias)
+            x = F.conv2d(_batch_norm(x, stage.downsample.norm.bn, training, statistics), stage.downsample.conv.weight, stage.downsample.conv.bias)
         for block in stage.blocks:
             y = F.conv2d(x, block.conv_dw.weight, block.conv_dw.bias, padding=3, groups=x.shape[1])
-            y = _batch_norm(y, block.norm.bn, training).permute(0, 2, 3, 1)
+            y = _batch_norm(y, block.norm.bn, training, statistics).permute(0, 2, 3, 1)
             y = F.linear(F.gelu(F.linear(y, block.mlp.fc1.weight, block.mlp.fc1.bias)), block.mlp.fc2.weight, block.mlp.fc2.bias)
             x = x + (y * block.gamma).permute(0, 3, 1, 2)
         maps.append(x)
     return maps
 
 
-def _small_data_logits(model: torch.nn.Module, images: torch.Tensor, training: bool) -> torch.Tensor:
+def _small_data_logits(model: torch.nn.Module, images: torch.Tensor, training: bool, statistics: dict | None = None) -> torch.Tensor:
     """The classifier: the last stage's map, mean pool, BatchNorm, linear."""
-    pooled = _batch_norm(_small_data_stage_maps(model, images, training)[-1].mean((2, 3)), model.head.norm, training)
+    pooled = _batch_norm(_small_data_stage_maps(model, images, training, statistics)[-1].mean((2, 3)), model.head.norm, training, statistics)
     return F.linear(pooled, model.head.fc.weight, model.head.fc.bias)
 
 
@@ -181,6 +185,38 @@ def test_small_data_variant_is_its_description(training: bool) -> None:
         expected = _small_data_logits(model, images, training)
         actual = model(images)
     torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_small_data_running_statistics_after_training_steps_are_the_by_hand_update() -> None:
+    """Three AdamW steps of the small-data classifier in training mode: every BatchNorm's running mean and
+    variance against the update by hand (``(1 - 0.1) * running + 0.1 * batch``, the batch variance unbiased)
+    from the batch statistics of the by-hand forward pass at each step's weights; then evaluation reads
+    them. Float64, weights and statistics moved off their initialisation, odd image sizes."""
+    model = build_classifier("convnext_tiny", num_classes=5, dims=(8, 16, 24, 32), depths=(1, 2, 1, 1),
+                             drop_path_rate=0.0, norm="batchnorm", downsample="maxpool")
+    perturb_(model, seed=7).double().train()
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    running = {norm: (norm.running_mean.clone(), norm.running_var.clone()) for norm in norms}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(8)
+    for _ in range(3):
+        images = torch.randn(3, 3, 45, 38, generator=generator, dtype=torch.float64)
+        statistics: dict = {}
+        with torch.no_grad():
+            _small_data_logits(model, images, training=True, statistics=statistics)
+        assert set(statistics) == set(norms)
+        for norm, (mean, variance) in statistics.items():
+            running[norm] = (0.9 * running[norm][0] + 0.1 * mean, 0.9 * running[norm][1] + 0.1 * variance)
+        optimizer.zero_grad()
+        F.cross_entropy(model(images), torch.tensor([0, 3, 4])).backward()
+        optimizer.step()
+    for norm in norms:
+        torch.testing.assert_close(norm.running_mean, running[norm][0], rtol=0, atol=1e-12)
+        torch.testing.assert_close(norm.running_var, running[norm][1], rtol=0, atol=1e-12)
+        assert norm.num_batches_tracked == 3
+    images = torch.randn(2, 3, 45, 38, generator=generator, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(images), _small_data_logits(model, images, training=False), rtol=1e-10, atol=1e-10)
 
 
 def test_small_data_dense_outputs_are_its_stage_maps_through_batchnorm() -> None:

@@ -233,11 +233,12 @@ def test_label_noise_replaces_about_half_the_ratio() -> None:
 
 
 # IDEA-Research/DINO's config/DINO/DINO_4scale.py (and its position encoding and inverse sigmoid), written
-# from that file: the DINO constructor's and criterion's defaults must be these numbers.
+# from that file, with the one override of its training command scripts/DINO_train.sh that the model reads
+# (dn_box_noise_scale=1.0; the file's 0.4): the DINO constructor's and criterion's defaults must be these numbers.
 DINO_4SCALE = dict(
     num_queries=900, hidden_dim=256, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, dim_feedforward=2048,
     dropout=0.0, num_levels=4, num_points=4, query_selection="mixed", num_denoising=100, label_noise_ratio=0.5,
-    box_noise_scale=0.4, position_temperature=20.0, position_offset=0.0, decoder_norm=True, inverse_sigmoid_eps=1e-3,
+    box_noise_scale=1.0, position_temperature=20.0, position_offset=0.0, decoder_norm=True, inverse_sigmoid_eps=1e-3,
 )
 DINO_4SCALE_LOSS = dict(weight_ce=1.0, weight_bbox=5.0, weight_giou=2.0, focal_alpha=0.25, focal_gamma=2.0)
 DINO_4SCALE_MATCHER = dict(cost_class=2.0, cost_bbox=5.0, cost_giou=2.0, focal_alpha=0.25, focal_gamma=2.0)
@@ -250,7 +251,7 @@ def test_defaults_are_the_official_dino_4scale_config() -> None:
     assert {k: defaults[k] for k in DINO_4SCALE} == DINO_4SCALE
     assert defaults["look_forward_twice"] is True
     denoising = {k: p.default for k, p in inspect.signature(ContrastiveDenoising).parameters.items()}
-    assert (denoising["num_queries"], denoising["label_noise_ratio"], denoising["box_noise_scale"], denoising["eps"]) == (100, 0.5, 0.4, 1e-3)
+    assert (denoising["num_queries"], denoising["label_noise_ratio"], denoising["box_noise_scale"], denoising["eps"]) == (100, 0.5, 1.0, 1e-3)
     criterion = DINOCriterion(NUM_CLASSES)
     assert {k: criterion.weights[f"loss_{k.removeprefix('weight_')}"] for k in DINO_4SCALE_LOSS if k.startswith("weight_")} == {
         k: v for k, v in DINO_4SCALE_LOSS.items() if k.startswith("weight_")

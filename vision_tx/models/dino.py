@@ -41,7 +41,9 @@ class DINO(DeformableQueryDetector):
     ``num_denoising`` is the official ``dn_number``, ``num_denoising // K`` groups of ``K`` positive and
     ``K`` negative queries for at most ``K`` targets per image (:class:`ContrastiveDenoising`);
     ``look_forward_twice`` lets each layer's box loss reach the previous layer's box head.
-    Defaults: DINO's 4-scale setting, with its sine position encoding (``position_temperature`` 20,
+    Defaults: DINO's 4-scale setting as the official training command runs it (IDEA-Research/DINO
+    ``scripts/DINO_train.sh``: ``config/DINO/DINO_4scale.py`` with ``dn_box_noise_scale=1.0``, which
+    overrides the config file's 0.4), with its sine position encoding (``position_temperature`` 20,
     ``position_offset`` 0), the decoder's final LayerNorm (``decoder_norm``) and ``inverse_sigmoid_eps``
     1e-3; Deformable DETR's are 10000, -0.5, no norm and 1e-5. ``nms_threshold`` (off by default,
     as in the paper) adds per-class non-maximum suppression to :meth:`postprocess`, for short trainings
@@ -68,7 +70,7 @@ class DINO(DeformableQueryDetector):
         query_selection: str = "mixed",
         num_denoising: int = 100,
         label_noise_ratio: float = 0.5,
-        box_noise_scale: float = 0.4,
+        box_noise_scale: float = 1.0,
         look_forward_twice: bool = True,
         position_temperature: float = 20.0,
         position_offset: float = 0.0,

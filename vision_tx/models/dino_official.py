@@ -42,9 +42,9 @@ def convert_official_dino(state_dict: Mapping[str, torch.Tensor], model: nn.Modu
     - The decoder layers' class and box heads are one shared module in the official model (also
       listed under ``transformer.decoder.``); each layer's head here starts as a copy of it. The
       encoder's proposal heads ``transformer.enc_out_{class,bbox}_embed`` are the last heads here.
-    - ``label_enc`` has a row per class plus one the denoising never draws (``dn_labelbook_size``);
-      only the ``model.num_classes`` first rows are kept (all of them for a model of another number
-      of classes, whose ``load_weights(..., class_keys=DINO.class_keys)`` leaves it out).
+    - ``label_enc`` has a row per class plus one the denoising never draws (``dn_labelbook_size``), dropped
+      here: the rest has a row per official class, so that ``load_weights(..., class_keys=DINO.class_keys)``
+      leaves a model of another number of classes (one more included) its own rows, and names them.
     - ``ref_point_head`` reads the sine embedding of (y, x, w, h) officially, of (x, y, w, h) here:
       the first two blocks of its input columns are swapped.
     - The backbone (``backbone.0.`` for Swin, ``backbone.0.body.`` for ResNet) goes through the
@@ -62,8 +62,8 @@ def convert_official_dino(state_dict: Mapping[str, torch.Tensor], model: nn.Modu
         if match:
             converted[f"{match.group(1)}_embed.{num_layers}.{key[match.end():]}"] = value
             continue
-        if key == "label_enc.weight" and len(value) == model.num_classes + 1:  # of other classes: left to load_weights
-            value = value[: model.num_classes]
+        if key == "label_enc.weight":
+            value = value[:-1]
         if key == "transformer.decoder.ref_point_head.layers.0.weight":
             quarter = value.shape[1] // 4
             value = torch.cat([value[:, quarter : 2 * quarter], value[:, :quarter], value[:, 2 * quarter :]], 1)

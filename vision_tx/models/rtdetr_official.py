@@ -39,8 +39,9 @@ def convert_official_rtdetr(state_dict: Mapping[str, torch.Tensor], model: nn.Mo
     """Renames an official RT-DETR state dict to the keys of ``model`` (a :class:`vision_tx.models.RTDETR`).
 
     - The encoder's proposal heads ``decoder.enc_{score,bbox}_head`` are the last class and box heads here.
-    - ``denoising_class_embed`` has a last padding row (``padding_idx=num_classes``); only the
-      ``model.num_classes`` first rows are kept (padding slots are zeroed here instead).
+    - ``denoising_class_embed`` has a last padding row (``padding_idx=num_classes``), dropped here (padding
+      slots are zeroed instead): the rest has a row per official class, so that ``load_weights(...,
+      class_keys=RTDETR.class_keys)`` leaves a model of another number of classes its own rows, and names them.
     - The backbone (``backbone.``) goes through the backbone's own ``convert_state_dict``; the
       official PResNet-vd has no vision_tx counterpart, so its tensors only load into a backbone that reads them.
     """
@@ -55,6 +56,6 @@ def convert_official_rtdetr(state_dict: Mapping[str, torch.Tensor], model: nn.Mo
             converted[f"{'class' if match.group(1) == 'score' else 'bbox'}_embed.{num_layers}.{key[match.end():]}"] = value
             continue
         if key == "decoder.denoising_class_embed.weight":
-            value = value[: model.num_classes]
+            value = value[:-1]
         converted[renamed_key(key, _RENAMES)] = value
     return with_backbone_state(converted, backbone_state, model)

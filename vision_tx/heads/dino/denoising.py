@@ -47,13 +47,13 @@ class ContrastiveDenoising(nn.Module):
     random class with probability ``label_noise_ratio / 2``. Each box edge moves by ``box_noise_scale``
     times half the box's width (or height) times a random factor: below 1 for positives, between 1
     and 2 for negatives, so positives stay closer to their target than negatives (defaults: the official
-    DINO config's ``dn_label_noise_ratio`` 0.5 and ``dn_box_noise_scale`` 0.4). The noised corners
+    DINO training command's ``dn_label_noise_ratio`` 0.5 and ``dn_box_noise_scale`` 1.0, ``scripts/DINO_train.sh``). The noised corners
     are clamped to the image and the boxes go through ``inverse_sigmoid(., eps)`` and back, as the
     official ``prepare_for_cdn`` stores them, so the decoder reads sizes of at least about ``eps``.
     """
 
     def __init__(
-        self, num_classes: int, dim: int, num_queries: int = 100, label_noise_ratio: float = 0.5, box_noise_scale: float = 0.4,
+        self, num_classes: int, dim: int, num_queries: int = 100, label_noise_ratio: float = 0.5, box_noise_scale: float = 1.0,
         eps: float = 1e-3,
     ) -> None:
         super().__init__()
