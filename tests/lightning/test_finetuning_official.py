@@ -72,7 +72,7 @@ def test_mask2former_weights_of_another_class_count(tmp_path: Path) -> None:
     assert official["sem_seg_head.predictor.class_embed.weight"].shape == (151, 256)  # ADE20K's 150 and no-object
     checkpoint = save(official, tmp_path / "mask2former.pth")
     log, tuned = finetune(
-        lambda pretrained: SegmentationModule(backbone="swin_t", head="mask2former", num_classes=NUM_CLASSES, pretrained=pretrained),
+        lambda weights: SegmentationModule(backbone="swin_t", head="mask2former", num_classes=NUM_CLASSES, weights=weights),
         checkpoint, MASK2FORMER_SKIPPED,
     )
     assert "unused from the checkpoint" not in log
@@ -115,14 +115,14 @@ def test_one_class_more_than_the_checkpoint_keeps_its_label_embeddings(detector:
     assert report.missing_keys == []  # the backbone's keys (DINO's) are unused: the stand-in backbone has none
 
 
-# Each family's full-size config, the option that reads official weights, the official checkpoint and what it leaves.
+# Each family's full-size config, its task, the official checkpoint (read by --model.weights) and what it leaves.
 FAMILIES = {
-    "detr": ("detr_r50", "weights", lambda: random_state(read_layout("detr-r50-e632da11")), DETR_SKIPPED),
-    "dino": ("dino_r50", "weights", lambda: official_state("dino_4scale_r50"), DINO_SKIPPED),
-    "rtdetr": ("rtdetr_r50", "weights", rtdetr_official_state, RTDETR_SKIPPED),
-    "mask2former": ("mask2former_swin_t_ade20k", "pretrained", lambda: random_state(read_layout("mask2former_swin_tiny_ade20k_semantic_160k")),
-                    MASK2FORMER_SKIPPED),
-    "upernet": ("upernet_swin_b_ade20k", "pretrained", upernet_official_state, UPERNET_SKIPPED),
+    "detr": ("detr_r50", "detection", lambda: random_state(read_layout("detr-r50-e632da11")), DETR_SKIPPED),
+    "dino": ("dino_r50", "detection", lambda: official_state("dino_4scale_r50"), DINO_SKIPPED),
+    "rtdetr": ("rtdetr_r50", "detection", rtdetr_official_state, RTDETR_SKIPPED),
+    "mask2former": ("mask2former_swin_t_ade20k", "segmentation",
+                    lambda: random_state(read_layout("mask2former_swin_tiny_ade20k_semantic_160k")), MASK2FORMER_SKIPPED),
+    "upernet": ("upernet_swin_b_ade20k", "segmentation", upernet_official_state, UPERNET_SKIPPED),
 }
 SMALL_DETECTION = ["--data.train_transform", json.dumps({"class_path": "vision_tx.data.transforms.DetrTrainTransform", "init_args": {
     "scales": [64], "max_size": 96, "crop_scales": [64], "crop_size": [48, 64]}})]
@@ -140,11 +140,11 @@ def toy_cache(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_two_training_steps_from_an_official_checkpoint_of_another_class_count(family: str, toy_cache: Path, tmp_path: Path) -> None:
-    config, option, official, skipped = FAMILIES[family]
+    config, task, official, skipped = FAMILIES[family]
     checkpoint = save(official(), tmp_path / f"{family}.pth")
-    small = SMALL_SEGMENTATION if option == "pretrained" else SMALL_DETECTION
+    small = SMALL_SEGMENTATION if task == "segmentation" else SMALL_DETECTION
     result = run_tool_in_process(
-        "train.py", "--config", config, f"--model.{option}", checkpoint, *small, *TWO_STEPS, "--data.toy_cache_dir", str(toy_cache),
+        "train.py", "--config", config, "--model.weights", checkpoint, *small, *TWO_STEPS, "--data.toy_cache_dir", str(toy_cache),
         "--trainer.default_root_dir", str(tmp_path / "run"), cwd=tmp_path,
     )
     lines = [line for line in result.stderr.splitlines() if "of another number of classes" in line]
