@@ -58,7 +58,7 @@ def add_chunked(x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor],
     """
     tokens = x.numel() // max(x.shape[-1], 1)
     if (training or torch.is_grad_enabled() or x.device.type != "cpu" or tokens <= INFERENCE_CHUNK_TOKENS
-            or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()):
+            or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling() or torch.compiler.is_exporting()):
         return x + branch(x)
     if per_sample:
         pieces, size = x, max(1, INFERENCE_CHUNK_TOKENS * x.shape[0] // tokens)

@@ -172,7 +172,8 @@ class WindowAttention(nn.Module):
             attn_mask = attn_mask.unsqueeze(0)
         elif batch > 1:
             attn_mask = attn_mask.repeat(batch, 1, 1, 1)
-        if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        # Exported (torch.export, then ONNX), the fused kernel's output strides would not survive the decomposition.
+        if (q.device.type == "cpu" and q.dtype == torch.bfloat16) or torch.compiler.is_exporting():
             x = explicit_attention(q, k, v, attn_mask)
         else:
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.to(q.dtype))  # [B*nW, heads, N, d]

@@ -146,7 +146,7 @@ class Mask2Former(nn.Module):
             for flipped in (False, True) if flip else (False,):
                 outputs = self(scaled.flip(-1) if flipped else scaled)
                 masks = F.interpolate(outputs["pred_masks"], size=scaled.shape[-2:], mode="bilinear", align_corners=False)
-                scores = torch.stack([semantic_inference(c, m) for c, m in zip(outputs["pred_logits"], masks)])
+                scores = semantic_inference(outputs["pred_logits"], masks)
                 scores = scores.flip(-1) if flipped else scores
                 total += F.interpolate(scores, size=size, mode="bilinear", align_corners=False)
         return total / (len(scales) * (2 if flip else 1))

@@ -35,12 +35,27 @@ def _check_sizes(orig_sizes: torch.Tensor, batch: int) -> None:
         )
 
 
-def _detections(scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-    """Per image ``scores``, ``labels`` and ``boxes`` (normalised cxcywh ``[B,N,4]`` -> xyxy pixels of ``orig_sizes``)."""
+def pixel_boxes(boxes: torch.Tensor, orig_sizes: torch.Tensor) -> torch.Tensor:
+    """Normalised cxcywh ``boxes [B,N,4]`` -> absolute xyxy in images of ``orig_sizes [B,2]`` (h, w)."""
     height, width = orig_sizes.to(boxes).unbind(1)
     scale = torch.stack([width, height, width, height], dim=1)[:, None, :]
-    boxes = box_convert(boxes, "cxcywh", "xyxy") * scale
+    return box_convert(boxes, "cxcywh", "xyxy") * scale
+
+
+def _detections(scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor, orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    """Per image ``scores``, ``labels`` and ``boxes`` (normalised cxcywh ``[B,N,4]`` -> xyxy pixels of ``orig_sizes``)."""
+    boxes = pixel_boxes(boxes, orig_sizes)
     return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]
+
+
+def sigmoid_candidates(outputs: dict, candidates: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``candidates`` best (query, class) pairs of sigmoid ``pred_logits [B,Q,C]``, best first: their
+    ``scores [B,K]``, ``labels [B,K]`` and normalised cxcywh ``boxes [B,K,4]`` (``K = min(candidates, Q*C)``)."""
+    logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
+    num_classes = logits.shape[-1]
+    scores, index = logits.sigmoid().flatten(1).topk(min(candidates, logits.shape[1] * num_classes), dim=1)
+    queries = torch.div(index, num_classes, rounding_mode="floor")
+    return scores, index % num_classes, torch.gather(boxes, 1, queries[..., None].expand(-1, -1, 4))
 
 
 @torch.no_grad()
@@ -57,14 +72,9 @@ def postprocess_sigmoid_detections(
     yet learnt to silence. ``pred_boxes`` and ``orig_sizes`` as in :func:`postprocess_detections`;
     returns the same keys, best score first.
     """
-    logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
-    _check_sizes(orig_sizes, len(logits))
-    num_classes = logits.shape[-1]
+    _check_sizes(orig_sizes, len(outputs["pred_logits"]))
     candidates = num_detections if nms_threshold is None else max(num_detections, NMS_CANDIDATES)
-    scores, index = logits.sigmoid().flatten(1).topk(min(candidates, logits.shape[1] * num_classes), dim=1)
-    queries = torch.div(index, num_classes, rounding_mode="floor")
-    picked = torch.gather(boxes, 1, queries[..., None].expand(-1, -1, 4))
-    detections = _detections(scores, index % num_classes, picked, orig_sizes)
+    detections = _detections(*sigmoid_candidates(outputs, candidates), orig_sizes)
     if nms_threshold is None:
         return detections
     kept = []

@@ -10,20 +10,22 @@ import torch.nn.functional as F
 
 
 def resize_masks(masks: torch.Tensor, size: tuple[int, int], orig_size: tuple[int, int]) -> torch.Tensor:
-    """Mask logits ``[Q,h,w]`` at stride 4 of the padded input -> ``[Q,H0,W0]``: upsampled bilinearly to
+    """Mask logits ``[Q,h,w]`` (or ``[B,Q,h,w]``) at stride 4 of the padded input -> ``[Q,H0,W0]``: upsampled bilinearly to
     the padded input, cropped to the unpadded image ``size`` and resized bilinearly to ``orig_size``."""
     height, width = size
     padded = (4 * masks.shape[-2], 4 * masks.shape[-1])
     if height > padded[0] or width > padded[1]:
         raise ValueError(f"{__name__}: size {list(size)} exceeds the padded input {list(padded)} that the stride-4 masks cover")
-    masks = F.interpolate(masks[None], size=padded, mode="bilinear", align_corners=False)[:, :, :height, :width]
-    return F.interpolate(masks, size=tuple(orig_size), mode="bilinear", align_corners=False)[0]
+    batched = masks.dim() == 4  # [B,Q,h,w]: every image of one size (the exported models')
+    masks = F.interpolate(masks if batched else masks[None], size=padded, mode="bilinear", align_corners=False)[:, :, :height, :width]
+    masks = F.interpolate(masks, size=tuple(orig_size), mode="bilinear", align_corners=False)
+    return masks if batched else masks[0]
 
 
 def semantic_inference(logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """Per-class scores ``[C,H,W]``: each query's mask probability weighted by its class probabilities
-    (the no-object class dropped), summed over queries."""
-    return torch.einsum("qc,qhw->chw", logits.softmax(-1)[:, :-1], masks.sigmoid())
+    (the no-object class dropped), summed over queries; batched: ``[B,Q,C+1]``, ``[B,Q,H,W]`` -> ``[B,C,H,W]``."""
+    return torch.einsum("...qc,...qhw->...chw", logits.softmax(-1)[..., :-1], masks.sigmoid())
 
 
 def panoptic_inference(
@@ -77,16 +79,24 @@ def instance_inference(logits: torch.Tensor, masks: torch.Tensor, topk: int = 10
     ``thing_classes`` (panoptic models), only the pairs of those classes. Score: the class probability
     times the mean mask probability over the mask's foreground (logit > 0). Returns ``{"scores" [N],
     "labels" [N] int64, "masks" bool [N,H,W]}``, best first."""
-    probs = logits.softmax(-1)[:, :-1]
-    num_classes = probs.shape[1]
-    class_scores, index = probs.flatten().topk(min(topk, probs.numel()))
-    query, labels = index // num_classes, index % num_classes
+    scores, labels, foreground = instance_candidates(logits[None], masks[None], topk)
+    scores, labels, foreground = scores[0], labels[0], foreground[0]
     if thing_classes is not None:
         keep = torch.tensor([label in thing_classes for label in labels.tolist()], dtype=torch.bool, device=labels.device)
-        class_scores, query, labels = class_scores[keep], query[keep], labels[keep]
-    mask_logits = masks[query]
-    foreground = mask_logits > 0
-    mask_scores = (mask_logits.sigmoid() * foreground).flatten(1).sum(1) / (foreground.flatten(1).sum(1) + 1e-6)
-    scores = class_scores * mask_scores
+        scores, labels, foreground = scores[keep], labels[keep], foreground[keep]
     order = scores.argsort(descending=True)
     return {"scores": scores[order], "labels": labels[order], "masks": foreground[order]}
+
+
+def instance_candidates(logits: torch.Tensor, masks: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``topk`` best (query, class) pairs of each image's class probabilities (``logits [B,Q,C+1]``, mask
+    logits ``[B,Q,H,W]``), in that ranking: ``scores [B,K]`` (class probability times the mean mask probability
+    over the foreground), ``labels [B,K]`` and the foregrounds ``bool [B,K,H,W]``."""
+    probs = logits.softmax(-1)[..., :-1]
+    num_classes = probs.shape[-1]
+    class_scores, index = probs.flatten(1).topk(min(topk, probs.shape[1] * num_classes), dim=1)
+    query, labels = torch.div(index, num_classes, rounding_mode="floor"), index % num_classes
+    mask_logits = torch.gather(masks, 1, query[..., None, None].expand(-1, -1, *masks.shape[-2:]))
+    foreground = mask_logits > 0
+    mask_scores = (mask_logits.sigmoid() * foreground).flatten(2).sum(2) / (foreground.flatten(2).sum(2) + 1e-6)
+    return class_scores * mask_scores, labels, foreground

@@ -57,7 +57,9 @@ class AIFI(nn.Module):
         batch, dim, height, width = x.shape
         position = sincos_position_embedding(height, width, dim, self.temperature, x.dtype, x.device)[None]
         tokens = x.flatten(2).transpose(1, 2)
-        flat_mask = None if padding_mask is None or not padding_mask.any() else padding_mask.flatten(1)
+        # An exported model reads the mask as it is (the shortcut is a data-dependent branch torch.export cannot trace).
+        shortcut = padding_mask is None or (not torch.compiler.is_exporting() and not padding_mask.any())
+        flat_mask = None if shortcut else padding_mask.flatten(1)
         for layer in self.layers:
             tokens = layer(tokens, position, flat_mask)
         return tokens.transpose(1, 2).reshape(batch, dim, height, width)

@@ -1,0 +1,124 @@
+"""Exported models in onnxruntime against the eager model and its own post-processing (vision_tx/export.py).
+
+Every task module is built from its config (the toy-sized ones; UperNet on a quarter-width Swin), its weights
+perturbed (tests/parity.py), exported to ONNX and run in onnxruntime at two batch sizes, and, for the models whose
+image size is dynamic, at a second image size: floating outputs within 1e-4 of the eager wrapper's, which itself
+gives exactly the model's eager post-processing (the lists ``postprocess`` and friends return)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import require_reference
+from tests.parity import perturb_
+from vision_tx.export import (
+    FORMATS, ExportError, deployable, dynamic_dims, example_images, export, export_program, main,
+)
+from vision_tx.lightning.cli import resolve_config
+
+NUM_CLASSES = 4
+IS_THING = {0: True, 1: True, 2: False, 3: False}
+TOLERANCE = 1e-4  # measured: <= 3e-6 on every output (float32, onnxruntime's CPU provider)
+QUARTER_SWIN = {"embed_dim": 32, "depths": [2, 2, 2, 2], "num_heads": [1, 2, 4, 8], "drop_path_rate": 0.0}
+
+
+def build_task(config: str, seed: int = 0, **init_args: Any) -> torch.nn.Module:
+    """The task module of ``configs/<config>.yaml`` (its ``model`` section, ``init_args`` overriding), with
+    ``NUM_CLASSES`` classes, built, weights perturbed, in eval mode."""
+    section = yaml.safe_load(resolve_config(config).read_text())["model"]
+    module_name, _, class_name = section["class_path"].rpartition(".")
+    module_class = getattr(importlib.import_module(module_name), class_name)
+    module = module_class(**{**section.get("init_args", {}), "num_classes": NUM_CLASSES, **init_args})
+    module.configure_model()
+    return perturb_(module, seed).eval()
+
+
+def run_onnx(path: Path, images: torch.Tensor) -> list[torch.Tensor]:
+    """The outputs of the ONNX model at ``path`` for ``images``, in onnxruntime (one thread: the CI's 2 cores are shared)."""
+    onnxruntime = require_reference("onnxruntime")
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return [torch.from_numpy(array) for array in session.run(None, {"images": images.numpy()})]
+
+
+def assert_outputs_close(got: list[torch.Tensor], expected: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> None:
+    """Floating outputs within ``TOLERANCE``, the others (labels, masks, segment maps) equal."""
+    assert len(got) == len(expected) == len(names)
+    for name, a, b in zip(names, got, expected):
+        assert a.shape == b.shape, f"{name}: {tuple(a.shape)} against {tuple(b.shape)}"
+        if b.is_floating_point():
+            torch.testing.assert_close(a, b, rtol=0, atol=TOLERANCE, msg=lambda m: f"{name}: {m}")
+        else:
+            assert torch.equal(a.to(b.dtype), b), f"{name} differs"
+
+
+def eager_reference(module: torch.nn.Module, model: Any, images: torch.Tensor) -> dict[str, Any]:
+    """What the task's own eager code gives for ``images`` in [0, 1], per image, at the input size."""
+    normalized = model.normalize(images)
+    sizes = torch.tensor([images.shape[-2:]] * len(images))
+    with torch.no_grad():
+        if "probabilities" in model.output_names:
+            return {"probabilities": module(normalized).softmax(-1) if images.dim() == 4 and model.output_names[1] == "top_labels" else module(normalized)}
+        outputs = module.model(normalized)
+        if "segment_ids" in model.output_names:
+            return {"panoptic": module.model.postprocess_panoptic(outputs, sizes, sizes, IS_THING)}
+        return {"detections": module.model.postprocess(outputs, sizes)}
+
+
+def assert_eager_postprocessing(module: torch.nn.Module, model: Any, images: torch.Tensor, ours: tuple[torch.Tensor, ...]) -> None:
+    """The exportable wrapper's outputs ``ours`` against the task's eager post-processing, image by image."""
+    reference = eager_reference(module, model, images)
+    named = dict(zip(model.output_names, ours))
+    if "probabilities" in reference:
+        torch.testing.assert_close(named["probabilities"], reference["probabilities"], rtol=0, atol=1e-6)
+        return
+    if "panoptic" in reference:
+        for b, expected in enumerate(reference["panoptic"]):
+            assert torch.equal(named["segment_ids"][b], expected["segment_ids"])
+            count = len(expected["segments_info"])
+            assert named["segment_labels"][b, :count].tolist() == [info["category_id"] for info in expected["segments_info"]]
+            assert (named["segment_labels"][b, count:] == -1).all()
+            torch.testing.assert_close(named["segment_scores"][b, :count], torch.tensor([info["score"] for info in expected["segments_info"]]))
+        return
+    for b, expected in enumerate(reference["detections"]):
+        count = len(expected["scores"])
+        for key, value in expected.items():
+            assert torch.equal(named[key][b, :count], value), f"{key} of image {b}"
+        if "labels" in named and count < named["labels"].shape[1]:
+            assert (named["labels"][b, count:] == -1).all() and (named["scores"][b, count:] == 0).all()
+
+
+# (config, init_args overriding it, image sizes): every config family's model, toy-sized.
+CASES = {
+    "classification_toy": ({}, [(64, 64), (96, 64)]),
+    "detr_swin_toy": ({}, [(96, 128), (128, 96)]),
+    "dino_swin_toy": ({}, [(96, 128), (128, 96)]),
+    "rtdetr_convnext_toy": ({}, [(96, 128), (128, 96)]),
+    "upernet_swin_t_ade20k": ({"backbone_kwargs": QUARTER_SWIN, "channels": 32, "aux_channels": 16}, [(96, 128), (128, 96)]),
+    "mask2former_swin_toy_ade20k": ({}, [(96, 128), (128, 96)]),
+    "mask2former_swin_toy_coco_instance": ({}, [(96, 128), (128, 96)]),
+    "mask2former_swin_toy_coco_panoptic": ({}, [(96, 128), (128, 96)]),
+}
+
+
+@pytest.mark.parametrize("config", list(CASES))
+def test_exported_model_in_onnxruntime_gives_the_eager_outputs(config: str, tmp_path: Path) -> None:
+    init_args, sizes = CASES[config]
+    module = build_task(config, **init_args)
+    model = deployable(module, config, IS_THING)
+    info = export(model, tmp_path / f"{config}.onnx", "onnx", example_images(sizes[0]), dynamic_size=False)
+    assert info["dims"] == {"batch": None, "height": sizes[0][0], "width": sizes[0][1]}
+    for batch in (1, 3):
+        images = example_images(sizes[0], batch, seed=batch)
+        with torch.no_grad():
+            ours = model(images)
+        assert_eager_postprocessing(module, model, images, ours)
+        assert_outputs_close(run_onnx(info["path"], images), ours, model.output_names)

@@ -1,0 +1,318 @@
+"""Trained models for deployment: ONNX (for onnxruntime) or a ``torch.export`` ExportedProgram, with the
+post-processing inside.
+
+    python tools/export.py --config rtdetr_convnext_toy --ckpt runs/.../last.ckpt --format onnx --out model.onnx
+
+Every exported model takes ``images``: float ``[B,3,H,W]``, RGB scaled to [0, 1] (as Ultralytics' exports),
+normalised inside with the ImageNet mean and standard deviation the data pipeline uses; resizing stays with
+the caller (the config's validation resize is what the model was trained and validated at). Its outputs, by task:
+
+- classification: ``probabilities [B,C]``, ``top_labels [B,k]`` and ``top_scores [B,k]`` (``k = min(5, C)``);
+- detection (DETR, DINO, RT-DETR): ``boxes [B,N,4]`` (absolute xyxy in pixels of the input), ``scores [B,N]``,
+  ``labels [B,N]`` (category ids); a detector with per-class NMS puts its kept detections first, best first,
+  and fills the rest with score 0 and label -1;
+- instance segmentation (Mask2Former): ``scores``, ``labels`` and bool ``masks [B,N,H,W]``, best first;
+- panoptic segmentation (Mask2Former): ``segment_ids [B,H,W]`` (0: void, segments 1..S), and per segment
+  ``segment_labels [B,Q]`` and ``segment_scores [B,Q]`` (segment ``i`` at index ``i - 1``; label -1 past S);
+- semantic segmentation (UperNet, Mask2Former): ``probabilities [B,C,H,W]`` and ``labels [B,H,W]``.
+
+The batch and image size are dynamic where the model allows it (``torch.export`` with ``Dim.AUTO``: a model
+whose code fixes a size, such as NAT's neighbourhood tiling, exports at the example size and says so).
+Both formats come from the same ``torch.export`` trace; ONNX through ``torch.onnx.export(dynamo=True)``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+from torchvision.ops import nms
+
+from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from vision_tx.heads.detr.postprocess import NMS_CANDIDATES, pixel_boxes, sigmoid_candidates
+from vision_tx.heads.mask2former.postprocess import instance_candidates, resize_masks
+
+FORMATS = ("onnx", "exported_program")
+TOP_CLASSES = 5  # the classifiers' top_labels / top_scores
+
+
+class ExportError(RuntimeError):
+    """A model that cannot be exported; the message is one line naming the model and the reason."""
+
+
+class Deployable(nn.Module):
+    """A trained network and its post-processing as one module of ``images [B,3,H,W]`` in [0, 1]:
+    ``forward`` returns the tensors of ``output_names``, in that order."""
+
+    output_names: tuple[str, ...] = ()
+
+    def __init__(self, network: nn.Module, name: str) -> None:
+        super().__init__()
+        self.network = network
+        self.name = name  # what error messages call it (the config's name)
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """``images`` in [0, 1] -> what the network reads."""
+        return (images - self.mean.to(images.dtype)) / self.std.to(images.dtype)
+
+
+class ClassifierExport(Deployable):
+    """``module(images) -> logits [B,C]`` (a classification module) -> probabilities and the top classes."""
+
+    output_names = ("probabilities", "top_labels", "top_scores")
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        probabilities = self.network(self.normalize(images)).softmax(-1)
+        top_scores, top_labels = probabilities.topk(min(TOP_CLASSES, probabilities.shape[-1]), dim=-1)
+        return probabilities, top_labels, top_scores
+
+
+class SemanticExport(Deployable):
+    """``module(images) -> probabilities [B,C,H,W]`` (a segmentation module) -> probabilities and the label map."""
+
+    output_names = ("probabilities", "labels")
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        probabilities = self.network(self.normalize(images))
+        return probabilities, probabilities.argmax(1)
+
+
+def image_sizes(images: torch.Tensor) -> torch.Tensor:
+    """``[B,2]`` (h, w) of ``images [B,3,H,W]``: boxes and masks come out in the input's pixels."""
+    height, width = images.shape[-2:]
+    return torch.tensor([height, width], device=images.device).expand(images.shape[0], 2)
+
+
+class SoftmaxDetectionExport(Deployable):
+    """DETR: one detection per query, its most probable real class (``postprocess_detections``)."""
+
+    output_names = ("boxes", "scores", "labels")
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = self.network(self.normalize(images))
+        scores, labels = outputs["pred_logits"].softmax(-1)[..., :-1].max(-1)
+        return pixel_boxes(outputs["pred_boxes"], image_sizes(images)), scores, labels
+
+
+class SigmoidDetectionExport(Deployable):
+    """DINO, RT-DETR: the best (query, class) pairs, through per-class NMS when the detector has it
+    (``postprocess_sigmoid_detections``)."""
+
+    output_names = ("boxes", "scores", "labels")
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = self.network(self.normalize(images))
+        count, threshold = self.network.num_detections, self.network.nms_threshold
+        scores, labels, boxes = sigmoid_candidates(outputs, count if threshold is None else max(count, NMS_CANDIDATES))
+        boxes = pixel_boxes(boxes, image_sizes(images))
+        if threshold is None:
+            return boxes, scores, labels
+        keep = batched_nms_mask(boxes, scores, labels, threshold)
+        # The kept candidates first, in their (best-first) order: a unique key per candidate, so no ties.
+        candidates = scores.shape[1]
+        order = (torch.arange(candidates, device=scores.device) + candidates * (~keep).long()).argsort(dim=1)[:, :count]
+        scores, labels = (scores * keep).gather(1, order), labels.masked_fill(~keep, -1).gather(1, order)
+        return boxes.gather(1, order[..., None].expand(-1, -1, 4)), scores, labels
+
+
+def batched_nms_mask(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Which of the detections ``boxes [B,K,4]`` (xyxy), ``scores [B,K]``, ``labels [B,K]`` survive per-image,
+    per-class NMS at IoU ``threshold``: ``bool [B,K]``. One ``torchvision.ops.nms`` over all images, each
+    (image, class) pair moved to its own region (torchvision's ``batched_nms`` trick; ONNX's NonMaxSuppression)."""
+    batch, candidates = scores.shape
+    groups = labels + (labels.max() + 1) * torch.arange(batch, device=labels.device)[:, None]
+    offsets = (groups * (boxes.max() + 1)).to(boxes)[..., None]
+    kept = nms((boxes + offsets).flatten(0, 1), scores.flatten(), threshold)
+    return torch.zeros(batch * candidates, dtype=torch.bool, device=boxes.device).index_fill(0, kept, True).view(batch, candidates)
+
+
+class InstanceExport(Deployable):
+    """Mask2Former's instance inference (``instance_inference``), masks at the input's size."""
+
+    output_names = ("scores", "labels", "masks")
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = self.network(self.normalize(images))
+        size = tuple(images.shape[-2:])
+        masks = resize_masks(outputs["pred_masks"], size, size)
+        scores, labels, foreground = instance_candidates(outputs["pred_logits"], masks, self.network.test_topk)
+        order = scores.argsort(dim=1, descending=True)
+        return scores.gather(1, order), labels.gather(1, order), foreground.gather(1, order[..., None, None].expand_as(foreground))
+
+
+class PanopticExport(Deployable):
+    """Mask2Former's panoptic inference (``panoptic_inference``) for a batch, without Python loops: queries whose
+    best class is real and above ``object_mask_threshold`` compete for each pixel (score times mask probability);
+    a query's segment is its won pixels of probability >= 0.5, kept when it holds ``overlap_threshold`` of the
+    query's own mask; the queries of one stuff class share the segment of the first. ``is_thing``: category id
+    -> thing (ids not in it count as stuff)."""
+
+    output_names = ("segment_ids", "segment_labels", "segment_scores")
+
+    def __init__(self, network: nn.Module, name: str, is_thing: Mapping[int, bool]) -> None:
+        super().__init__(network, name)
+        thing = torch.zeros(network.num_classes + 1, dtype=torch.bool)
+        for category, value in is_thing.items():
+            if 0 <= category < network.num_classes:
+                thing[category] = bool(value)
+        self.register_buffer("thing", thing, persistent=False)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = self.network(self.normalize(images))
+        size = tuple(images.shape[-2:])
+        logits, masks = outputs["pred_logits"], resize_masks(outputs["pred_masks"], size, size)
+        queries = logits.shape[1]
+        scores, classes = logits.softmax(-1).max(-1)  # [B,Q]
+        keep = (classes != logits.shape[-1] - 1) & (scores > self.network.object_mask_threshold)
+        probs = masks.sigmoid()  # [B,Q,H,W]
+        owner = torch.where(keep[..., None, None], scores[..., None, None] * probs, float("-inf")).argmax(1)  # [B,H,W]
+        won = owner[:, None] == torch.arange(queries, device=owner.device)[None, :, None, None]
+        own = probs >= 0.5
+        segment = won & own
+        area, own_area = won.flatten(2).sum(2), own.flatten(2).sum(2)
+        ratio = area.double() / own_area.clamp(min=1).double()
+        accepted = keep & (area > 0) & (own_area > 0) & segment.flatten(2).any(2) & (ratio >= self.network.overlap_threshold)
+        thing = self.thing[classes]
+        index = torch.arange(queries, device=owner.device)
+        # For each query, the first accepted query of its class at or before it (a stuff query's segment's owner).
+        same = (classes[:, :, None] == classes[:, None, :]) & accepted[:, None, :] & (index[None, :] <= index[:, None])
+        first = torch.where(thing, index, same.long().argmax(-1))
+        starts = accepted & (first == index)
+        ids = torch.cumsum(starts.long(), 1) * starts
+        segment_of_query = torch.where(accepted, ids.gather(1, first), 0)  # [B,Q], 0: no segment
+        segment_ids = (segment.long() * segment_of_query[..., None, None]).sum(1)
+        slot = torch.where(starts, ids - 1, queries)  # segment i's start query goes to index i - 1
+        segment_labels = classes.new_full((len(classes), queries + 1), -1).scatter(1, slot, classes)[:, :queries]
+        segment_scores = scores.new_zeros(len(scores), queries + 1).scatter(1, slot, scores)[:, :queries]
+        return segment_ids, segment_labels, segment_scores
+
+
+# What each detector's detections are made of, by its name in ``vision_tx.models.DETECTORS``.
+DETECTION_EXPORTS: dict[str, type[Deployable]] = {
+    "detr": SoftmaxDetectionExport, "dino": SigmoidDetectionExport, "rtdetr": SigmoidDetectionExport, "mask2former": InstanceExport,
+}
+
+
+def deployable(module: nn.Module, name: str = "model", is_thing: Mapping[int, bool] | None = None) -> Deployable:
+    """The exportable form of a trained task module (``vision_tx.lightning``): its network, in eval mode, and
+    its task's post-processing. ``name`` is what errors call it; ``is_thing`` (category id -> thing) is needed
+    by panoptic models (the datamodule's ``is_thing``)."""
+    from vision_tx.lightning.classification import ClassificationModule
+    from vision_tx.lightning.detection import DetectionModule
+    from vision_tx.lightning.panoptic import PanopticModule
+    from vision_tx.lightning.segmentation import SegmentationModule
+
+    module = module.eval()
+    if isinstance(module, ClassificationModule):
+        return ClassifierExport(module, name).eval()
+    if isinstance(module, SegmentationModule):
+        return SemanticExport(module, name).eval()
+    if not isinstance(module, DetectionModule):
+        raise ExportError(f"{name}: {type(module).__name__} is not a vision_tx task module (classification, detection, segmentation)")
+    detector = module.hparams.detector
+    if isinstance(module, PanopticModule):
+        if detector != "mask2former":
+            raise ExportError(
+                f"{name}: DETR panoptic's post-processing re-assigns the pixels of small segments in a loop whose "
+                "rounds depend on the data (postprocess_panoptic); it has no export, export the detector (DetectionModule)"
+            )
+        if is_thing is None:
+            raise ExportError(f"{name}: a panoptic model needs is_thing (category id -> thing) to export")
+        return PanopticExport(module.model, name, is_thing).eval()
+    return DETECTION_EXPORTS[detector](module.model, name).eval()
+
+
+def example_images(size: Sequence[int] = (128, 128), batch: int = 2, seed: int = 0) -> torch.Tensor:
+    """Random ``[batch,3,H,W]`` images in [0, 1], the example an export traces (batch 2: a batch of 1 would fix it)."""
+    return torch.rand(batch, 3, *size, generator=torch.Generator().manual_seed(seed))
+
+
+def export_program(model: Deployable, images: torch.Tensor, dynamic_size: bool = True) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` on ``images``, its batch (and with ``dynamic_size`` its image size) dynamic
+    where the code allows (``Dim.AUTO``). Raises :class:`ExportError` (one line: the model and the operator or
+    reason) when it fails. A dynamic image size makes the trace several times slower (symbolic shapes)."""
+    dims = {0: torch.export.Dim.AUTO, **({2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO} if dynamic_size else {})}
+    try:
+        with torch.no_grad():
+            return torch.export.export(model.eval(), (images,), dynamic_shapes=(dims,))
+    except Exception as err:  # torch.export raises many kinds; the first line names the operator or guard
+        raise ExportError(f"{model.name}: torch.export failed: {first_line(err)}") from err
+
+
+def dynamic_dims(program: torch.export.ExportedProgram) -> dict[str, int | None]:
+    """``{"batch", "height", "width"}`` of the program's input: None where dynamic, the fixed size otherwise."""
+    placeholder = next(node for node in program.graph.nodes if node.op == "placeholder" and node.name == program.graph_signature.user_inputs[0])
+    shape = placeholder.meta["val"].shape
+    return {name: (int(shape[i]) if isinstance(shape[i], int) else None) for name, i in (("batch", 0), ("height", 2), ("width", 3))}
+
+
+def first_line(err: BaseException) -> str:
+    """The first non-empty line of ``err``'s message, with its type."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def export(model: Deployable, out: str | Path, format: str = "onnx", images: torch.Tensor | None = None,
+           dynamic_size: bool = True) -> dict[str, Any]:
+    """Writes ``model`` (see :func:`deployable`) to ``out`` as ONNX or as an ExportedProgram (``torch.export.save``),
+    traced on ``images`` (default: :func:`example_images`; see :func:`export_program`). Returns ``{"path", "format", "dims", "inputs", "outputs"}``
+    (``dims``: see :func:`dynamic_dims`)."""
+    if format not in FORMATS:
+        raise ExportError(f"{model.name}: unknown format {format!r}; choose from {', '.join(FORMATS)}")
+    images = example_images() if images is None else images
+    program = export_program(model, images, dynamic_size)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if format == "exported_program":
+        torch.export.save(program, out)
+    else:
+        try:
+            torch.onnx.export(program, (images,), str(out), input_names=["images"], output_names=list(model.output_names),
+                              dynamo=True, external_data=False, verbose=False,
+                              optimize=False)  # onnxscript's optimiser changed DETR's and RT-DETR's outputs; onnxruntime optimises anyway
+        except Exception as err:
+            operators = sorted(set(re.findall(r"\w+::\w+(?:\.\w+)?", str(err))))
+            detail = f"no ONNX translation for {', '.join(operators)}" if operators else first_line(err)
+            raise ExportError(f"{model.name}: ONNX export failed: {detail}") from err
+    return {"path": out, "format": format, "dims": dynamic_dims(program), "inputs": ["images"], "outputs": list(model.output_names)}
+
+
+def export_checkpoint(config_args: Sequence[str], ckpt: str | Path, out: str | Path, format: str = "onnx",
+                      size: Sequence[int] = (128, 128), dynamic_size: bool = True) -> dict[str, Any]:
+    """Loads the trained module of ``ckpt`` (its class from ``config_args``: ``--config NAME [--section.key value]``)
+    and exports it with :func:`export`, traced on a batch of 2 images of ``size`` (h, w). A panoptic model reads
+    its things and stuff from the config's datamodule."""
+    from vision_tx.lightning.cli import config_name, resolve_config_args
+    from vision_tx.lightning.inference import load_trained
+
+    module, datamodule = load_trained(config_args, ckpt)
+    name = config_name(resolve_config_args(config_args))
+    is_thing = datamodule.is_thing if module.hparams.get("detector") == "mask2former" and hasattr(datamodule, "is_thing") else None
+    return export(deployable(module, name, is_thing), out, format, example_images(size), dynamic_size)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``tools/export.py``: ``--config NAME --ckpt PATH --format onnx|exported_program --out FILE [--size H W]
+    [--fixed-size]``; prints what was written, its inputs, outputs and which dimensions are dynamic."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="tools/export.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", required=True, help="Lightning checkpoint of the model")
+    parser.add_argument("--format", default="onnx", choices=FORMATS)
+    parser.add_argument("--out", required=True, help="the file to write (.onnx, or .pt2 for an ExportedProgram)")
+    parser.add_argument("--size", nargs=2, type=int, default=(128, 128), metavar=("H", "W"), help="example image size traced (default 128 128)")
+    parser.add_argument("--fixed-size", action="store_true", help="export at --size only (faster to export); the batch stays dynamic")
+    args, config_args = parser.parse_known_args(argv)
+    if "--config" not in " ".join(config_args):
+        parser.error("--config is required")
+    try:
+        info = export_checkpoint(config_args, args.ckpt, args.out, args.format, args.size, not args.fixed_size)
+    except ExportError as err:
+        raise SystemExit(f"error: {err}") from None
+    dims = ", ".join(f"{k} {'dynamic' if v is None else v}" for k, v in info["dims"].items())
+    print(f"wrote {info['path']} ({info['format']}): input images [B,3,H,W] in [0, 1] ({dims}); outputs {', '.join(info['outputs'])}")
