@@ -13,7 +13,6 @@ Native layout: ``stem`` (``patch_embed.proj``, ``cls_token``, ``dist_token``, ``
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Mapping, Sequence
 

@@ -95,7 +95,7 @@ class SetCriterion(nn.Module):
     def forward(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         # All decoder layers are stacked into one batch of L*B images, matched and scored at once.
         layers = [*outputs.get("aux_outputs", []), outputs]
-        num_layers, (batch, num_queries, num_channels) = len(layers), outputs["pred_logits"].shape
+        num_layers, (batch, _, num_channels) = len(layers), outputs["pred_logits"].shape
         if num_channels != self.num_classes + 1:
             raise ValueError(
                 f"{__name__}: logits have {num_channels} classes, expected num_classes + 1 = {self.num_classes + 1}"

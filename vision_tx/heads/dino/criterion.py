@@ -4,7 +4,6 @@ layer, on the encoder's selected proposals, and on the denoising queries (whose 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import sigmoid_focal_loss
 
