@@ -101,6 +101,7 @@ IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
 NO_DECAY = "tests/backbones/test_no_weight_decay.py::test_every_backbone_and_classifier_names_its_exempt_parameters"
 NO_DECAY_GROUPS = "tests/lightning/test_common.py::test_param_groups_follow_no_weight_decay"
+TASK_DECAY = "tests/lightning/test_common.py::test_every_task_decays_norms_and_biases_as_its_option_says"
 SHAPES = "tests/scripts/test_make_shapes_dataset.py::test_plain_backgrounds_are_one_colour_and_textured_ones_are_not"
 MOSAIC = "tests/data/test_mosaic.py"
 M2F = "tests/models/test_mask2former.py::test_pixel_decoder_and_every_prediction_match_transformers"
@@ -331,20 +332,20 @@ MUTANTS = [
            'found["scores"].float(), found["labels"], nms_threshold)', 'found["scores"].float(), torch.zeros_like(found["labels"]), nms_threshold)', (DINO_NMS,)),
     Mutant("dino postprocess: NMS keeps the lower-scored box", "vision_tx/heads/detr/postprocess.py",
            'batched_nms(found["boxes"].float(), found["scores"].float()', 'batched_nms(found["boxes"].float(), -found["scores"].float()', (DINO_NMS,)),
-    Mutant("dino: proposal norm skipped", "vision_tx/models/dino.py",
+    Mutant("dino: proposal norm skipped", "vision_tx/models/query_detector.py",
            "features = enc_output_norm(enc_output(features))", "features = enc_output(features)", (DINO_TX,)),
-    Mutant("dino: anchor size doubled", "vision_tx/models/dino.py",
+    Mutant("dino: anchor size doubled", "vision_tx/models/query_detector.py",
            "sizes = torch.full_like(centres, 0.05 * 2.0**level)", "sizes = torch.full_like(centres, 0.05 * 2.0 ** (level + 1))", (DINO_TX,)),
-    Mutant("dino: anchor centres off by half a pixel", "vision_tx/models/dino.py",
+    Mutant("dino: anchor centres off by half a pixel", "vision_tx/models/query_detector.py",
            "centres = (torch.stack([x, y], -1).flatten(0, 1)[None] + 0.5) / valid_size[:, None]",
            "centres = (torch.stack([x, y], -1).flatten(0, 1)[None] + 1.0) / valid_size[:, None]", (DINO_TX,)),
-    Mutant("dino: anchor validity threshold 0.01 -> 0.05", "vision_tx/models/dino.py",
+    Mutant("dino: anchor validity threshold 0.01 -> 0.05", "vision_tx/models/query_detector.py",
            "valid = ((anchors > 0.01) & (anchors < 0.99))", "valid = ((anchors > 0.05) & (anchors < 0.99))", (DINO_TX,)),
     Mutant("dino: two-stage position and content halves swapped", "vision_tx/models/dino.py",
            "query_pos, queries = self.pos_trans_norm(", "queries, query_pos = self.pos_trans_norm(", (DINO_TX,)),
     Mutant("dino: proposal boxes not detached", "vision_tx/models/dino.py",
            "boxes = proposal_boxes.detach()", "boxes = proposal_boxes", (DINO_TX_GRAD,)),
-    Mutant("dino: mixed selection ranks by class 0 only", "vision_tx/models/dino.py",
+    Mutant("dino: mixed selection ranks by class 0 only", "vision_tx/models/query_detector.py",
            'score = logits[..., 0] if class_agnostic else logits.max(-1).values',
            "score = logits[..., 0]", (DINO_MIXED,)),
     # DINO denoising and loss
@@ -463,8 +464,8 @@ MUTANTS = [
     Mutant("rtdetr: query position from the undetached boxes", "vision_tx/heads/dino/transformer.py",
            "query_pos = self.ref_point_head(reference)", "query_pos = self.ref_point_head(refined)", (RT_GRAD,)),
     Mutant("rtdetr: noised boxes stored through DINO's eps 1e-3", "vision_tx/models/rtdetr.py",
-           "label_noise_ratio, box_noise_scale, eps=1e-5)", "label_noise_ratio, box_noise_scale)", (RT_DENOISING,)),
-    Mutant("rtdetr: look forward twice ignored (the shared decode)", "vision_tx/models/dino.py",
+           "label_noise_ratio, box_noise_scale, 1e-5, RTDETRCriterion", "label_noise_ratio, box_noise_scale, 1e-3, RTDETRCriterion", (RT_DENOISING,)),
+    Mutant("rtdetr: look forward twice ignored (the shared decode)", "vision_tx/models/query_detector.py",
            "query_pos, attn_mask, self.look_forward_twice and self.training,", "query_pos, attn_mask, False,", (RT_LFT, DINO_LFT)),
     Mutant("rtdetr loss: varifocal weight from softmax", "vision_tx/heads/rtdetr/criterion.py",
            "logits.detach().sigmoid().pow(self.vfl_gamma)", "logits.detach().softmax(-1).pow(self.vfl_gamma)", (RT_TRAIN,)),
@@ -486,16 +487,16 @@ MUTANTS = [
     Mutant("rtdetr converter: denoising rows shifted", "vision_tx/models/rtdetr_official.py",
            "value = value[: model.num_classes]", "value = value[1:]", (RT_OFFICIAL,)),
     # The detector protocol (docs/CONVENTIONS.md, "Detectors"), on RT-DETR, the detector written beside it
-    Mutant("detector protocol: rtdetr matcher_kwargs ignored", "vision_tx/models/rtdetr.py",
+    Mutant("detector protocol: rtdetr matcher_kwargs ignored", "vision_tx/models/query_detector.py",
            "matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None", "matcher = None", (PROTOCOL_KWARGS,)),
-    Mutant("detector protocol: rtdetr criterion_kwargs ignored", "vision_tx/models/rtdetr.py",
-           "RTDETRCriterion(num_classes, matcher, **(criterion_kwargs or {}))", "RTDETRCriterion(num_classes, matcher)", (PROTOCOL_KWARGS,)),
-    Mutant("detector protocol: DINO's and RT-DETR's loss on the pipeline's absolute boxes", "vision_tx/models/dino.py",
+    Mutant("detector protocol: rtdetr criterion_kwargs ignored", "vision_tx/models/query_detector.py",
+           "criterion_class(self.num_classes, matcher, **(criterion_kwargs or {}))", "criterion_class(self.num_classes, matcher)", (PROTOCOL_KWARGS,)),
+    Mutant("detector protocol: DINO's and RT-DETR's loss on the pipeline's absolute boxes", "vision_tx/models/query_detector.py",
            "return self.criterion(outputs, normalize_targets(targets))", "return self.criterion(outputs, targets)", (PROTOCOL_TARGETS,)),
     Mutant("detector protocol: rtdetr denoising on the pipeline's absolute boxes", "vision_tx/models/rtdetr.py",
            "targets = normalize_targets(targets) if self.training and targets is not None else None",
            "targets = targets if self.training else None", (PROTOCOL_TARGETS,)),
-    Mutant("detector protocol: DINO's and RT-DETR's per-query detections ranked by score", "vision_tx/models/dino.py",
+    Mutant("detector protocol: DINO's and RT-DETR's per-query detections ranked by score", "vision_tx/models/query_detector.py",
            "return postprocess_sigmoid_per_query(outputs, image_sizes)",
            "return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)", (PROTOCOL_OUTPUTS,)),
     # ViT / DeiT
@@ -615,9 +616,9 @@ MUTANTS = [
            "(1 - (y - cy).abs()) * weights", "(1 - (y - cx).abs()) * weights", (SPLAT, DINO_ATTN)),
     Mutant("splat: points outside the grid clamped onto its border", "vision_tx/attention.py",
            "grid.scatter_add_(1, index, share * inside)", "grid.scatter_add_(1, index, share)", (SPLAT,)),
-    Mutant("dino attention map: heads summed, not averaged", "vision_tx/models/dino.py",
+    Mutant("dino attention map: heads summed, not averaged", "vision_tx/models/query_detector.py",
            "maps.view(batch, queries, *shapes[0]) / heads}", "maps.view(batch, queries, *shapes[0])}", (DINO_ATTN,)),
-    Mutant("dino attention map: first decoder layer", "vision_tx/models/dino.py",
+    Mutant("dino attention map: first decoder layer", "vision_tx/models/query_detector.py",
            "cross = decoder.layers[-1].cross_attn", "cross = decoder.layers[0].cross_attn", (DINO_ATTN,)),
     # Per-category tables (classwise)
     Mutant("classwise: AP75 read at IoU 0.70", "vision_tx/metrics/classwise.py", '("AP75", 5, 0)', '("AP75", 4, 0)', (CLASSWISE,)),
@@ -765,6 +766,19 @@ MUTANTS = [
            "if param.ndim <= 1}", "if param.ndim < 1}", (f"{NO_DECAY}[resnet50]",)),
     Mutant("no weight decay: the optimiser ignores it", "vision_tx/lightning/common.py",
            "decay = 0.0 if name in no_decay else weight_decay", "decay = weight_decay", (NO_DECAY_GROUPS,)),
+    Mutant("no weight decay: detection ignores the recipe's option", "vision_tx/lightning/detection.py",
+           "decay_norms_and_biases=hp.decay_norms_and_biases, backbone_prefix", "backbone_prefix", (TASK_DECAY,)),
+    Mutant("no weight decay: segmentation ignores the recipe's option", "vision_tx/lightning/segmentation.py",
+           "decay_norms_and_biases=hp.decay_norms_and_biases)", "decay_norms_and_biases=False)", (TASK_DECAY,)),
+    Mutant("no weight decay: classification ignores the recipe's option", "vision_tx/lightning/classification.py",
+           "decay_norms_and_biases=hp.decay_norms_and_biases)", "decay_norms_and_biases=False)", (TASK_DECAY,)),
+    # Packaging: the configs travel in the wheel
+    Mutant("install: the configs left out of the wheel", "pyproject.toml",
+           'vision_tx = ["configs/*.yaml"]', "vision_tx = []", ("tests/test_install.py",)),
+    # What each validation shows in TensorBoard (the task modules' shared report)
+    Mutant("report: classification's pictures drawn as the ground truth", "vision_tx/lightning/classification.py",
+           "self.preview.append(draw_top_classes(", "self.preview_truth.append(draw_top_classes(",
+           ("tests/lightning/test_tensorboard.py::test_run_shows_its_curves_pictures_and_tables[classification]",)),
 ]
 
 

@@ -16,7 +16,7 @@ from torch import nn
 from vision_tx.heads.detr import HungarianMatcher
 from vision_tx.heads.dino import DINOCriterion
 from vision_tx.models import DINO
-from vision_tx.models.dino import proposal_anchors
+from vision_tx.models.query_detector import proposal_anchors
 
 from tests.conftest import require_reference
 from tests.models.detr_helpers import padded_batch

@@ -1,4 +1,4 @@
-"""LightningModule for object detection: a named detector (DETR, DINO) on a named backbone, COCO evaluation."""
+"""LightningModule for object detection: a named detector (DETR, DINO, RT-DETR, Mask2Former) on a named backbone, COCO evaluation."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from vision_tx.visualize import denormalize, draw_detections, save_grid
 
 class DetectionModule(TaskModule):
     """Detection of the datamodule's categories by ``detector`` (a name of ``vision_tx.models.DETECTORS``:
-    ``detr``, ``dino``) on ``build_backbone(backbone, **backbone_kwargs)``.
+    ``detr``, ``dino``, ``rtdetr``, ``mask2former``) on ``build_backbone(backbone, **backbone_kwargs)``.
 
     ``num_classes=None`` takes the datamodule's number (largest category id + 1) when the model is
     built (``configure_model``) and records it, so a checkpoint rebuilds the same model.

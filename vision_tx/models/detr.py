@@ -15,24 +15,10 @@ from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.criterion import SetCriterion, normalize_targets
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.heads.detr.position_encoding import SinePositionEncoding
+from vision_tx.necks.position_encoding import SinePositionEncoding
 from vision_tx.heads.detr.postprocess import postprocess_detections
 from vision_tx.heads.detr.transformer import Transformer
-
-
-def checked_pixel_mask(images: torch.Tensor, pixel_mask: torch.Tensor | None, where: str) -> torch.Tensor:
-    """``pixel_mask`` (all False when None) after checking ``images [B,3,H,W]`` and ``pixel_mask`` bool
-    ``[B,H,W]``; errors name ``where``."""
-    if images.dim() != 4 or images.shape[1] != 3:
-        raise ValueError(f"{where}: images must be [B,3,H,W], got {list(images.shape)}")
-    if pixel_mask is None:
-        return images.new_zeros(images.shape[0], *images.shape[2:], dtype=torch.bool)
-    if pixel_mask.dtype != torch.bool or pixel_mask.shape != (images.shape[0], *images.shape[2:]):
-        raise ValueError(
-            f"{where}: pixel_mask must be bool [B,H,W] = {[images.shape[0], *images.shape[2:]]}, "
-            f"got {pixel_mask.dtype} {list(pixel_mask.shape)}"
-        )
-    return pixel_mask
+from vision_tx.models.query_detector import checked_pixel_mask
 
 
 @dataclass

@@ -9,6 +9,8 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from vision_tx.models.query_detector import renamed_key, with_backbone_state
+
 # Official name (a regular expression on the key) -> vision_tx's; the first match wins.
 _RENAMES = (
     (r"^transformer\.level_embed$", "neck.level_embed"),
@@ -68,20 +70,3 @@ def convert_official_dino(state_dict: Mapping[str, torch.Tensor], model: nn.Modu
         converted[renamed_key(key, _RENAMES)] = value
     return with_backbone_state(converted, backbone_state, model)
 
-
-def renamed_key(key: str, renames: tuple[tuple[str, str], ...]) -> str:
-    """``key`` renamed by the first ``(pattern, replacement)`` of ``renames`` whose pattern it matches."""
-    for pattern, replacement in renames:
-        renamed, count = re.subn(pattern, replacement, key)
-        if count:
-            return renamed
-    return key
-
-
-def with_backbone_state(converted: dict[str, torch.Tensor], backbone_state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """``converted`` plus ``backbone_state`` read by the backbone's own ``convert_state_dict`` (if it has one), under ``backbone.``."""
-    convert_backbone = getattr(model.backbone, "convert_state_dict", None)
-    if convert_backbone is not None:
-        backbone_state = convert_backbone(backbone_state)
-    converted.update({f"backbone.{k}": v for k, v in backbone_state.items()})
-    return converted

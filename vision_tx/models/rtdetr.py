@@ -12,13 +12,10 @@ from torch import nn
 
 from vision_tx.backbones import build_backbone
 from vision_tx.heads.detr.criterion import normalize_targets
-from vision_tx.heads.detr.matcher import HungarianMatcher
-from vision_tx.heads.dino.denoising import ContrastiveDenoising
 from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
 from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
-from vision_tx.models.detr import checked_pixel_mask
-from vision_tx.models.dino import DeformableQueryDetector, decoder_outputs, init_heads, select_proposals
+from vision_tx.models.query_detector import DeformableQueryDetector, checked_pixel_mask, decoder_outputs, select_proposals
 from vision_tx.models.rtdetr_official import convert_official_rtdetr, is_official_rtdetr
 from vision_tx.necks.multiscale import MultiScaleLevels, flatten_levels
 
@@ -69,16 +66,10 @@ class RTDETR(DeformableQueryDetector):
         num_detections: int = 300,
         nms_threshold: float | None = None,
     ) -> None:
-        super().__init__()
         in_channels = list(backbone.out_channels)
         if num_levels < len(in_channels):
             raise ValueError(f"{__name__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps")
-        self.backbone = backbone
-        self.num_classes = num_classes
-        self.num_queries = num_queries
-        self.look_forward_twice = look_forward_twice
-        self.num_detections = num_detections
-        self.nms_threshold = nms_threshold
+        super().__init__(backbone, num_classes, num_queries, look_forward_twice, num_detections, nms_threshold)
         self.encoder = HybridEncoder(
             in_channels, hidden_dim, num_heads, encoder_feedforward, dropout, num_encoder_layers, expansion=expansion, num_blocks=num_blocks
         )
@@ -94,15 +85,10 @@ class RTDETR(DeformableQueryDetector):
         )
         self.build_query_heads(num_classes, hidden_dim, num_decoder_layers)
         self.query_embed = nn.Embedding(num_queries, hidden_dim) if learn_query_content else None
-        self.denoising = (
-            # RT-DETR stores the noised boxes through inverse_sigmoid's default eps 1e-5, not DINO's 1e-3
-            ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, eps=1e-5)
-            if num_denoising
-            else None
+        # RT-DETR stores the noised boxes through inverse_sigmoid's default eps 1e-5, not DINO's 1e-3
+        self.build_training_parts(
+            hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, 1e-5, RTDETRCriterion, matcher_kwargs, criterion_kwargs
         )
-        matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
-        self.criterion = RTDETRCriterion(num_classes, matcher, **(criterion_kwargs or {}))
-        init_heads(self.class_embed, self.bbox_embed)
 
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None

@@ -9,7 +9,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from vision_tx.models.dino_official import renamed_key, with_backbone_state
+from vision_tx.models.query_detector import renamed_key, with_backbone_state
 
 # Official name (a regular expression on the key) -> vision_tx's; the first match wins. The hybrid
 # encoder (``encoder.``) has the official names but for its one AIFI stack.

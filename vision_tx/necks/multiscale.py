@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vision_tx.heads.detr.position_encoding import SinePositionEncoding
+from vision_tx.necks.position_encoding import SinePositionEncoding
 
 
 @dataclass

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.heads.detr.position_encoding import sine_embedding
+from vision_tx.necks.position_encoding import sine_embedding
 from vision_tx.heads.dino.deformable_attention import MultiScaleDeformableAttention
 from vision_tx.ops.feed_forward import residual_feed_forward
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.heads.detr.position_encoding import SinePositionEncoding
+from vision_tx.necks.position_encoding import SinePositionEncoding
 from vision_tx.heads.detr.transformer import Attention
 from vision_tx.heads.dino.transformer import FeedForward
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vision_tx.heads.detr import SinePositionEncoding
+from vision_tx.necks import SinePositionEncoding
 
 from tests.conftest import require_reference
 
