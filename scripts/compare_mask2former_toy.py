@@ -26,7 +26,7 @@ from compare_common import TrainingClock
 CONFIGS = Path(__file__).resolve().parents[1] / "vision_tx" / "configs"
 RUNS = {
     "m2f_semantic": ("mask2former_swin_toy_ade20k", {}, "val/mIoU"),
-    "upernet_semantic": ("mask2former_swin_toy_ade20k", {"head": "upernet", "channels": 128, "aux_channels": 64}, "val/mIoU"),
+    "upernet_semantic": ("mask2former_swin_toy_ade20k", {"head": "upernet", "head_kwargs": {"channels": 128, "aux_channels": 64}, "criterion_kwargs": None}, "val/mIoU"),
     "m2f_panoptic": ("mask2former_swin_toy_coco_panoptic", {}, "val/PQ"),
     "detr_panoptic": ("detr_panoptic_swin_toy", {}, "val/PQ"),
     "m2f_instance": ("mask2former_swin_toy_coco_instance", {}, "val/segm_AP50"),

@@ -56,7 +56,7 @@ def main() -> None:
     pl.seed_everything(0)
     datamodule = datamodule_for(args)
     module = SegmentationModule(
-        "swin_t", backbone_kwargs=SMALL_SWIN, channels=96, aux_channels=64, lr=args.lr, warmup_iters=20, dropout=0.0
+        "swin_t", backbone_kwargs=SMALL_SWIN, head_kwargs={"channels": 96, "aux_channels": 64, "dropout": 0.0}, lr=args.lr, warmup_iters=20
     )
     trainer, minutes = fit_until(
         module, datamodule, "val/mIoU", args.target, args.max_steps, args.val_every, tempfile.mkdtemp(prefix="overfit_ade20k_")

@@ -102,7 +102,7 @@ def _task_modules(decay: bool) -> list[LightningModule]:
     modules = [
         DetectionModule(detector="rtdetr", **small, detector_kwargs={"hidden_dim": 32, "num_heads": 2, "num_queries": 5,
                                                                       "num_decoder_layers": 1, "num_denoising": 0}),
-        SegmentationModule(**small, channels=16, aux_channels=8),
+        SegmentationModule(**small, head_kwargs={"channels": 16, "aux_channels": 8}),
         ClassificationModule(**small),
     ]
     for module in modules:

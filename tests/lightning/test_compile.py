@@ -57,7 +57,7 @@ TASKS: dict[str, Callable[[], tuple[TaskModule, dict[str, Any]]]] = {
         detection_batch(with_masks=True),
     ),
     "segmentation": lambda: (
-        SegmentationModule("swin_t", NUM_CLASSES, backbone_kwargs=SWIN, channels=16, aux_channels=8, dropout=0.0, compile=COMPILE),
+        SegmentationModule("swin_t", NUM_CLASSES, backbone_kwargs=SWIN, head_kwargs={"channels": 16, "aux_channels": 8, "dropout": 0.0}, compile=COMPILE),
         image_batch(torch.randint(0, NUM_CLASSES, (2, 64, 64))),
     ),
 }

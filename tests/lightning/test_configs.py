@@ -57,7 +57,7 @@ def small_args(config: Path) -> list[str]:
         detector = f"{{{SMALL_DETR}, {width}{denoising}}}"
         args += ([] if mask2former else ["--model.detector_kwargs", detector]) + ["--data.batch_size", "2", *DETR_TRANSFORMS]
     elif module == "SegmentationModule":
-        args += ["--model.channels", "16", "--model.aux_channels", "8", "--data.scale", "[96, 64]",
+        args += ([] if mask2former else ["--model.head_kwargs", "{channels: 16, aux_channels: 8}"]) + ["--data.scale", "[96, 64]",
                  "--data.crop_size", "[64, 64]", "--data.batch_size", "2", "--data.val_batch_size", "1"]
     elif module == "ClassificationModule":
         args += ["--data.image_size", "32", "--data.batch_size", "4", "--data.val_batch_size", "4"]

@@ -116,7 +116,7 @@ def test_segmentation_trains_and_validates_the_same_on_two_processes(tmp_path: P
     root = make_toy_segmentation(tmp_path / "toy", num_train=12, num_val=5)  # 5 validation images: 3 + 2 on two processes
     args = [
         # A high learning rate, so that the validated model predicts something after 3 steps.
-        *SEGMENTATION, "--data.root", str(root), "--model.dropout", "0", "--model.lr", "1e-2", "--model.warmup_iters", "0",
+        *SEGMENTATION, "--data.root", str(root), "--model.head_kwargs", "{channels: 16, aux_channels: 8, dropout: 0.0}", "--model.lr", "1e-2", "--model.warmup_iters", "0",
         "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
         "--trainer.max_steps", "3",
     ]

@@ -120,7 +120,7 @@ def mmseg_upernet_heads(in_channels: list[int], num_classes: int, channels: int 
     return layout
 
 
-def test_upernet_pretrained_of_another_class_count(tmp_path: Path) -> None:
+def test_upernet_weights_of_another_class_count(tmp_path: Path) -> None:
     """The official Swin-B UperNet (ADE20K, 150 classes) layout: backbone and both heads load, both
     classifiers keep their initialisation."""
     layout = read_layout("upernet_swin_base_patch4_window7_512x512") | mmseg_upernet_heads([128, 256, 512, 1024], 150)
@@ -129,7 +129,7 @@ def test_upernet_pretrained_of_another_class_count(tmp_path: Path) -> None:
     checkpoint = save(official, tmp_path / "upernet.pth", wrapper="state_dict")
     skipped = ["decode_head.classifier.weight", "decode_head.classifier.bias", "auxiliary_head.classifier.weight",
                "auxiliary_head.classifier.bias"]
-    log, tuned = finetune(lambda pretrained: SegmentationModule(backbone="swin_b", num_classes=NUM_CLASSES, pretrained=pretrained),
+    log, tuned = finetune(lambda weights: SegmentationModule(backbone="swin_b", num_classes=NUM_CLASSES, weights=weights),
                         checkpoint, skipped)
     assert "unused from the checkpoint" not in log
     for key in ("decode_head.fpn_bottleneck.conv.weight", "decode_head.psp_modules.3.1.bn.running_var", "auxiliary_head.convs.0.bn.bias"):

@@ -48,7 +48,7 @@ DINO_SMALL = [
 SEGMENTATION = [
     "--config", "upernet_swin_t_ade20k",
     "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.3}",
-    "--model.channels", "16", "--model.aux_channels", "8", "--model.warmup_iters", "2",
+    "--model.head_kwargs", "{channels: 16, aux_channels: 8}", "--model.warmup_iters", "2",
     "--data.scale", "[128, 64]", "--data.crop_size", "[64, 64]", "--data.batch_size", "2", "--data.num_workers", "0",
     "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto", "--trainer.sync_batchnorm", "false",
     "--trainer.val_check_interval", "null", "--trainer.check_val_every_n_epoch", "1",

@@ -32,7 +32,7 @@ def test_warmup_then_poly_as_mmcv() -> None:
 def test_fit_and_validate_on_toy_set(tiny_backbone, monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(Path, "home", lambda: tmp_path)  # the toy set is generated under tmp_path
     datamodule = SegmentationDataModule(scale=(256, 128), crop_size=(96, 96), batch_size=2, val_batch_size=2, num_workers=0)
-    module = SegmentationModule(backbone="tiny", channels=16, aux_channels=8, lr=1e-3, warmup_iters=2)
+    module = SegmentationModule(backbone="tiny", head_kwargs={"channels": 16, "aux_channels": 8}, lr=1e-3, warmup_iters=2)
     trainer = pl.Trainer(
         max_steps=4, limit_val_batches=2, val_check_interval=4, num_sanity_val_steps=1, accelerator="cpu", devices=1,
         default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
@@ -58,7 +58,7 @@ def test_fit_and_validate_on_toy_set(tiny_backbone, monkeypatch, tmp_path) -> No
 
 
 def test_no_weight_decay_on_norms_and_biases(tiny_backbone) -> None:
-    module = SegmentationModule(backbone="tiny", num_classes=3, channels=8, aux_channels=8)
+    module = SegmentationModule(backbone="tiny", num_classes=3, head_kwargs={"channels": 8, "aux_channels": 8})
     module.configure_model()
     module.trainer = pl.Trainer(max_steps=10, accelerator="cpu", logger=False)
     optimizer = module.configure_optimizers()["optimizer"]

@@ -44,11 +44,10 @@ def is_fitting(module: pl.LightningModule) -> bool:
 
 
 def build_task_backbone(
-    module: pl.LightningModule, out_indices: Sequence[int] = (0, 1, 2, 3), load_pretrained: bool = True
+    module: pl.LightningModule, out_indices: Sequence[int] = (0, 1, 2, 3)
 ) -> nn.Module:
     """The backbone named by ``module.hparams`` (``backbone``, ``backbone_kwargs``, ``pretrained``),
     returning the stages ``out_indices`` the task's head reads unless ``backbone_kwargs`` says otherwise.
-    ``load_pretrained=False`` leaves ``pretrained`` to the caller (a task that reads it into the whole model).
 
     Also resolves ``hparams.num_classes`` when it is None, from the trainer's datamodule, so that a
     checkpoint records it and rebuilds the same model.
@@ -60,7 +59,7 @@ def build_task_backbone(
             raise ValueError(f"{type(module).__name__}: num_classes is None and there is no datamodule to take it from")
         hp.num_classes = datamodule.num_classes
     backbone = build_backbone(hp.backbone, **{"out_indices": tuple(out_indices), **(hp.backbone_kwargs or {})})
-    if load_pretrained and hp.pretrained and is_fitting(module):
+    if hp.pretrained and is_fitting(module):
         rank_zero_info(f"backbone weights: {load_weights(backbone, hp.pretrained)}")
     return backbone
 

@@ -20,8 +20,7 @@ from vision_tx.visualize import denormalize
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.miou import MeanIoU
-from vision_tx.models.mask2former import Mask2Former
-from vision_tx.models.segmentor import UperNetSegmentor
+from vision_tx.models import SEGMENTATION_HEADS, Mask2Former, UperNetSegmentor
 from vision_tx.visualize import draw_semantic
 
 
@@ -34,33 +33,19 @@ def warmup_poly_factor(step: int, total_steps: int, warmup_steps: int, warmup_ra
     return factor
 
 
-def build_upernet(hp: Any, backbone: torch.nn.Module, ignore_index: int) -> UperNetSegmentor:
-    """The UperNet of the module's hyperparameters ``hp``."""
-    return UperNetSegmentor(
-        backbone, hp.num_classes, channels=hp.channels, aux_channels=hp.aux_channels, aux_in_index=hp.aux_in_index,
-        aux_loss_weight=hp.aux_loss_weight, dropout=hp.dropout, ignore_index=ignore_index,
-    )
-
-
-def build_mask2former(hp: Any, backbone: torch.nn.Module, ignore_index: int) -> Mask2Former:
-    """The Mask2Former of the module's hyperparameters ``hp`` (``head_kwargs``, ``criterion_kwargs``)."""
-    return Mask2Former(backbone, hp.num_classes, criterion_kwargs=hp.criterion_kwargs, ignore_index=ignore_index, **(hp.head_kwargs or {}))
-
-
-# The heads ``SegmentationModule(head=...)`` names: each builds its segmentor (``loss``, ``predict``,
-# ``class_keys``, ``ignore_index``, ``no_weight_decay``) from the module's hyperparameters.
-HEADS = {"upernet": build_upernet, "mask2former": build_mask2former}
-
-
 class SegmentationModule(TaskModule):
-    """UperNet segmentation of the datamodule's classes on ``build_backbone(backbone, **backbone_kwargs)``.
+    """Semantic segmentation of the datamodule's classes by ``head`` (a name of
+    ``vision_tx.models.SEGMENTATION_HEADS``: ``upernet``, ``mask2former``) on ``build_backbone(backbone,
+    **backbone_kwargs)``; ``head_kwargs`` go to the head's constructor (UperNet's ``channels``,
+    ``aux_channels``, ``aux_in_index``, ``aux_loss_weight``, ``dropout``; Mask2Former's sizes), whose
+    signature holds their defaults, and ``criterion_kwargs`` to Mask2Former's ``Mask2FormerCriterion``.
 
     ``num_classes=None`` takes the datamodule's number when the model is built (``configure_model``)
-    and records it in the hyperparameters, so a checkpoint rebuilds the same model. ``pretrained``
-    is read with ``load_weights`` when training starts: a backbone or classifier checkpoint (official
-    Swin/NAT layouts included) into the backbone, or a whole UperNet one (mmsegmentation's official
-    layout or vision_tx's); heads of another number of classes keep the new model's initialisation
-    (fine-tuning), and the log names them.
+    and records it in the hyperparameters, so a checkpoint rebuilds the same model. ``pretrained`` (a
+    backbone or classifier checkpoint, official Swin/NAT layouts included) and ``weights`` (a whole-model
+    one: mmsegmentation's official UperNet layout, Mask2Former's, or vision_tx's) are read with
+    ``load_weights`` when training starts, as in every task; heads of another number of classes keep the
+    new model's initialisation (fine-tuning), and the log names them.
     Validation runs ``inference_mode`` (``"whole"`` or ``"slide"`` with ``slide_crop_size``/``slide_stride``),
     optionally over ``test_scales`` and flips, and scores at each label's original size; the first
     ``num_visualized`` validation images are drawn with their predicted and true classes.
@@ -69,9 +54,7 @@ class SegmentationModule(TaskModule):
     The optimiser is AdamW; the parameters the model's ``no_weight_decay()`` names (norms, biases, tables)
     are not decayed unless ``decay_norms_and_biases=True``.
     ``compile`` (and any other option of :class:`TaskModule`) is passed on.
-    ``head="mask2former"`` trains a ``Mask2Former`` (with ``head_kwargs``, and ``criterion_kwargs`` for its
-    ``Mask2FormerCriterion``) instead of the UperNet (whose arguments it ignores); it owns its loss and
-    its class scores, as the UperNet does.
+    Either head owns its loss and its class scores.
     """
 
     def __init__(
@@ -79,12 +62,8 @@ class SegmentationModule(TaskModule):
         backbone: str = "swin_t",
         num_classes: int | None = None,
         pretrained: str | None = None,
+        weights: str | None = None,
         backbone_kwargs: dict[str, Any] | None = None,
-        channels: int = 512,
-        aux_channels: int = 256,
-        aux_in_index: int = 2,
-        aux_loss_weight: float = 0.4,
-        dropout: float = 0.1,
         lr: float = 6e-5,
         weight_decay: float = 0.01,
         decay_norms_and_biases: bool = False,
@@ -112,14 +91,17 @@ class SegmentationModule(TaskModule):
         if self.model is not None:
             return
         hp = self.hparams
-        backbone = build_task_backbone(self, load_pretrained=False)
+        backbone = build_task_backbone(self)
         datamodule = self.trainer.datamodule if self._trainer is not None else None
-        if hp.head not in HEADS:
-            raise ValueError(f"SegmentationModule: unknown head {hp.head!r}; known: {', '.join(HEADS)}")
-        self.model = HEADS[hp.head](hp, backbone, getattr(datamodule, "ignore_index", 255))
-        if hp.pretrained and is_fitting(self):
-            report = load_weights(self.model, hp.pretrained, class_keys=self.model.class_keys)
-            rank_zero_info(f"segmentor weights: {report}")
+        if hp.head not in SEGMENTATION_HEADS:
+            raise ValueError(f"SegmentationModule: unknown head {hp.head!r}; known: {', '.join(SEGMENTATION_HEADS)}")
+        criterion = {"criterion_kwargs": hp.criterion_kwargs} if hp.criterion_kwargs else {}
+        self.model = SEGMENTATION_HEADS[hp.head](
+            backbone, hp.num_classes, ignore_index=getattr(datamodule, "ignore_index", 255), **criterion, **(hp.head_kwargs or {})
+        )
+        if hp.weights and is_fitting(self):
+            report = load_weights(self.model, hp.weights, class_keys=self.model.class_keys)
+            rank_zero_info(f"model weights: {report}")
         if hp.sync_batchnorm:
             self.model = sync_batchnorm_where_supported(self, self.model)
         self.compile_model()

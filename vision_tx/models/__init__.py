@@ -20,4 +20,9 @@ DETECTORS = {"detr": DETR, "dino": DINO, "mask2former": Mask2Former, "rtdetr": R
 # a wrapper names where the backbone's parameters sit in it (``backbone_prefix``).
 PANOPTIC_WRAPPERS: dict[str, type | None] = {"detr": DETRPanoptic, "mask2former": None}
 
-__all__ = ["DETECTORS", "PANOPTIC_WRAPPERS", "DETR", "DETRFeatures", "DETRPanoptic", "DINO", "Mask2Former", "RTDETR", "UperNetSegmentor"]
+# The semantic segmentation heads a config can name (``SegmentationModule(head=...)``), each built as
+# ``(backbone, num_classes, ignore_index=..., **head_kwargs)`` (Mask2Former also takes ``criterion_kwargs``);
+# each owns ``loss``, ``predict``, ``class_keys`` and ``no_weight_decay``.
+SEGMENTATION_HEADS = {"upernet": UperNetSegmentor, "mask2former": Mask2Former}
+
+__all__ = ["DETECTORS", "PANOPTIC_WRAPPERS", "SEGMENTATION_HEADS", "DETR", "DETRFeatures", "DETRPanoptic", "DINO", "Mask2Former", "RTDETR", "UperNetSegmentor"]
