@@ -197,4 +197,13 @@ def test_sam_classification_trains_the_same_on_two_processes(tmp_path: Path) -> 
         (q1, k1, v1), (q2, k2, v2) = (state[name].chunk(3) for state in weights)
         torch.testing.assert_close(k2, k1, rtol=0, atol=1e-5, msg=name)
         weights[0][name], weights[1][name] = torch.cat([q1, v1]), torch.cat([q2, v2])  # to float order below
+    # Likewise any entry whose first gradient is near rounding noise on either side (below 10 AdamW eps, 1e-7: a unit of
+    # a 16-wide network that these 4 images leave dead, summed in another order on 2 processes by the CPU's
+    # oneDNN kernels): AdamW moves it by up to the learning rate a step, in the noise's direction.
+    for name, gradient in one_gradients.items():
+        if name in weights[0] and not name.endswith("attn.qkv.bias"):
+            noise = (gradient.abs() < 1e-7) | (two_gradients[name].abs() < 1e-7)
+            moved = (weights[1][name] - weights[0][name])[noise].abs()
+            assert moved.numel() == 0 or float(moved.max()) <= 2 * 2.5e-4 * 1.01, name
+            weights[1][name] = torch.where(noise, weights[0][name], weights[1][name])
     assert_close_tensors(*weights, list(weights[0]))

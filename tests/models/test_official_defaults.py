@@ -28,6 +28,7 @@ DETR_MAIN = "facebookresearch/detr main.py (the argument defaults of the trainin
 DETR_MODEL = "facebookresearch/detr models/detr.py (build: weight_dict)"
 MMSEG = "open-mmlab/mmsegmentation configs/_base_/models/upernet_swin.py"
 MMSEG_HEAD = "open-mmlab/mmsegmentation mmseg/models/decode_heads/decode_head.py (BaseDecodeHead's defaults)"
+DEIM_YML = "ShihuaHuang95/DEIM (DEIMCriterion: gamma 1.5 in the DEIM configs, mal_alpha None, its default)"
 OWN = "vision_tx's own option (no official counterpart)"
 
 # name -> (official value, the file it comes from), per constructor.
@@ -44,6 +45,7 @@ TABLES: dict[str, tuple[Callable[..., Any], dict[str, tuple[Any, str]]]] = {
     "RTDETRCriterion": (RTDETRCriterion, {
         "weight_vfl": (1.0, RT_YML), "weight_bbox": (5.0, RT_YML), "weight_giou": (2.0, RT_YML), "vfl_alpha": (0.75, RT_YML),
         "vfl_gamma": (2.0, RT_YML), "focal_alpha": (0.25, f"{RT_YML}: the matcher's alpha"), "focal_gamma": (2.0, f"{RT_YML}: the matcher's gamma"),
+        "class_loss": ("vfl", f"{RT_YML}: losses ['vfl', 'boxes']"), "mal_alpha": (None, DEIM_YML), "mal_gamma": (1.5, DEIM_YML),
     }),
     "Mask2Former": (Mask2Former, {
         "num_queries": (100, M2F_YML), "hidden_dim": (256, M2F_YML), "mask_dim": (256, M2F_YML), "num_heads": (8, M2F_YML),
