@@ -26,6 +26,7 @@ from vision_tx.lightning.cli import resolve_config
 NUM_CLASSES = 4
 IS_THING = {0: True, 1: True, 2: False, 3: False}
 TOLERANCE = 1e-4  # measured: <= 3e-6 on every output (float32, onnxruntime's CPU provider)
+CLASS_LOGIT_SCALE = 20.0
 QUARTER_SWIN = {"embed_dim": 32, "depths": [2, 2, 2, 2], "num_heads": [1, 2, 4, 8], "drop_path_rate": 0.0}
 
 
@@ -37,7 +38,12 @@ def build_task(config: str, seed: int = 0, **init_args: Any) -> torch.nn.Module:
     module_class = getattr(importlib.import_module(module_name), class_name)
     module = module_class(**{**section.get("init_args", {}), "num_classes": NUM_CLASSES, **init_args})
     module.configure_model()
-    return perturb_(module, seed).eval()
+    perturb_(module, seed)
+    with torch.no_grad():  # class logits spread far apart: no near-ties for float rounding to reorder, confident panoptic queries
+        for name, parameter in module.named_parameters():
+            if "class_embed" in name:
+                parameter.mul_(CLASS_LOGIT_SCALE)
+    return module.eval()
 
 
 def run_onnx(path: Path, images: torch.Tensor) -> list[torch.Tensor]:
@@ -122,3 +128,76 @@ def test_exported_model_in_onnxruntime_gives_the_eager_outputs(config: str, tmp_
             ours = model(images)
         assert_eager_postprocessing(module, model, images, ours)
         assert_outputs_close(run_onnx(info["path"], images), ours, model.output_names)
+
+
+class _DeformableAttention(torch.nn.Module):
+    """``ms_deform_attn`` over fixed level shapes (the models' memory)."""
+
+    def __init__(self, shapes: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.shapes = shapes
+
+    def forward(self, value: torch.Tensor, locations: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        from vision_tx.ops import ms_deform_attn
+
+        return ms_deform_attn(value, self.shapes, locations, weights)
+
+
+class _NeighborhoodAttention(torch.nn.Module):
+    """``na2d`` with a relative position bias, kernel 5, dilation 2."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.rpb = torch.nn.Parameter(torch.randn(heads, 9, 9, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        from vision_tx.ops import na2d
+
+        return na2d(q, k, v, kernel_size=5, dilation=2, rpb=self.rpb)
+
+
+def onnx_session(module: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> Any:
+    """``module`` exported to ONNX on ``example`` (inputs ``input0``, ...; first dimensions dynamic), as an onnxruntime session."""
+    onnxruntime = require_reference("onnxruntime")
+    program = torch.export.export(module, example, dynamic_shapes=tuple({0: torch.export.Dim.AUTO} for _ in example))
+    torch.onnx.export(program, example, str(path), input_names=[f"input{i}" for i in range(len(example))], dynamo=True, optimize=False)
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def run_session(session: Any, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The first output of ``session`` for ``inputs``."""
+    return torch.from_numpy(session.run(None, {f"input{i}": x.numpy() for i, x in enumerate(inputs)})[0])
+
+
+@pytest.mark.parametrize("shapes", [[(12, 16), (6, 8), (3, 4)], [(9, 7), (5, 4)]])
+def test_ms_deform_attn_exports(shapes: list[tuple[int, int]], tmp_path: Path) -> None:
+    """Sampling points inside, on the border and outside every level; two pyramids, two batch sizes."""
+    generator = torch.Generator().manual_seed(len(shapes))
+    heads, head_dim, points, queries, tokens = 2, 8, 3, 5, sum(h * w for h, w in shapes)
+
+    def inputs(batch: int) -> tuple[torch.Tensor, ...]:
+        return (torch.randn(batch, tokens, heads, head_dim, generator=generator),
+                torch.rand(batch, queries, heads, len(shapes), points, 2, generator=generator) * 1.4 - 0.2,
+                torch.rand(batch, queries, heads, len(shapes), points, generator=generator))
+
+    module = _DeformableAttention(shapes)
+    session = onnx_session(module, inputs(2), tmp_path / "ms_deform_attn.onnx")
+    for batch in (1, 3):
+        given = inputs(batch)
+        torch.testing.assert_close(run_session(session, given), module(*given), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [(14, 14), (11, 17)])
+def test_na2d_exports(size: tuple[int, int], tmp_path: Path) -> None:
+    """Kernel 5, dilation 2, a relative position bias; two map sizes (its tiling is planned per size), two batch sizes."""
+    generator = torch.Generator().manual_seed(size[1])
+    module = _NeighborhoodAttention(heads=2)
+
+    def inputs(batch: int) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.randn(batch, *size, 2, 8, generator=generator) for _ in range(3))
+
+    session = onnx_session(module, inputs(2), tmp_path / "na2d.onnx")
+    for batch in (1, 3):
+        given = inputs(batch)
+        with torch.no_grad():
+            torch.testing.assert_close(run_session(session, given), module(*given), rtol=0, atol=1e-5)

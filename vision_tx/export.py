@@ -53,12 +53,12 @@ class Deployable(nn.Module):
         super().__init__()
         self.network = network
         self.name = name  # what error messages call it (the config's name)
-        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("pixel_mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """``images`` in [0, 1] -> what the network reads."""
-        return (images - self.mean.to(images.dtype)) / self.std.to(images.dtype)
+        return (images - self.pixel_mean.to(images.dtype)) / self.pixel_std.to(images.dtype)
 
 
 class ClassifierExport(Deployable):
