@@ -8,31 +8,30 @@ gives exactly the model's eager post-processing (the lists ``postprocess`` and f
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import yaml
+from torchvision.transforms.v2.functional import normalize
 
 from tests.conftest import require_reference
 from tests.parity import perturb_
-from vision_tx.export import (
-    FORMATS, ExportError, deployable, dynamic_dims, example_images, export, export_program, main,
-)
+from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from vision_tx.export import FORMATS, ExportError, deployable, example_images, export, main
 from vision_tx.lightning.cli import resolve_config
 
 NUM_CLASSES = 4
 IS_THING = {0: True, 1: True, 2: False, 3: False}
 TOLERANCE = 1e-4  # measured: <= 3e-6 on every output (float32, onnxruntime's CPU provider)
-CLASS_LOGIT_SCALE = 20.0
+CLASS_LOGIT_SCALE = 20.0  # softmax heads; sigmoid heads (DINO, RT-DETR) keep theirs: x20 saturates scores at 1.0 (ties)
 QUARTER_SWIN = {"embed_dim": 32, "depths": [2, 2, 2, 2], "num_heads": [1, 2, 4, 8], "drop_path_rate": 0.0}
 
 
-def build_task(config: str, seed: int = 0, **init_args: Any) -> torch.nn.Module:
+def build_task(config: str, seed: int = 0, class_scale: float = CLASS_LOGIT_SCALE, **init_args: Any) -> torch.nn.Module:
     """The task module of ``configs/<config>.yaml`` (its ``model`` section, ``init_args`` overriding), with
-    ``NUM_CLASSES`` classes, built, weights perturbed, in eval mode."""
+    ``NUM_CLASSES`` classes, built, weights perturbed, class heads scaled by ``class_scale``, in eval mode."""
     section = yaml.safe_load(resolve_config(config).read_text())["model"]
     module_name, _, class_name = section["class_path"].rpartition(".")
     module_class = getattr(importlib.import_module(module_name), class_name)
@@ -42,7 +41,7 @@ def build_task(config: str, seed: int = 0, **init_args: Any) -> torch.nn.Module:
     with torch.no_grad():  # class logits spread far apart: no near-ties for float rounding to reorder, confident panoptic queries
         for name, parameter in module.named_parameters():
             if "class_embed" in name:
-                parameter.mul_(CLASS_LOGIT_SCALE)
+                parameter.mul_(class_scale)
     return module.eval()
 
 
@@ -68,11 +67,13 @@ def assert_outputs_close(got: list[torch.Tensor], expected: tuple[torch.Tensor, 
 
 def eager_reference(module: torch.nn.Module, model: Any, images: torch.Tensor) -> dict[str, Any]:
     """What the task's own eager code gives for ``images`` in [0, 1], per image, at the input size."""
-    normalized = model.normalize(images)
+    normalized = normalize(images, list(IMAGENET_MEAN), list(IMAGENET_STD))  # the data pipeline's, not the export's
     sizes = torch.tensor([images.shape[-2:]] * len(images))
     with torch.no_grad():
+        if "top_labels" in model.output_names:
+            return {"probabilities": module(normalized).softmax(-1)}
         if "probabilities" in model.output_names:
-            return {"probabilities": module(normalized).softmax(-1) if images.dim() == 4 and model.output_names[1] == "top_labels" else module(normalized)}
+            return {"probabilities": module(normalized)}
         outputs = module.model(normalized)
         if "segment_ids" in model.output_names:
             return {"panoptic": module.model.postprocess_panoptic(outputs, sizes, sizes, IS_THING)}
@@ -96,34 +97,38 @@ def assert_eager_postprocessing(module: torch.nn.Module, model: Any, images: tor
         return
     for b, expected in enumerate(reference["detections"]):
         count = len(expected["scores"])
-        for key, value in expected.items():
-            assert torch.equal(named[key][b, :count], value), f"{key} of image {b}"
+        for key, value in expected.items():  # Mask2Former's instance boxes are its masks' (not exported)
+            if key in named:
+                assert torch.equal(named[key][b, :count], value), f"{key} of image {b}"
         if "labels" in named and count < named["labels"].shape[1]:
             assert (named["labels"][b, count:] == -1).all() and (named["scores"][b, count:] == 0).all()
 
 
-# (config, init_args overriding it, image sizes): every config family's model, toy-sized.
+# (config, init_args overriding it, image size, whether the batch is dynamic): every config family's model,
+# toy-sized. The models with deformable attention export a fixed batch (vision_tx/export.py says why).
 CASES = {
-    "classification_toy": ({}, [(64, 64), (96, 64)]),
-    "detr_swin_toy": ({}, [(96, 128), (128, 96)]),
-    "dino_swin_toy": ({}, [(96, 128), (128, 96)]),
-    "rtdetr_convnext_toy": ({}, [(96, 128), (128, 96)]),
-    "upernet_swin_t_ade20k": ({"backbone_kwargs": QUARTER_SWIN, "channels": 32, "aux_channels": 16}, [(96, 128), (128, 96)]),
-    "mask2former_swin_toy_ade20k": ({}, [(96, 128), (128, 96)]),
-    "mask2former_swin_toy_coco_instance": ({}, [(96, 128), (128, 96)]),
-    "mask2former_swin_toy_coco_panoptic": ({}, [(96, 128), (128, 96)]),
+    "classification_toy": ({}, (64, 96), True),
+    "detr_swin_toy": ({}, (96, 128), True),
+    "dino_swin_toy": ({"class_scale": 1.0}, (96, 128), False),
+    "rtdetr_convnext_toy": ({"class_scale": 1.0}, (96, 128), False),
+    "upernet_swin_t_ade20k": ({"backbone_kwargs": QUARTER_SWIN, "channels": 32, "aux_channels": 16}, (128, 96), True),
+    "mask2former_swin_toy_ade20k": ({}, (96, 128), False),
+    "mask2former_swin_toy_coco_instance": ({}, (96, 128), False),
+    "mask2former_swin_toy_coco_panoptic": ({}, (128, 96), False),
 }
 
 
 @pytest.mark.parametrize("config", list(CASES))
 def test_exported_model_in_onnxruntime_gives_the_eager_outputs(config: str, tmp_path: Path) -> None:
-    init_args, sizes = CASES[config]
+    init_args, size, dynamic_batch = CASES[config]
     module = build_task(config, **init_args)
     model = deployable(module, config, IS_THING)
-    info = export(model, tmp_path / f"{config}.onnx", "onnx", example_images(sizes[0]), dynamic_size=False)
-    assert info["dims"] == {"batch": None, "height": sizes[0][0], "width": sizes[0][1]}
-    for batch in (1, 3):
-        images = example_images(sizes[0], batch, seed=batch)
+    batches = (1, 3) if dynamic_batch else (1,)
+    info = export(model, tmp_path / f"{config}.onnx", "onnx", example_images(size, 2 if dynamic_batch else 1), dynamic_size=False,
+                  dynamic_batch=dynamic_batch)
+    assert info["dims"] == {"batch": None if dynamic_batch else 1, "height": size[0], "width": size[1]}
+    for batch in batches:
+        images = example_images(size, batch, seed=batch + 10)
         with torch.no_grad():
             ours = model(images)
         assert_eager_postprocessing(module, model, images, ours)
@@ -201,3 +206,28 @@ def test_na2d_exports(size: tuple[int, int], tmp_path: Path) -> None:
         given = inputs(batch)
         with torch.no_grad():
             torch.testing.assert_close(run_session(session, given), module(*given), rtol=0, atol=1e-5)
+
+
+def test_detr_panoptic_is_refused_in_one_line_naming_the_model_and_the_reason() -> None:
+    module = build_task("detr_panoptic_swin_toy")
+    with pytest.raises(ExportError) as raised:
+        deployable(module, "detr_panoptic_swin_toy", IS_THING)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("detr_panoptic_swin_toy: DETR panoptic") and "postprocess_panoptic" in message
+
+
+def test_the_tool_needs_a_config_and_names_its_formats(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--ckpt", "x.ckpt", "--out", "x.onnx"])
+    assert "--config is required" in capsys.readouterr().err
+    assert FORMATS == ("onnx", "exported_program")
+
+
+def test_exported_program_format_loads_and_gives_the_eager_outputs(tmp_path: Path) -> None:
+    """``--format exported_program``: ``torch.export.save``'s file, loaded back, at another batch size."""
+    module = build_task("classification_toy")
+    model = deployable(module, "classification_toy")
+    info = export(model, tmp_path / "classifier.pt2", "exported_program", example_images((64, 64)), dynamic_size=False)
+    images = example_images((64, 64), 3, seed=3)
+    with torch.no_grad():
+        assert_outputs_close(list(torch.export.load(info["path"]).module()(images)), model(images), model.output_names)
