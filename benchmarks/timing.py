@@ -92,9 +92,10 @@ def seconds_per_call(fn: Callable[[], object], device: str = "cpu", warmup: int 
     return statistics.median(times)
 
 
-def machine() -> str:
+def machine(device: str = "cpu") -> str:
     """What every timing names: the CPU model and its widest vector extensions, the threads torch uses and
-    torch's version (ratios against MKL-based references change with the CPU's vendor; docs/BENCHMARKS.md)."""
+    torch's version (ratios against MKL-based references change with the CPU's vendor; docs/BENCHMARKS.md);
+    on a GPU (``device`` ``cuda``...) also the GPU's name and torch's CUDA version."""
     model, flags = platform.processor() or platform.machine(), set()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -103,7 +104,10 @@ def machine() -> str:
         model, flags = (name[1] if name else model), set(found[1].split() if found else ())
     vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     vector += ", AMX" if "amx_tile" in flags else ""
-    return f"{model} ({vector}), {torch.get_num_threads()} threads, torch {torch.__version__}"
+    cpu = f"{model} ({vector}), {torch.get_num_threads()} threads, torch {torch.__version__}"
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}; {cpu}"
+    return cpu
 
 
 def compare(name: str, ours: Callable[[], object], reference: Callable[[], object], reference_name: str,

@@ -106,6 +106,7 @@ DINO_NMS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detections_nms_dr
 CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotools_precision_per_category"
 IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
+EXPORT = "tests/test_export.py::test_exported_model_in_onnxruntime_gives_the_eager_outputs"
 NO_DECAY = "tests/backbones/test_no_weight_decay.py::test_every_backbone_and_classifier_names_its_exempt_parameters"
 NO_DECAY_GROUPS = "tests/lightning/test_common.py::test_param_groups_follow_no_weight_decay"
 TASK_DECAY = "tests/lightning/test_common.py::test_every_task_decays_norms_and_biases_as_its_option_says"
@@ -864,6 +865,26 @@ MUTANTS = [
     Mutant("report: classification's pictures drawn as the ground truth", "vision_tx/lightning/classification.py",
            "self.preview.append(draw_top_classes(", "self.preview_truth.append(draw_top_classes(",
            ("tests/lightning/test_tensorboard.py::test_run_shows_its_curves_pictures_and_tables[classification]",)),
+    # Exported models (vision_tx/export.py): the post-processing inside, against the eager one
+    Mutant("export: image size read as (w, h): boxes scaled by the wrong sides", "vision_tx/export.py",
+           "torch.tensor([height, width], device=images.device)", "torch.tensor([width, height], device=images.device)",
+           (f"{EXPORT}[detr_swin_toy]",)),
+    Mutant("export: input normalised without the standard deviation", "vision_tx/export.py",
+           "return (images - self.pixel_mean.to(images.dtype)) / self.pixel_std.to(images.dtype)",
+           "return images - self.pixel_mean.to(images.dtype)", (f"{EXPORT}[classification_toy]",)),
+    Mutant("export: NMS across classes (per image only)", "vision_tx/export.py",
+           "groups = labels + (labels.max() + 1) * torch.arange", "groups = 0 * labels + (labels.max() + 1) * torch.arange",
+           (f"{EXPORT}[rtdetr_convnext_toy]",)),
+    Mutant("export: instances worst first", "vision_tx/export.py",
+           "order = scores.argsort(dim=1, descending=True)", "order = scores.argsort(dim=1)", (f"{EXPORT}[mask2former_swin_toy_coco_instance]",)),
+    Mutant("export: panoptic stuff queries not merged into one segment", "vision_tx/export.py",
+           "first = torch.where(thing, index, same.long().argmax(-1))", "first = index + 0 * same.long().argmax(-1)",
+           (f"{EXPORT}[mask2former_swin_toy_coco_panoptic]",)),
+    Mutant("export: panoptic overlap threshold ignored", "vision_tx/export.py",
+           "& (ratio >= self.network.overlap_threshold)", "& (ratio >= 0)", (f"{EXPORT}[mask2former_swin_toy_coco_panoptic]",)),
+    Mutant("export: classifier probabilities over the wrong axis", "vision_tx/export.py",
+           "probabilities = self.network(self.normalize(images)).softmax(-1)", "probabilities = self.network(self.normalize(images)).softmax(0)",
+           (f"{EXPORT}[classification_toy]",)),
 ]
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.timing import Row, rows_from_processes
 
@@ -62,3 +64,19 @@ def test_saved_for_backward_counts_each_kept_storage_once() -> None:
     b = torch.randn(8, 16, requires_grad=True)
     total, largest = saved_for_backward_bytes(lambda: (a @ b).relu().sum() + (a * a).sum())
     assert (total, largest) == (4 * (4 * 8 + 8 * 16 + 4 * 16), 4 * 8 * 16)
+
+
+def test_the_gpu_run_lists_its_cases_on_a_cpu_and_refuses_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    """``tools/benchmark.py --device cuda --quick``: its plan is built here (every module imported, the classifier
+    rows listed), and without a GPU the run stops with one line."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from benchmark import GPU_BENCHMARKS, main
+
+    main(["--device", "cuda", "--quick", "--dry-run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in lines if not line.startswith(" ")] == list(GPU_BENCHMARKS)
+    assert sum("classifier, batch 64" in line for line in lines) == 8  # 3 models x fp32/bf16, Swin-T also compiled
+    assert any("swin_t" in line and "bf16" in line and "compiled" in line for line in lines)
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="no CUDA device here"):
+            main(["--device", "cuda", "--quick"])

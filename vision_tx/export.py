@@ -16,7 +16,11 @@ the caller (the config's validation resize is what the model was trained and val
   ``segment_labels [B,Q]`` and ``segment_scores [B,Q]`` (segment ``i`` at index ``i - 1``; label -1 past S);
 - semantic segmentation (UperNet, Mask2Former): ``probabilities [B,C,H,W]`` and ``labels [B,H,W]``.
 
-The batch and image size are dynamic where the model allows it (``torch.export`` with ``Dim.AUTO``: a model
+The batch is fixed (``--batch``, default 1) unless asked dynamic: the ONNX graphs of the models with deformable
+attention fail at a batch other than the traced one (DINO, Mask2Former: an out-of-range Gather in onnxruntime;
+RT-DETR: other boxes at batch 3, perhaps near-tied scores reordered), not yet understood, so tests/test_export.py
+checks them at the traced batch only; DETR, UperNet and the classifiers export a dynamic batch (checked at 1 and 3).
+The image size is dynamic where the model allows it (``torch.export`` with ``Dim.AUTO``: a model
 whose code fixes a size, such as NAT's neighbourhood tiling, exports at the example size and says so).
 Both formats come from the same ``torch.export`` trace; ONNX through ``torch.onnx.export(dynamo=True)``.
 """
@@ -53,12 +57,12 @@ class Deployable(nn.Module):
         super().__init__()
         self.network = network
         self.name = name  # what error messages call it (the config's name)
-        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("pixel_mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """``images`` in [0, 1] -> what the network reads."""
-        return (images - self.mean.to(images.dtype)) / self.std.to(images.dtype)
+        return (images - self.pixel_mean.to(images.dtype)) / self.pixel_std.to(images.dtype)
 
 
 class ClassifierExport(Deployable):
@@ -232,11 +236,13 @@ def example_images(size: Sequence[int] = (128, 128), batch: int = 2, seed: int =
     return torch.rand(batch, 3, *size, generator=torch.Generator().manual_seed(seed))
 
 
-def export_program(model: Deployable, images: torch.Tensor, dynamic_size: bool = True) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``model`` on ``images``, its batch (and with ``dynamic_size`` its image size) dynamic
-    where the code allows (``Dim.AUTO``). Raises :class:`ExportError` (one line: the model and the operator or
-    reason) when it fails. A dynamic image size makes the trace several times slower (symbolic shapes)."""
-    dims = {0: torch.export.Dim.AUTO, **({2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO} if dynamic_size else {})}
+def export_program(model: Deployable, images: torch.Tensor, dynamic_size: bool = True, dynamic_batch: bool = True) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` on ``images``, its batch (``dynamic_batch``) and image size (``dynamic_size``)
+    dynamic where the code allows (``Dim.AUTO``), fixed at ``images``' otherwise. Raises :class:`ExportError` (one
+    line: the model and the operator or reason) when it fails. A dynamic image size makes the trace several
+    times slower (symbolic shapes)."""
+    dims = {**({0: torch.export.Dim.AUTO} if dynamic_batch else {}),
+            **({2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO} if dynamic_size else {})}
     try:
         with torch.no_grad():
             return torch.export.export(model.eval(), (images,), dynamic_shapes=(dims,))
@@ -258,14 +264,14 @@ def first_line(err: BaseException) -> str:
 
 
 def export(model: Deployable, out: str | Path, format: str = "onnx", images: torch.Tensor | None = None,
-           dynamic_size: bool = True) -> dict[str, Any]:
+           dynamic_size: bool = True, dynamic_batch: bool = True) -> dict[str, Any]:
     """Writes ``model`` (see :func:`deployable`) to ``out`` as ONNX or as an ExportedProgram (``torch.export.save``),
     traced on ``images`` (default: :func:`example_images`; see :func:`export_program`). Returns ``{"path", "format", "dims", "inputs", "outputs"}``
     (``dims``: see :func:`dynamic_dims`)."""
     if format not in FORMATS:
         raise ExportError(f"{model.name}: unknown format {format!r}; choose from {', '.join(FORMATS)}")
     images = example_images() if images is None else images
-    program = export_program(model, images, dynamic_size)
+    program = export_program(model, images, dynamic_size, dynamic_batch)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if format == "exported_program":
@@ -283,17 +289,18 @@ def export(model: Deployable, out: str | Path, format: str = "onnx", images: tor
 
 
 def export_checkpoint(config_args: Sequence[str], ckpt: str | Path, out: str | Path, format: str = "onnx",
-                      size: Sequence[int] = (128, 128), dynamic_size: bool = True) -> dict[str, Any]:
+                      size: Sequence[int] = (128, 128), dynamic_size: bool = True, batch: int | None = 1) -> dict[str, Any]:
     """Loads the trained module of ``ckpt`` (its class from ``config_args``: ``--config NAME [--section.key value]``)
-    and exports it with :func:`export`, traced on a batch of 2 images of ``size`` (h, w). A panoptic model reads
-    its things and stuff from the config's datamodule."""
+    and exports it with :func:`export`, traced on images of ``size`` (h, w), at a fixed ``batch`` (None: dynamic,
+    traced at 2). A panoptic model reads its things and stuff from the config's datamodule."""
     from vision_tx.lightning.cli import config_name, resolve_config_args
     from vision_tx.lightning.inference import load_trained
 
     module, datamodule = load_trained(config_args, ckpt)
     name = config_name(resolve_config_args(config_args))
     is_thing = datamodule.is_thing if module.hparams.get("detector") == "mask2former" and hasattr(datamodule, "is_thing") else None
-    return export(deployable(module, name, is_thing), out, format, example_images(size), dynamic_size)
+    images = example_images(size, 2 if batch is None else batch)
+    return export(deployable(module, name, is_thing), out, format, images, dynamic_size, dynamic_batch=batch is None)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -306,12 +313,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--format", default="onnx", choices=FORMATS)
     parser.add_argument("--out", required=True, help="the file to write (.onnx, or .pt2 for an ExportedProgram)")
     parser.add_argument("--size", nargs=2, type=int, default=(128, 128), metavar=("H", "W"), help="example image size traced (default 128 128)")
-    parser.add_argument("--fixed-size", action="store_true", help="export at --size only (faster to export); the batch stays dynamic")
+    parser.add_argument("--fixed-size", action="store_true", help="export at --size only (several times faster to export)")
+    parser.add_argument("--batch", type=int, default=1, help="the batch size exported (default 1); 0: dynamic (see vision_tx/export.py)")
     args, config_args = parser.parse_known_args(argv)
     if "--config" not in " ".join(config_args):
         parser.error("--config is required")
     try:
-        info = export_checkpoint(config_args, args.ckpt, args.out, args.format, args.size, not args.fixed_size)
+        info = export_checkpoint(config_args, args.ckpt, args.out, args.format, args.size, not args.fixed_size, args.batch or None)
     except ExportError as err:
         raise SystemExit(f"error: {err}") from None
     dims = ", ".join(f"{k} {'dynamic' if v is None else v}" for k, v in info["dims"].items())
