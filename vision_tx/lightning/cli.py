@@ -314,6 +314,7 @@ SUBCOMMANDS = {
     "train": "vision_tx.lightning.cli:train_main",
     "eval": "vision_tx.lightning.cli:eval_main",
     "infer": "vision_tx.lightning.inference:infer_main",
+    "export": "vision_tx.export:main",
 }
 
 
