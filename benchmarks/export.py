@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import os
 import tempfile
 from pathlib import Path
 
@@ -56,7 +57,12 @@ def yolov8n_onnx(folder: Path) -> Path | None:
         return None
     from ultralytics import YOLO
 
-    return Path(YOLO("yolov8n.yaml").export(format="onnx", imgsz=list(SIZE), nms=True, simplify=False, dynamic=False, batch=1))
+    here = Path.cwd()
+    os.chdir(folder)  # a model built from its YAML exports next to the working directory's "yolov8n.yaml"
+    try:
+        return Path(YOLO("yolov8n.yaml").export(format="onnx", imgsz=list(SIZE), nms=True, simplify=False, dynamic=False, batch=1)).resolve()
+    finally:
+        os.chdir(here)
 
 
 def run(device: str, quick: bool) -> list[Row]:
