@@ -10,8 +10,8 @@ with a line saying so when it is not installed."""
 from __future__ import annotations
 
 import importlib
-import sys
 import os
+import sys
 import tempfile
 from pathlib import Path
 
