@@ -828,6 +828,8 @@ MUTANTS = [
            (TRAINING_BUDGET,)),
     Mutant("budget: the config's own drop still fires", "vision_tx/lightning/budget.py",
            "scheduler.milestones = Counter()", "pass", (TRAINING_BUDGET,)),
+    Mutant("budget: a resumed run loses its plan", "vision_tx/lightning/budget.py",
+           'self.milestones, self.gamma = state_dict.get("milestones", []), state_dict.get("gamma", 1.0)', "pass", (TRAINING_BUDGET,)),
     Mutant("budget: the spent time is not restored", "vision_tx/lightning/budget.py",
            'self.spent, self.drops = state_dict["spent"], state_dict["drops"]', 'self.drops = state_dict["drops"]', (TRAINING_BUDGET,)),
     Mutant("mal: the target is the IoU, not a power of it", "vision_tx/heads/rtdetr/criterion.py",

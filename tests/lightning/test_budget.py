@@ -83,12 +83,14 @@ def test_minutes_stretch_the_step_plan_and_stop_the_run_with_a_validation() -> N
     assert 0.65 * steps <= dropped <= 0.9 * steps
 
 
-def test_the_time_spent_is_kept_in_checkpoints() -> None:
+def test_the_time_spent_and_the_plan_are_kept_in_checkpoints() -> None:
+    """A resumed run's MultiStepLR comes back with its milestones cleared: the drops must come from the checkpoint."""
     budget = TrainingBudget(minutes=1.0)
-    budget.load_state_dict({"spent": 42.0, "drops": 1})
+    budget.load_state_dict({"spent": 42.0, "drops": 0, "milestones": [DROP_STEP], "gamma": 0.1})
     resumed = TrainingBudget(minutes=1.0)
     resumed.load_state_dict(budget.state_dict())
-    assert resumed.elapsed() == 42.0 and resumed.drops == 1
+    assert resumed.elapsed() == 42.0 and resumed.drops == 0
+    assert (resumed.milestones, resumed.gamma) == ([DROP_STEP], 0.1)
 
 
 def test_another_schedule_runs_as_written_and_stops_at_the_budget() -> None:

@@ -45,10 +45,12 @@ class TrainingBudget(pl.Callback):
         self._training = False
 
     def state_dict(self) -> dict[str, Any]:
-        return {"spent": self.elapsed(), "drops": self.drops}
+        # The plan too: a resumed run's scheduler comes back with its milestones already cleared below.
+        return {"spent": self.elapsed(), "drops": self.drops, "milestones": self.milestones, "gamma": self.gamma}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.spent, self.drops = state_dict["spent"], state_dict["drops"]
+        self.milestones, self.gamma = state_dict.get("milestones", []), state_dict.get("gamma", 1.0)
 
     def elapsed(self) -> float:
         """Training wall-clock so far, seconds."""
@@ -80,7 +82,8 @@ class TrainingBudget(pl.Callback):
             return
         self.planned_steps = trainer.max_steps
         for scheduler, _ in schedulers:
-            self.milestones, self.gamma = sorted(scheduler.milestones.elements()), scheduler.gamma
+            if scheduler.milestones:  # a fresh run (a resumed one restored its plan in load_state_dict)
+                self.milestones, self.gamma = sorted(scheduler.milestones.elements()), scheduler.gamma
             scheduler.milestones = Counter()  # the budget drops the rate instead
         trainer.fit_loop.epoch_loop.max_steps = -1  # the budget ends the run
 
