@@ -127,6 +127,7 @@ YOLO_LABELS = "tests/scripts/test_compare_detection.py"
 SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
 TRAINING_BUDGET = "tests/lightning/test_budget.py"
 MAL = "tests/heads/test_rtdetr_criterion.py"
+CROP_PROBABILITY = "tests/data/test_transforms.py::test_crop_probability_is_the_share_of_cropped_images"
 
 
 @dataclass(frozen=True)
@@ -705,6 +706,8 @@ MUTANTS = [
            'BACKGROUNDS = {"textured": _background, "plain": _plain_background}',
            'BACKGROUNDS = {"textured": _background, "plain": _background}', (SHAPES,)),
     # Mosaic augmentation
+    Mutant("transforms: crop_probability read as the share left uncropped", "vision_tx/data/transforms.py",
+           "p=[1.0 - crop_probability, crop_probability]", "p=[crop_probability, 1.0 - crop_probability]", (CROP_PROBABILITY,)),
     Mutant("mosaic: right-hand quadrants placed left of the centre", "vision_tx/data/mosaic.py",
            "left = centre_x - new_w if quadrant in (0, 2) else centre_x", "left = centre_x - new_w if quadrant in (0, 1) else centre_x", (MOSAIC,)),
     Mutant("mosaic: boxes not shifted with their image", "vision_tx/data/mosaic.py",

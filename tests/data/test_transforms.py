@@ -129,3 +129,27 @@ def test_empty_targets_pass_through() -> None:
               "labels": torch.zeros(0, dtype=torch.int64)}
     _, out = DetrTrainTransform(scales=(40,), max_size=80, crop_scales=(40,), crop_size=(20, 30))(image, target)
     assert out["boxes"].shape == (0, 4) and out["labels"].shape == (0,)
+
+
+@pytest.mark.parametrize("crop_probability", [0.0, 0.5, 1.0])
+def test_crop_probability_is_the_share_of_cropped_images(crop_probability: float) -> None:
+    """Uncropped images keep their aspect ratio and every box (scaled, in order); cropped ones (a 64-96 px window
+    of a 100-120 px shorter side) change their aspect ratio, as a crop of 200x300 almost always does."""
+    torch.manual_seed(0)
+    transform = DetrTrainTransform(scales=(96,), max_size=400, crop_scales=(100, 120), crop_size=(64, 96), crop_probability=crop_probability)
+    cropped = 0
+    for _ in range(40):
+        image, target = _sample()
+        rows = target["boxes"][:, [1, 3]].clone()  # the flip leaves them
+        out_image, out = transform(image, target)
+        height, width = out_image.shape[-2:]
+        if (height, width) == (96, 144):
+            assert torch.allclose(out["boxes"][:, [1, 3]], rows * 96 / 200)
+        else:
+            cropped += 1
+    assert cropped == {0.0: 0, 1.0: 40}.get(crop_probability, cropped) and (crop_probability != 0.5 or 10 <= cropped <= 30)
+
+
+def test_crop_probability_outside_zero_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="crop_probability"):
+        DetrTrainTransform(crop_probability=1.5)

@@ -100,9 +100,10 @@ def _to_normalized_float() -> list[v2.Transform]:
 
 class DetrTrainTransform(DetectionTransform):
     """Horizontal flip, then either a multi-scale resize (shorter side from ``scales``, longer side
-    at most ``max_size``) or [shorter side from ``crop_scales``, random crop of ``crop_size`` =
-    (min, max) side, multi-scale resize]; then float, ImageNet normalisation, and removal of the
-    boxes (with their labels and masks) that the crop left smaller than a pixel."""
+    at most ``max_size``) or, for a ``crop_probability`` share of the images (DETR's 0.5), [shorter
+    side from ``crop_scales``, random crop of ``crop_size`` = (min, max) side, multi-scale resize];
+    then float, ImageNet normalisation, and removal of the boxes (with their labels and masks) that
+    the crop left smaller than a pixel."""
 
     def __init__(
         self,
@@ -110,7 +111,10 @@ class DetrTrainTransform(DetectionTransform):
         max_size: int = 1333,
         crop_scales: Sequence[int] = (400, 500, 600),
         crop_size: tuple[int, int] = (384, 600),
+        crop_probability: float = 0.5,
     ):
+        if not 0.0 <= crop_probability <= 1.0:
+            raise ValueError(f"{__name__}: crop_probability must be in [0, 1], got {crop_probability}")
         multi_scale = RandomShortestSide(scales, max_size=max_size)
         super().__init__(
             v2.Compose([
@@ -122,7 +126,7 @@ class DetrTrainTransform(DetectionTransform):
                         RandomSizeCrop(*crop_size),
                         multi_scale,
                     ]),
-                ]),
+                ], p=[1.0 - crop_probability, crop_probability]),
                 *_to_normalized_float(),
                 v2.SanitizeBoundingBoxes(),
             ])
