@@ -26,8 +26,7 @@ from vision_tx.models import RTDETR
 PAPER = dict(num_classes=80, boxes=7, batch=2, size=640, backbone=("swin_t", {}), model={})
 TOY = dict(
     num_classes=3, boxes=3, batch=4, size=128,
-    backbone=("convnext_tiny", dict(dims=[32, 64, 128, 256], depths=[1, 1, 2, 1], norm="batchnorm", downsample="maxpool")),
-    model=dict(num_queries=30, hidden_dim=64, num_heads=4, encoder_feedforward=256, num_decoder_layers=3, dim_feedforward=256),
+    backbone=("convnext_toy", {}), model=RTDETR.variants["rtdetr_toy"],
 )
 
 

@@ -18,9 +18,10 @@ from pathlib import Path
 import lightning.pytorch as pl
 from PIL import Image
 
+from overfit_common import SMALL_BACKBONE, fit_until, report
+
 from vision_tx.data.ade20k import ADE20KDataset
 from vision_tx.data.segmentation import SegmentationDataModule, keep_ratio_size
-from vision_tx.lightning.overfit import SMALL_SWIN, fit_until, report
 from vision_tx.lightning.segmentation import SegmentationModule
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ade20k_sample"
@@ -56,7 +57,7 @@ def main() -> None:
     pl.seed_everything(0)
     datamodule = datamodule_for(args)
     module = SegmentationModule(
-        "swin_t", backbone_kwargs=SMALL_SWIN, head_kwargs={"channels": 96, "aux_channels": 64, "dropout": 0.0}, lr=args.lr, warmup_iters=20
+        SMALL_BACKBONE, head_kwargs={"channels": 96, "aux_channels": 64, "dropout": 0.0}, lr=args.lr, warmup_iters=20
     )
     trainer, minutes = fit_until(
         module, datamodule, "val/mIoU", args.target, args.max_steps, args.val_every, tempfile.mkdtemp(prefix="overfit_ade20k_")

@@ -13,9 +13,10 @@ steps, minutes, AP and AP50.
 
 from __future__ import annotations
 
+from overfit_common import COCO128_SPLIT, detr_overfit_parser, overfit_detr, report
+
 from vision_tx.data.detection import CocoDetectionDataModule
 from vision_tx.lightning.detection import DetectionModule
-from vision_tx.lightning.overfit import COCO128_SPLIT, detr_overfit_parser, overfit_detr, report
 
 
 # DINO's own defaults: it learns at twice DETR's learning rate (2e-4 and 4e-4 reached AP50 0.45 and 0.76 after

@@ -13,8 +13,9 @@ until PQ reaches ``--target``, then prints the steps, minutes, PQ, SQ, RQ and bo
 
 from __future__ import annotations
 
+from overfit_common import COCO128_SPLIT, detr_overfit_parser, overfit_detr, report
+
 from vision_tx.data.panoptic import CocoPanopticDataModule
-from vision_tx.lightning.overfit import COCO128_SPLIT, detr_overfit_parser, overfit_detr, report
 from vision_tx.lightning.panoptic import PanopticModule
 
 

@@ -26,7 +26,6 @@ NUM_CLASSES = 4
 IS_THING = {0: True, 1: True, 2: False, 3: False}
 TOLERANCE = 1e-4  # measured: <= 3e-6 on every output (float32, onnxruntime's CPU provider)
 CLASS_LOGIT_SCALE = 20.0  # softmax heads; sigmoid heads (DINO, RT-DETR) keep theirs: x20 saturates scores at 1.0 (ties)
-QUARTER_SWIN = {"embed_dim": 32, "depths": [2, 2, 2, 2], "num_heads": [1, 2, 4, 8], "drop_path_rate": 0.0}
 
 
 def build_task(config: str, seed: int = 0, class_scale: float = CLASS_LOGIT_SCALE, **init_args: Any) -> torch.nn.Module:
@@ -118,7 +117,8 @@ CASES = {
     # its 100 queries' 300 best (query, class) pairs end in near-tied scores that float rounding reorders: the 100 best
     "rtdetr_convnext_toy": ({"class_scale": 1.0, "detector_kwargs": {**detector_kwargs("rtdetr_convnext_toy"), "num_detections": 100}},
                             (96, 128), False),
-    "upernet_swin_t_ade20k": ({"backbone_kwargs": QUARTER_SWIN, "head_kwargs": {"channels": 32, "aux_channels": 16}}, (128, 96), True),
+    "upernet_swin_t_ade20k": ({"backbone": "swin_toy", "backbone_kwargs": None, "head_kwargs": {"channels": 32, "aux_channels": 16}},
+                              (128, 96), True),
     "mask2former_swin_toy_ade20k": ({}, (96, 128), False),
     "mask2former_swin_toy_coco_instance": ({}, (96, 128), False),
     "mask2former_swin_toy_coco_panoptic": ({}, (128, 96), False),

@@ -85,3 +85,13 @@ def test_find_cycle_finds_a_planted_circle() -> None:
 def test_no_import_circle_inside_vision_tx() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_model_files_import_no_sibling_but_the_shared_room() -> None:
+    """``vision_tx/models/`` is one floor of siblings: a model file reads another's code only through the shared
+    room (``query_detector``), besides its own official layout (``<model>_official``); the package's face and
+    the converter (``convert``) compose the models."""
+    for name, targets in import_graph().items():
+        if name.startswith("vision_tx.models.") and name != "vision_tx.models.convert":
+            siblings = {t for t in targets if t.startswith("vision_tx.models")} - {"vision_tx.models.query_detector", f"{name}_official"}
+            assert not siblings, f"{name} imports {', '.join(sorted(siblings))}"

@@ -38,6 +38,7 @@ from torchvision.ops import nms
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vision_tx.heads.detr.postprocess import NMS_CANDIDATES, pixel_boxes, sigmoid_candidates
 from vision_tx.heads.mask2former.postprocess import instance_candidates, resize_masks
+from vision_tx.models import DETR, DINO, RTDETR, Mask2Former
 
 FORMATS = ("onnx", "exported_program")
 TOP_CLASSES = 5  # the classifiers' top_labels / top_scores
@@ -196,9 +197,9 @@ class PanopticExport(Deployable):
         return segment_ids, segment_labels, segment_scores
 
 
-# What each detector's detections are made of, by its name in ``vision_tx.models.DETECTORS``.
-DETECTION_EXPORTS: dict[str, type[Deployable]] = {
-    "detr": SoftmaxDetectionExport, "dino": SigmoidDetectionExport, "rtdetr": SigmoidDetectionExport, "mask2former": InstanceExport,
+# What each detector's detections are made of, by its class (``DetectionModule.detector_class``).
+DETECTION_EXPORTS: dict[type[nn.Module], type[Deployable]] = {
+    DETR: SoftmaxDetectionExport, DINO: SigmoidDetectionExport, RTDETR: SigmoidDetectionExport, Mask2Former: InstanceExport,
 }
 
 
@@ -218,9 +219,8 @@ def deployable(module: nn.Module, name: str = "model", is_thing: Mapping[int, bo
         return SemanticExport(module, name).eval()
     if not isinstance(module, DetectionModule):
         raise ExportError(f"{name}: {type(module).__name__} is not a vision_tx task module (classification, detection, segmentation)")
-    detector = module.hparams.detector
     if isinstance(module, PanopticModule):
-        if detector != "mask2former":
+        if module.detector_class is not Mask2Former:
             raise ExportError(
                 f"{name}: DETR panoptic's post-processing re-assigns the pixels of small segments in a loop whose "
                 "rounds depend on the data (postprocess_panoptic); it has no export, export the detector (DetectionModule)"
@@ -228,7 +228,7 @@ def deployable(module: nn.Module, name: str = "model", is_thing: Mapping[int, bo
         if is_thing is None:
             raise ExportError(f"{name}: a panoptic model needs is_thing (category id -> thing) to export")
         return PanopticExport(module.model, name, is_thing).eval()
-    return DETECTION_EXPORTS[detector](module.model, name).eval()
+    return DETECTION_EXPORTS[module.detector_class](module.model, name).eval()
 
 
 def example_images(size: Sequence[int] = (128, 128), batch: int = 2, seed: int = 0) -> torch.Tensor:

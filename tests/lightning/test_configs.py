@@ -1,5 +1,5 @@
 """Every config in vision_tx/configs/ trains 2 steps and validates on its toy set on a CPU, as written but for the
-sizes set on the command line (small backbone, detector, head and images); all in this one process."""
+sizes set on the command line (a small backbone, the detector's or head's toy size, small images); all in this one process."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from vision_tx.lightning.cli import run_cli
+from vision_tx.models import DETECTORS, DINO, RTDETR, SEGMENTATION_HEADS, Mask2Former, UperNetSegmentor
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(ROOT.glob("vision_tx/configs/*.yaml"))
@@ -24,9 +25,9 @@ SMALL_BACKBONES = {
     "mixer": "{embed_dim: 16, depth: 1, img_size: 32}",
     "resnet": None,  # ResNet-50 has no smaller form here: its cost at 64-pixel images is small anyway
 }
-SMALL_DETR = "num_queries: 5, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64"
-SMALL_MASK2FORMER = ("{num_queries: 5, hidden_dim: 32, mask_dim: 32, num_heads: 2, num_decoder_layers: 3, dim_feedforward: 32, "
-                     "num_encoder_layers: 1, encoder_dim_feedforward: 32, num_groups: 8}")
+# Each detector's and head's official name, by class: its toy size is ``<name>_toy`` (UperNet has none).
+OFFICIAL_NAMES = {build.func: name for name, build in (DETECTORS | SEGMENTATION_HEADS).items() if not build.keywords}
+DEFAULT_DETECTORS = {"InstanceSegmentationModule": "mask2former"}  # the other task modules': detr
 DETR_TRANSFORMS = [
     "--data.train_transform", "{class_path: vision_tx.data.transforms.DetrTrainTransform, init_args: "
                               "{scales: [64], max_size: 96, crop_scales: [64], crop_size: [48, 64]}}",
@@ -47,17 +48,18 @@ def small_args(config: Path) -> list[str]:
     init, module = model["init_args"], model["class_path"].rpartition(".")[2]
     backbone_kwargs = SMALL_BACKBONES[init.get("backbone", "swin_t").split("_")[0].rstrip("0123456789")]
     args = ["--model.backbone_kwargs", backbone_kwargs] if backbone_kwargs else []
-    mask2former = "head" if init.get("head") == "mask2former" else "detector" if init.get("detector") == "mask2former" else None
-    if mask2former:
-        args += [f"--model.{mask2former}_kwargs", SMALL_MASK2FORMER, "--model.criterion_kwargs", "{num_points: 256}"]
+    # The classes the config's named sizes build (the task modules' default detector: detr, Mask2Former for instances).
+    detector = DETECTORS[init.get("detector", DEFAULT_DETECTORS.get(module, "detr"))].func
+    head = SEGMENTATION_HEADS[init.get("head", "upernet")].func
+    role, sized = ("head", head) if module == "SegmentationModule" else ("detector", detector)
+    if sized is not UperNetSegmentor and module != "ClassificationModule":  # the toy size, the config's own kwargs dropped
+        kwargs = "{num_denoising: 4}" if sized in (DINO, RTDETR) else "{}"
+        args += [f"--model.{role}", f"{OFFICIAL_NAMES[sized]}_toy", f"--model.{role}_kwargs", kwargs]
+        args += ["--model.criterion_kwargs", "{num_points: 256}"] if sized is Mask2Former else []
     if module in ("DetectionModule", "PanopticModule", "InstanceSegmentationModule"):
-        # The panoptic mask head's GroupNorm(8) needs a width divisible by 128 and 8 heads.
-        width = "hidden_dim: 128, num_heads: 8" if module == "PanopticModule" else "hidden_dim: 32, num_heads: 2"
-        denoising = ", num_denoising: 4" if init.get("detector") in ("dino", "rtdetr") else ""
-        detector = f"{{{SMALL_DETR}, {width}{denoising}}}"
-        args += ([] if mask2former else ["--model.detector_kwargs", detector]) + ["--data.batch_size", "2", *DETR_TRANSFORMS]
+        args += ["--data.batch_size", "2", *DETR_TRANSFORMS]
     elif module == "SegmentationModule":
-        args += ([] if mask2former else ["--model.head_kwargs", "{channels: 16, aux_channels: 8}"]) + ["--data.scale", "[96, 64]",
+        args += ([] if sized is Mask2Former else ["--model.head_kwargs", "{channels: 16, aux_channels: 8}"]) + ["--data.scale", "[96, 64]",
                  "--data.crop_size", "[64, 64]", "--data.batch_size", "2", "--data.val_batch_size", "1"]
     elif module == "ClassificationModule":
         args += ["--data.image_size", "32", "--data.batch_size", "4", "--data.val_batch_size", "4"]

@@ -80,7 +80,7 @@ def test_validation_gives_the_same_metrics_on_two_processes(
 
 def test_dino_checkpoint_reloads_and_draws(dino_checkpoint: Path, detr_toy_cache: Path, tmp_path: Path) -> None:
     module = DetectionModule.load_from_checkpoint(dino_checkpoint, map_location="cpu")
-    assert module.hparams.detector == "dino" and type(module.model).__name__ == "DINO"
+    assert module.hparams.detector == "dino_toy" and type(module.model).__name__ == "DINO"
     image = next(detr_toy_cache.rglob("val2017/*.png"))
     out = tmp_path / "pred.png"
     run_tool_in_process("infer.py", *SMALL_DINO, "--data.toy_cache_dir", str(detr_toy_cache), "--ckpt", str(dino_checkpoint),

@@ -124,12 +124,11 @@ def test_second_stage_trains_the_mask_head_on_a_frozen_detector(toy_cache: Path,
     data = CocoPanopticDataModule(
         toy_cache_dir=str(toy_cache), train_transform=resize, val_transform=resize, batch_size=2, num_workers=0
     )
-    detection = DetectionModule(backbone_kwargs={"embed_dim": 32, "depths": [2, 2, 2, 2], "num_heads": [1, 2, 4, 8]},
-                                num_classes=data.num_classes, detector_kwargs=TINY_DETR)
+    detection = DetectionModule(backbone="swin_toy", num_classes=data.num_classes, detector_kwargs=TINY_DETR)
     detection.configure_model()
     save_weights(detection.model, tmp_path / "detection.pth")
     module = PanopticModule(
-        backbone_kwargs=detection.hparams.backbone_kwargs, detector_kwargs=TINY_DETR, weights=str(tmp_path / "detection.pth"),
+        backbone="swin_toy", detector_kwargs=TINY_DETR, weights=str(tmp_path / "detection.pth"),
         panoptic_kwargs={"freeze_detr": True}, lr=1e-3,
     )
     trainer = pl.Trainer(max_steps=1, limit_val_batches=0, accelerator="cpu", logger=False, enable_checkpointing=False,
@@ -148,3 +147,13 @@ def test_cli_lists_the_options_panoptic_module_passes_on() -> None:
     """A misspelt option's message lists PanopticModule's own options and DetectionModule's, which it takes through ``**kwargs``."""
     options = class_options("vision_tx.lightning.panoptic.PanopticModule")
     assert options[:2] == ["panoptic_kwargs", "postprocess_kwargs"] and {"lr", "detector_kwargs", "weights"} <= set(options)
+
+
+def test_detectors_by_class_whatever_their_size() -> None:
+    """The panoptic task takes every size of a detector that segments (its wrapper by the detector's class)."""
+    assert PanopticModule(detector="detr_toy").backbone_prefix == "detr.backbone."
+    assert PanopticModule(detector="mask2former_toy").backbone_prefix == "backbone."
+    with pytest.raises(ValueError, match=r"'dino_toy' does not segment; known: detr, detr_toy, mask2former, mask2former_toy$"):
+        PanopticModule(detector="dino_toy")
+    with pytest.raises(ValueError, match="'mask2former_toy' segments by itself"):
+        PanopticModule(detector="mask2former_toy", panoptic_kwargs={"freeze_detr": True})

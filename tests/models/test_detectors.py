@@ -1,7 +1,8 @@
 """Every detector of ``DETECTORS`` answers the protocol of docs/CONVENTIONS.md ("Detectors") the way
-``DetectionModule``, the attention pictures and the converter call it: built from ``matcher_kwargs`` and
-``criterion_kwargs``, targets as the data pipeline gives them, per-query post-processing in query
-order, cross-attention maps beside the outputs, ``for_conversion`` and native keys through ``convert_state_dict``."""
+``DetectionModule``, the attention pictures and the converter call it: named sizes (the official one and
+``<name>_toy``, which the tests here build), built from ``matcher_kwargs`` and ``criterion_kwargs``, targets as
+the data pipeline gives them, per-query post-processing in query order, cross-attention maps beside the outputs,
+``for_conversion`` and native keys through ``convert_state_dict``."""
 
 from __future__ import annotations
 
@@ -10,32 +11,27 @@ import torch
 from torchvision.ops import box_convert
 
 from vision_tx.backbones import build_backbone
-from vision_tx.models import DETECTORS
+from vision_tx.models import DETECTORS, named_sizes
 
 SWIN = dict(embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8))
-LAYERS = dict(num_queries=6, hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=32)
-# A new detector fails here until it has a small size.
-SMALL = {
-    "detr": {**LAYERS, "dropout": 0.0},
-    "dino": {**LAYERS, "num_denoising": 4},
-    "rtdetr": {**LAYERS, "encoder_feedforward": 32, "expansion": 0.5, "num_blocks": 1, "num_denoising": 4},
-    "mask2former": {
-        "num_queries": 6, "hidden_dim": 32, "mask_dim": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 2,
-        "dim_feedforward": 32, "encoder_dim_feedforward": 32, "num_groups": 8,
-    },
-}
+# The official sizes' names (the constructors' defaults); a new detector fails here until it has a ``_toy`` size.
+OFFICIAL = [name for name, build in DETECTORS.items() if not build.keywords]
 # The matching costs that all at 0 leave nothing to match, and a loss weight with the terms it scales.
 BOX_COSTS = {"cost_class": 0.0, "cost_bbox": 0.0, "cost_giou": 0.0}
-ZERO_COSTS = {name: BOX_COSTS for name in SMALL} | {"mask2former": {"cost_class": 0.0, "cost_mask": 0.0, "cost_dice": 0.0}}
-WEIGHTED = {name: ("weight_bbox", "loss_bbox") for name in SMALL} | {"mask2former": ("weight_mask", "loss_mask")}
+ZERO_COSTS = {name: BOX_COSTS for name in OFFICIAL} | {"mask2former": {"cost_class": 0.0, "cost_mask": 0.0, "cost_dice": 0.0}}
+WEIGHTED = {name: ("weight_bbox", "loss_bbox") for name in OFFICIAL} | {"mask2former": ("weight_mask", "loss_mask")}
+# Mask2Former's matcher takes its costs from the criterion's weights unless given: the paper's, fixed, so that
+# both weights match the same pairs.
+FIXED_MATCHER = {"mask2former": {"cost_class": 2.0, "cost_mask": 5.0, "cost_dice": 5.0}}
 NUM_CLASSES = 5
 SIZES = torch.tensor([[64, 96], [48, 80]])  # the unpadded (h, w) of each image of the batch
 
 
 def build(name: str, **kwargs) -> torch.nn.Module:
+    """``name``'s toy size on a small Swin."""
     torch.manual_seed(0)
-    cls = DETECTORS[name]
-    return cls(build_backbone("swin_t", out_indices=cls.backbone_out_indices, **SWIN), NUM_CLASSES, **SMALL[name], **kwargs)
+    toy = DETECTORS[f"{name}_toy"]
+    return toy(build_backbone("swin_t", out_indices=toy.func.backbone_out_indices, **SWIN), NUM_CLASSES, **kwargs)
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor, list[dict], list[dict]]:
@@ -60,17 +56,18 @@ def batch() -> tuple[torch.Tensor, torch.Tensor, list[dict], list[dict]]:
     return images, pixel_mask, pipeline, normalised
 
 
-@pytest.mark.parametrize("name", list(DETECTORS))
+@pytest.mark.parametrize("name", OFFICIAL)
 def test_class_attributes_and_kwargs_reach_the_matcher_and_criterion(name: str) -> None:
-    cls = DETECTORS[name]
+    cls = DETECTORS[name].func
     assert isinstance(cls.backbone_out_indices, tuple) and 0 < cls.score_threshold < 1
+    assert set(cls.variants) == {name, f"{name}_toy"} and DETECTORS[f"{name}_toy"].func is cls
     with pytest.raises(ValueError, match="all matching costs are 0"):
         build(name, matcher_kwargs=ZERO_COSTS[name])
     images, pixel_mask, targets, _ = batch()
     totals, terms = [], None
     weight_name, term = WEIGHTED[name]
     for weight in (5.0, 7.0):
-        model = build(name, criterion_kwargs={weight_name: weight}).eval()
+        model = build(name, criterion_kwargs={weight_name: weight}, matcher_kwargs=FIXED_MATCHER.get(name)).eval()
         torch.manual_seed(2)  # the same sampled points (mask losses)
         with torch.no_grad():
             losses = model.loss(model(images, pixel_mask), targets)
@@ -79,7 +76,7 @@ def test_class_attributes_and_kwargs_reach_the_matcher_and_criterion(name: str) 
     torch.testing.assert_close(totals[1] - totals[0], 2.0 * terms, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", list(DETECTORS))
+@pytest.mark.parametrize("name", OFFICIAL)
 def test_training_reads_the_pipelines_targets(name: str) -> None:
     """The training forward (denoising queries) and the loss give the same on pipeline and on normalised targets."""
     model = build(name).train()
@@ -95,7 +92,7 @@ def test_training_reads_the_pipelines_targets(name: str) -> None:
         torch.testing.assert_close(losses[0][key], losses[1][key], rtol=1e-6, atol=1e-6, msg=key)
 
 
-@pytest.mark.parametrize("name", list(DETECTORS))
+@pytest.mark.parametrize("name", OFFICIAL)
 def test_postprocessing_and_cross_attention(name: str) -> None:
     model = build(name).eval()
     images, pixel_mask, _, _ = batch()
@@ -122,12 +119,25 @@ def test_postprocessing_and_cross_attention(name: str) -> None:
     assert attention.dim() == 4 and attention.shape[:2] == (2, queries) and (attention >= 0).all()
 
 
-@pytest.mark.parametrize("name", list(DETECTORS))
+@pytest.mark.parametrize("name", OFFICIAL)
 def test_for_conversion_and_native_keys_pass(name: str) -> None:
-    cls = DETECTORS[name]
+    cls = DETECTORS[name].func
     with torch.device("meta"):
         model = cls.for_conversion("resnet50")
         small = cls.for_conversion("resnet50", 7)
     assert type(model) is cls and small.num_classes == 7
     state = model.state_dict()
     assert set(model.convert_state_dict(state)) == set(state)
+
+
+def test_named_sizes_build_their_size_and_build_time_kwargs_win() -> None:
+    with torch.device("meta"):
+        backbone = build_backbone("swin_t", out_indices=(1, 2, 3), **SWIN)
+        toy = DETECTORS["rtdetr_toy"](backbone, NUM_CLASSES)
+        fewer = DETECTORS["rtdetr_toy"](backbone, NUM_CLASSES, num_queries=7)
+        official = DETECTORS["rtdetr"](backbone, NUM_CLASSES)
+    assert (toy.num_queries, toy.enc_output.in_features, len(toy.decoder.layers)) == (30, 64, 3)
+    assert (fewer.num_queries, fewer.enc_output.in_features) == (7, 64)
+    assert (official.num_queries, official.enc_output.in_features, len(official.decoder.layers)) == (300, 256, 6)
+    with pytest.raises(ValueError, match="RTDETR registers 'rtdetr', which RTDETR has"):
+        named_sizes(DETECTORS["rtdetr"].func, DETECTORS["rtdetr"].func)

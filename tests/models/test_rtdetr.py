@@ -247,7 +247,7 @@ def test_gradients_match_transformers(restore_denoising) -> None:
 
 
 def test_registered_and_trains_on_images_without_objects() -> None:
-    assert DETECTORS["rtdetr"] is RTDETR
+    assert DETECTORS["rtdetr"].func is RTDETR and not DETECTORS["rtdetr"].keywords
     ours, _, _ = ours_and_transformers()
     images, pixel_mask = images_and_mask()
     empty = [{"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4)}] * 2

@@ -29,11 +29,14 @@ from vision_tx.backbones.layers import Mlp, PatchEmbed, Stage, StagedBackbone, d
 from vision_tx.backbones.registry import register_backbone, register_classifier
 
 # Widths, depths and the stochastic depth of the ImageNet-1K recipe of each size (the paper's Section 3 and Table 9).
+# convnext_toy is the small-data form at a third of Tiny's width (BatchNorm, max-pool downsampling, 1-1-2-1 blocks),
+# which learns the toy sets on a CPU in minutes (classification_toy, the main job rtdetr_convnext_toy).
 VARIANTS: dict[str, dict] = {
     "convnext_tiny": dict(depths=(3, 3, 9, 3), dims=(96, 192, 384, 768), drop_path_rate=0.1),
     "convnext_small": dict(depths=(3, 3, 27, 3), dims=(96, 192, 384, 768), drop_path_rate=0.4),
     "convnext_base": dict(depths=(3, 3, 27, 3), dims=(128, 256, 512, 1024), drop_path_rate=0.5),
     "convnext_large": dict(depths=(3, 3, 27, 3), dims=(192, 384, 768, 1536), drop_path_rate=0.5),
+    "convnext_toy": dict(depths=(1, 1, 2, 1), dims=(32, 64, 128, 256), drop_path_rate=0.0, norm="batchnorm", downsample="maxpool"),
 }
 
 

@@ -28,12 +28,14 @@ from vision_tx.ops import Linear
 from vision_tx.ops.size_tables import cached_size_table
 
 # embed_dim, depths, num_heads and window_size from the paper (Table 1); drop_path_rate is the
-# stochastic depth of the paper's ImageNet recipe for each size.
+# stochastic depth of the paper's ImageNet recipe for each size. swin_toy is Swin-T's block design at a
+# quarter of its width, two blocks a stage, no stochastic depth: a CPU trains it in minutes (the toy configs).
 VARIANTS: dict[str, dict] = {
     "swin_t": dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7, drop_path_rate=0.2),
     "swin_s": dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24), window_size=7, drop_path_rate=0.3),
     "swin_b": dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32), window_size=7, drop_path_rate=0.5),
     "swin_l": dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48), window_size=12, drop_path_rate=0.2),
+    "swin_toy": dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7, drop_path_rate=0.0),
 }
 
 # Official Swin adds -100 (not -inf) between tokens of different regions; kept for identical outputs.

@@ -22,7 +22,8 @@ from vision_tx.visualize import denormalize, draw_detections, save_grid
 
 class DetectionModule(TaskModule):
     """Detection of the datamodule's categories by ``detector`` (a name of ``vision_tx.models.DETECTORS``:
-    ``detr``, ``dino``, ``rtdetr``, ``mask2former``) on ``build_backbone(backbone, **backbone_kwargs)``.
+    ``detr``, ``dino``, ``rtdetr``, ``mask2former`` at their official sizes, ``detr_toy`` ... at their toy
+    sizes) on ``build_backbone(backbone, **backbone_kwargs)``.
 
     ``num_classes=None`` takes the datamodule's number (largest category id + 1) when the model is
     built (``configure_model``) and records it, so a checkpoint rebuilds the same model.
@@ -30,7 +31,7 @@ class DetectionModule(TaskModule):
     ``detr-r50-e632da11.pth``); both are read with ``load_weights`` when training starts. Weights of
     another number of classes fine-tune: all but the detector's ``class_keys`` tensors load, those
     keep the new model's initialisation, and the log names them.
-    ``detector_kwargs``, ``matcher_kwargs`` and ``criterion_kwargs`` go to the detector, which builds its
+    ``detector_kwargs`` (over the named size's), ``matcher_kwargs`` and ``criterion_kwargs`` go to the detector, which builds its
     matcher and criterion from the last two (``HungarianMatcher``, ``SetCriterion``/``DINOCriterion``;
     their signatures hold the papers' defaults). The model computes its loss and post-processing from
     the batch's targets; this module only calls them (the protocol: docs/CONVENTIONS.md, "Detectors"). The
@@ -76,7 +77,7 @@ class DetectionModule(TaskModule):
         if self.model is not None:
             return
         hp = self.hparams
-        out_indices = self.backbone_out_indices or DETECTORS[hp.detector].backbone_out_indices
+        out_indices = self.backbone_out_indices or self.detector_class.backbone_out_indices
         self.model = self.build_model(build_task_backbone(self, out_indices))
         if hp.weights and is_fitting(self):
             report = load_weights(self.model, hp.weights, class_keys=self.model.class_keys)
@@ -92,10 +93,15 @@ class DetectionModule(TaskModule):
         )
 
     @property
+    def detector_class(self) -> type[torch.nn.Module]:
+        """The class ``detector`` names (its sizes share it)."""
+        return DETECTORS[self.hparams.detector].func
+
+    @property
     def visualize_score_threshold(self) -> float:
         """The score above which pictures draw a detection: ``visualize_score_threshold``, or the detector's default."""
         given = self.hparams.visualize_score_threshold
-        return DETECTORS[self.hparams.detector].score_threshold if given is None else given
+        return self.detector_class.score_threshold if given is None else given
 
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None

@@ -17,7 +17,7 @@ from vision_tx.io import gather_by_image_id, merge_metrics_json
 from vision_tx.lightning.detection import DetectionModule, denormalize
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.panoptic import PanopticEvaluator
-from vision_tx.models import PANOPTIC_WRAPPERS
+from vision_tx.models import DETECTORS, PANOPTIC_WRAPPERS
 from vision_tx.visualize import draw_panoptic
 
 PREDICTIONS = "panoptic_predictions"  # the json and the PNG folder written in the log folder
@@ -61,9 +61,10 @@ class PanopticModule(DetectionModule):
     ) -> None:
         super().__init__(**kwargs)
         detector = self.hparams.detector
-        if detector not in PANOPTIC_WRAPPERS:
-            raise ValueError(f"PanopticModule: detector {detector!r} does not segment; known: {', '.join(PANOPTIC_WRAPPERS)}")
-        if PANOPTIC_WRAPPERS[detector] is None and (panoptic_kwargs or postprocess_kwargs):
+        if self.detector_class not in PANOPTIC_WRAPPERS:
+            known = ", ".join(name for name, build in DETECTORS.items() if build.func in PANOPTIC_WRAPPERS)
+            raise ValueError(f"PanopticModule: detector {detector!r} does not segment; known: {known}")
+        if PANOPTIC_WRAPPERS[self.detector_class] is None and (panoptic_kwargs or postprocess_kwargs):
             raise ValueError(
                 f"PanopticModule: detector {detector!r} segments by itself; give its settings in detector_kwargs, "
                 "not panoptic_kwargs or postprocess_kwargs"
@@ -71,12 +72,12 @@ class PanopticModule(DetectionModule):
 
     @property
     def backbone_prefix(self) -> str:  # type: ignore[override]
-        wrapper = PANOPTIC_WRAPPERS[self.hparams.detector]
+        wrapper = PANOPTIC_WRAPPERS[self.detector_class]
         return DetectionModule.backbone_prefix if wrapper is None else wrapper.backbone_prefix
 
     def build_model(self, backbone: torch.nn.Module) -> torch.nn.Module:
         """The detector wrapped by its ``PANOPTIC_WRAPPERS`` entry (DETR in ``DETRPanoptic``), or as it is when it segments by itself."""
-        detector, wrapper = super().build_model(backbone), PANOPTIC_WRAPPERS[self.hparams.detector]
+        detector, wrapper = super().build_model(backbone), PANOPTIC_WRAPPERS[self.detector_class]
         if wrapper is None:
             return detector
         return wrapper(detector, postprocess_kwargs=self.hparams.postprocess_kwargs, **(self.hparams.panoptic_kwargs or {}))

@@ -35,8 +35,9 @@ def warmup_poly_factor(step: int, total_steps: int, warmup_steps: int, warmup_ra
 
 class SegmentationModule(TaskModule):
     """Semantic segmentation of the datamodule's classes by ``head`` (a name of
-    ``vision_tx.models.SEGMENTATION_HEADS``: ``upernet``, ``mask2former``) on ``build_backbone(backbone,
-    **backbone_kwargs)``; ``head_kwargs`` go to the head's constructor (UperNet's ``channels``,
+    ``vision_tx.models.SEGMENTATION_HEADS``: ``upernet``, ``mask2former``, ``mask2former_toy``) on
+    ``build_backbone(backbone, **backbone_kwargs)``; ``head_kwargs`` go to the head's constructor, over the named
+    size's (UperNet's ``channels``,
     ``aux_channels``, ``aux_in_index``, ``aux_loss_weight``, ``dropout``; Mask2Former's sizes), whose
     signature holds their defaults, and ``criterion_kwargs`` to Mask2Former's ``Mask2FormerCriterion``.
 

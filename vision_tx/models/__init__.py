@@ -1,5 +1,11 @@
 """Compositions of backbone, neck and head."""
 
+from __future__ import annotations
+
+import functools
+
+from torch import nn
+
 from vision_tx.models.detr import DETR, DETRFeatures
 from vision_tx.models.detr_panoptic import DETRPanoptic
 from vision_tx.models.dino import DINO
@@ -7,22 +13,40 @@ from vision_tx.models.mask2former import Mask2Former
 from vision_tx.models.rtdetr import RTDETR
 from vision_tx.models.segmentor import UperNetSegmentor
 
-# The detectors a config can name (``DetectionModule(detector=...)``); each follows the protocol of
-# docs/CONVENTIONS.md ("Detectors"): built as ``(backbone, num_classes, matcher_kwargs=...,
-# criterion_kwargs=..., **kwargs)``, it owns ``loss``, ``postprocess``, ``postprocess_per_query``,
-# ``cross_attention``, ``convert_state_dict``, ``no_weight_decay`` and ``for_conversion``, and names
-# the ``backbone_out_indices`` it reads and the ``score_threshold`` pictures draw from.
-DETECTORS = {"detr": DETR, "dino": DINO, "mask2former": Mask2Former, "rtdetr": RTDETR}
 
-# The detectors the panoptic task builds on, with the model that wraps each to segment
+def named_sizes(*classes: type[nn.Module]) -> dict[str, functools.partial[nn.Module]]:
+    """``name -> functools.partial(cls, **config)`` for every ``name -> config`` of each class's ``variants``
+    table (its named sizes, as the backbones' ``VARIANTS``); keyword arguments given at build time override
+    the config, and ``table[name].func`` is the class."""
+    table: dict[str, functools.partial[nn.Module]] = {}
+    for cls in classes:
+        for name, config in cls.variants.items():
+            if name in table:
+                raise ValueError(f"{__name__}: {cls.__name__} registers {name!r}, which {table[name].func.__name__} has")
+            table[name] = functools.partial(cls, **config)
+    return table
+
+
+# The detectors a config can name (``DetectionModule(detector=...)``), each size by its name: ``rtdetr`` the
+# official, ``rtdetr_toy`` the toy one. Each class follows the protocol of docs/CONVENTIONS.md ("Detectors"):
+# built as ``(backbone, num_classes, matcher_kwargs=..., criterion_kwargs=..., **kwargs)``, it owns ``loss``,
+# ``postprocess``, ``postprocess_per_query``, ``cross_attention``, ``convert_state_dict``, ``no_weight_decay``
+# and ``for_conversion``, and names its ``variants``, the ``backbone_out_indices`` it reads and the
+# ``score_threshold`` pictures draw from.
+DETECTORS = named_sizes(DETR, DINO, Mask2Former, RTDETR)
+
+# The detector classes the panoptic task builds on, with the model that wraps each to segment
 # (``wrapper(detector, postprocess_kwargs=..., **panoptic_kwargs)``), or None for a detector that segments
 # by itself. Either way the panoptic model has ``postprocess_panoptic(outputs, sizes, orig_sizes, is_thing)``;
 # a wrapper names where the backbone's parameters sit in it (``backbone_prefix``).
-PANOPTIC_WRAPPERS: dict[str, type | None] = {"detr": DETRPanoptic, "mask2former": None}
+PANOPTIC_WRAPPERS: dict[type[nn.Module], type[nn.Module] | None] = {DETR: DETRPanoptic, Mask2Former: None}
 
-# The semantic segmentation heads a config can name (``SegmentationModule(head=...)``), each built as
-# ``(backbone, num_classes, ignore_index=..., **head_kwargs)`` (Mask2Former also takes ``criterion_kwargs``);
-# each owns ``loss``, ``predict``, ``class_keys`` and ``no_weight_decay``.
-SEGMENTATION_HEADS = {"upernet": UperNetSegmentor, "mask2former": Mask2Former}
+# The semantic segmentation heads a config can name (``SegmentationModule(head=...)``), each size by its name
+# as the detectors', each built as ``(backbone, num_classes, ignore_index=..., **head_kwargs)`` (Mask2Former
+# also takes ``criterion_kwargs``); each owns ``loss``, ``predict``, ``class_keys`` and ``no_weight_decay``.
+SEGMENTATION_HEADS = named_sizes(UperNetSegmentor, Mask2Former)
 
-__all__ = ["DETECTORS", "PANOPTIC_WRAPPERS", "SEGMENTATION_HEADS", "DETR", "DETRFeatures", "DETRPanoptic", "DINO", "Mask2Former", "RTDETR", "UperNetSegmentor"]
+__all__ = [
+    "DETECTORS", "PANOPTIC_WRAPPERS", "SEGMENTATION_HEADS", "DETR", "DETRFeatures", "DETRPanoptic", "DINO", "Mask2Former", "RTDETR",
+    "UperNetSegmentor", "named_sizes",
+]

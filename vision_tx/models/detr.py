@@ -46,6 +46,13 @@ class DETR(nn.Module):
     backbone_out_indices = (3,)  # the last stage only
     score_threshold = 0.5  # the score above which pictures draw a detection (softmax over classes)
     class_keys = (r"^class_embed\.",)  # the tensors with a row per class (fine-tuning: load_weights)
+    # Named sizes (``DetectionModule(detector=...)``): the paper's (the defaults below), and a narrow, shallow
+    # one without dropout that learns the toy sets on a CPU in minutes (10 queries: at most 3 objects an image).
+    variants: dict[str, dict[str, Any]] = {
+        "detr": {},
+        "detr_toy": dict(num_queries=10, hidden_dim=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
+                         dim_feedforward=512, dropout=0.0),
+    }
 
     def __init__(
         self,

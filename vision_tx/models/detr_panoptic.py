@@ -9,11 +9,9 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from vision_tx.backbones import build_backbone
 from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.mask_head import AttentionMaps, MaskHead
 from vision_tx.heads.detr.postprocess import postprocess_panoptic
-from vision_tx.models.detr import DETR
 
 _REQUIRED_STRIDES = [4, 8, 16, 32]
 # facebookresearch/detr's names (models/segmentation.py) -> this layout.
@@ -30,6 +28,8 @@ _OFFICIAL_HEAD_KEYS = [
 class DETRPanoptic(nn.Module):
     """DETR whose last decoder layer's queries also predict a mask each.
 
+    ``detr`` is a :class:`~vision_tx.models.DETR` (built by the panoptic task from ``DETECTORS``, or by the
+    converter): this model reads its ``forward_features``, ``predict``, ``input_proj`` and ``backbone``.
     Each query's attention maps over the encoder output (``bbox_attention``), with the projected
     stride-32 features, go through :class:`MaskHead`, which adds the backbone's stride 16, 8 and 4
     maps, so the backbone must return all four stages (``out_indices=(0, 1, 2, 3)``).
@@ -41,7 +41,7 @@ class DETRPanoptic(nn.Module):
     class_keys = (r"^detr\.class_embed\.",)  # the tensors with a row per class (fine-tuning: load_weights)
     backbone_prefix = "detr.backbone."  # where the backbone's parameters sit
 
-    def __init__(self, detr: DETR, freeze_detr: bool = False, num_attention_heads: int = 8,
+    def __init__(self, detr: nn.Module, freeze_detr: bool = False, num_attention_heads: int = 8,
                  postprocess_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         channels = list(detr.backbone.out_channels)
@@ -108,8 +108,3 @@ class DETRPanoptic(nn.Module):
                 detector[key.removeprefix("detr.")] = value
         converted.update({f"detr.{k}": v for k, v in self.detr.convert_state_dict(detector).items()})
         return converted
-
-    @classmethod
-    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "DETRPanoptic":
-        """The model an official checkpoint with backbone ``backbone`` loads into (COCO panoptic's 250 classes by default)."""
-        return cls(DETR(build_backbone(backbone, out_indices=(0, 1, 2, 3)), num_classes or 250))

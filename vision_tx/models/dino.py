@@ -53,6 +53,12 @@ class DINO(DeformableQueryDetector):
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
     score_threshold = 0.3  # for pictures: sigmoid scores run lower (the official DINO demo draws above 0.3)
+    # Named sizes (``DetectionModule(detector=...)``): the defaults below, and a narrow one (width 64, 2 + 3
+    # layers, 30 queries) that learns the toy sets on a CPU in minutes.
+    variants: dict[str, dict[str, Any]] = {
+        "dino": {},
+        "dino_toy": dict(num_queries=30, hidden_dim=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=3, dim_feedforward=256),
+    }
 
     def __init__(
         self,

@@ -57,6 +57,13 @@ class Mask2Former(nn.Module):
     backbone_out_indices = (0, 1, 2, 3)
     score_threshold = 0.5  # pictures draw the instances scoring above it
     class_keys = (r"^predictor\.class_embed\.",)  # the tensors with a row per class (fine-tuning: load_weights)
+    # Named sizes (``detector=`` or ``head=`` of the task modules): the paper's (the defaults below), and a
+    # narrow one (width 64, 2 encoder and 3 decoder layers, 16 queries) that learns the toy sets on a CPU.
+    variants: dict[str, dict[str, Any]] = {
+        "mask2former": {},
+        "mask2former_toy": dict(num_queries=16, hidden_dim=64, mask_dim=64, num_heads=4, num_decoder_layers=3, dim_feedforward=256,
+                                num_encoder_layers=2, encoder_dim_feedforward=256, num_groups=16),
+    }
 
     def __init__(
         self,

@@ -39,6 +39,12 @@ class RTDETR(DeformableQueryDetector):
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
     score_threshold = 0.5  # for pictures (the official demo draws above 0.6)
+    # Named sizes (``DetectionModule(detector=...)``): RT-DETR-R50's (the defaults below), and a narrow one
+    # (width 64, a 3-layer decoder, 30 queries) that learns the toy sets on a CPU in minutes.
+    variants: dict[str, dict[str, Any]] = {
+        "rtdetr": {},
+        "rtdetr_toy": dict(num_queries=30, hidden_dim=64, num_heads=4, encoder_feedforward=256, num_decoder_layers=3, dim_feedforward=256),
+    }
 
     def __init__(
         self,

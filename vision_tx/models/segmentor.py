@@ -3,7 +3,7 @@ loss and whole-image, sliding-window and test-time-augmented inference of mmsegm
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,7 @@ class UperNetSegmentor(nn.Module):
     """
 
     class_keys = (r"^(decode|auxiliary)_head\.classifier\.",)  # a row per class (fine-tuning: load_weights)
+    variants: dict[str, dict[str, Any]] = {"upernet": {}}  # named sizes (``SegmentationModule(head=...)``): the paper's
 
     def __init__(
         self,
