@@ -107,6 +107,8 @@ CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotool
 IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
 EXPORT = "tests/test_export.py::test_exported_model_in_onnxruntime_gives_the_eager_outputs"
+EXPORT_NMS = "tests/test_export.py::test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class"
+EXPORT_NO_OBJECT = "tests/test_export.py::test_exported_detr_never_labels_a_query_no_object"
 NO_DECAY = "tests/backbones/test_no_weight_decay.py::test_every_backbone_and_classifier_names_its_exempt_parameters"
 NO_DECAY_GROUPS = "tests/lightning/test_common.py::test_param_groups_follow_no_weight_decay"
 TASK_DECAY = "tests/lightning/test_common.py::test_every_task_decays_norms_and_biases_as_its_option_says"
@@ -894,6 +896,18 @@ MUTANTS = [
     Mutant("export: NMS across classes (per image only)", "vision_tx/export.py",
            "groups = labels + (labels.max() + 1) * torch.arange", "groups = 0 * labels + (labels.max() + 1) * torch.arange",
            (f"{EXPORT}[rtdetr_convnext_toy]",)),
+    Mutant("export: NMS suppressed-first (the lower-scoring of two overlapping boxes kept)", "vision_tx/export.py",
+           "kept = nms((boxes + offsets).flatten(0, 1), scores.flatten(), threshold)",
+           "kept = nms((boxes + offsets).flatten(0, 1), -scores.flatten(), threshold)", (EXPORT_NMS,)),
+    Mutant("export: DETR no-object wins (its class in the argmax)", "vision_tx/export.py",
+           'scores, labels = outputs["pred_logits"].softmax(-1)[..., :-1].max(-1)',
+           'scores, labels = outputs["pred_logits"].softmax(-1).max(-1)', (EXPORT_NO_OBJECT,)),
+    Mutant("export: DINO's queries expanded to len(boxes) (the batch fixed at the traced one)", "vision_tx/models/dino.py",
+           "expand(boxes.shape[0], -1, -1)", "expand(len(boxes), -1, -1)", (f"{EXPORT}[dino_swin_toy]",)),
+    Mutant("export: Mask2Former's sizes repeated len(images) times (the batch fixed)", "vision_tx/models/mask2former.py",
+           "sizes = torch.tensor(list(images.shape[-2:]), device=images.device).repeat(images.shape[0], 1)",
+           "sizes = torch.tensor([images.shape[-2:]] * len(images), device=images.device)",
+           (f"{EXPORT}[mask2former_swin_toy_coco_instance]",)),
     Mutant("export: instances worst first", "vision_tx/export.py",
            "order = scores.argsort(dim=1, descending=True)", "order = scores.argsort(dim=1)", (f"{EXPORT}[mask2former_swin_toy_coco_instance]",)),
     Mutant("export: panoptic stuff queries not merged into one segment", "vision_tx/export.py",

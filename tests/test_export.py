@@ -1,8 +1,8 @@
 """Exported models in onnxruntime against the eager model and its own post-processing (vision_tx/export.py).
 
 Every task module is built from its config (the toy-sized ones; UperNet on a quarter-width Swin), its weights
-perturbed (tests/parity.py), exported to ONNX and run in onnxruntime at two batch sizes, and, for the models whose
-image size is dynamic, at a second image size: floating outputs within 1e-4 of the eager wrapper's, which itself
+perturbed (tests/parity.py), exported to ONNX once and run in onnxruntime at two batch sizes, and, for the models whose
+image size is dynamic (not Swin's), at a second image size: floating outputs within 1e-4 of the eager wrapper's, which itself
 gives exactly the model's eager post-processing (the lists ``postprocess`` and friends return)."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from torchvision.transforms.v2.functional import normalize
 from tests.conftest import require_reference
 from tests.parity import perturb_
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from vision_tx.export import FORMATS, ExportError, deployable, example_images, export, main
+from vision_tx.export import (FORMATS, ExportError, SigmoidDetectionExport, SoftmaxDetectionExport, deployable, example_images, export,
+                              main)
 from vision_tx.lightning.cli import resolve_config
 
 NUM_CLASSES = 4
@@ -108,38 +109,50 @@ def assert_eager_postprocessing(module: torch.nn.Module, model: Any, images: tor
             assert (named["labels"][b, count:] == -1).all() and (named["scores"][b, count:] == 0).all()
 
 
-# (config, init_args overriding it, image size, whether the batch is dynamic): every config family's model,
-# toy-sized. The models with deformable attention export a fixed batch (vision_tx/export.py says why).
+# (config, init_args overriding it, image size, a second image size; None: Swin, whose ONNX export has a fixed
+# size): every config family's model, toy-sized.
 CASES = {
-    "classification_toy": ({}, (64, 96), True),
-    "detr_swin_toy": ({}, (96, 128), True),
-    "dino_swin_toy": ({"class_scale": 1.0}, (96, 128), False),
+    "classification_toy": ({}, (64, 96), (88, 72)),
+    "detr_swin_toy": ({}, (96, 128), None),
+    "dino_swin_toy": ({"class_scale": 1.0}, (96, 128), None),
     # its 100 queries' 300 best (query, class) pairs end in near-tied scores that float rounding reorders: the 100 best
     "rtdetr_convnext_toy": ({"class_scale": 1.0, "detector_kwargs": {**detector_kwargs("rtdetr_convnext_toy"), "num_detections": 100}},
-                            (96, 128), False),
+                            (96, 128), (112, 84)),
     "upernet_swin_t_ade20k": ({"backbone": "swin_toy", "backbone_kwargs": None, "head_kwargs": {"channels": 32, "aux_channels": 16}},
-                              (128, 96), True),
-    "mask2former_swin_toy_ade20k": ({}, (96, 128), False),
-    "mask2former_swin_toy_coco_instance": ({}, (96, 128), False),
-    "mask2former_swin_toy_coco_panoptic": ({}, (128, 96), False),
+                              (128, 96), None),
+    "mask2former_swin_toy_ade20k": ({}, (96, 128), None),
+    "mask2former_swin_toy_coco_instance": ({}, (96, 128), None),
+    "mask2former_swin_toy_coco_panoptic": ({}, (128, 96), None),
 }
 
 
 @pytest.mark.parametrize("config", list(CASES))
 def test_exported_model_in_onnxruntime_gives_the_eager_outputs(config: str, tmp_path: Path) -> None:
-    init_args, size, dynamic_batch = CASES[config]
+    """One export per model (traced at batch 3), run at batches 1 and 2 (two different images), and at a second image
+    size where the size is dynamic; a Swin model's fixed-size export refuses another size (onnxruntime: invalid dimensions)."""
+    init_args, size, second_size = CASES[config]
     module = build_task(config, **init_args)
     model = deployable(module, config, IS_THING)
-    batches = (1, 3) if dynamic_batch else (1,)
-    info = export(model, tmp_path / f"{config}.onnx", "onnx", example_images(size, 2 if dynamic_batch else 1), dynamic_size=False,
-                  dynamic_batch=dynamic_batch)
-    assert info["dims"] == {"batch": None if dynamic_batch else 1, "height": size[0], "width": size[1]}
-    for batch in batches:
-        images = example_images(size, batch, seed=batch + 10)
+    dynamic = second_size is not None
+    info = export(model, tmp_path / f"{config}.onnx", "onnx", example_images(size, 3), dynamic_size=dynamic)
+    assert info["dims"] == {"batch": None, "height": None if dynamic else size[0], "width": None if dynamic else size[1]}
+    for batch, image_size in [(1, size), (2, size), *([(2, second_size)] if dynamic else [])]:
+        images = example_images(image_size, batch, seed=batch + 10)
         with torch.no_grad():
             ours = model(images)
         assert_eager_postprocessing(module, model, images, ours)
         assert_outputs_close(run_onnx(info["path"], images), ours, model.output_names)
+    if not dynamic:
+        with pytest.raises(Exception, match="invalid dimensions for input: images"):
+            run_onnx(info["path"], example_images((size[0] + 32, size[1]), 1))
+
+
+def test_swin_models_refuse_a_dynamic_image_size_in_onnx_in_one_line(tmp_path: Path) -> None:
+    model = deployable(build_task("detr_swin_toy"), "detr_swin_toy")
+    with pytest.raises(ExportError) as raised:
+        export(model, tmp_path / "detr.onnx", "onnx", example_images((64, 64)), dynamic_size=True)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("detr_swin_toy: no dynamic image size in ONNX for Swin") and "aten.remainder" in message
 
 
 class _DeformableAttention(torch.nn.Module):
@@ -238,3 +251,56 @@ def test_exported_program_format_loads_and_gives_the_eager_outputs(tmp_path: Pat
     images = example_images((64, 64), 3, seed=3)
     with torch.no_grad():
         assert_outputs_close(list(torch.export.load(info["path"]).module()(images)), model(images), model.output_names)
+
+
+class _FixedDetector(torch.nn.Module):
+    """A detector whose ``pred_logits [1,Q,C']`` and ``pred_boxes [1,Q,4]`` are given (tied to the input by
+    ``+ 0 * images.mean()``, so the export keeps them a computation): the post-processing's own test bench."""
+
+    def __init__(self, logits: torch.Tensor, boxes: torch.Tensor, nms_threshold: float | None = None) -> None:
+        super().__init__()
+        self.logits, self.boxes = torch.nn.Parameter(logits), torch.nn.Parameter(boxes)
+        self.num_detections, self.nms_threshold = logits.shape[1], nms_threshold
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        tie = 0 * images.mean()
+        return {"pred_logits": self.logits.expand(len(images), -1, -1) + tie, "pred_boxes": self.boxes.expand(len(images), -1, -1) + tie}
+
+
+def exported_detections(network: _FixedDetector, export_class: type, tmp_path: Path) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+    """``network`` behind ``export_class``'s post-processing, exported and run in onnxruntime on one 32x48 image; and
+    its eager post-processing (``postprocess_detections`` or ``postprocess_sigmoid_detections``) for that image."""
+    from vision_tx.heads.detr.postprocess import postprocess_detections, postprocess_sigmoid_detections
+
+    model = export_class(network, "fixed").eval()
+    images = example_images((32, 48), 1)
+    info = export(model, tmp_path / "fixed.onnx", "onnx", images, dynamic_size=False, dynamic_batch=False)
+    outputs, sizes = network(images), torch.tensor([[32, 48]])
+    if network.nms_threshold is None and export_class is SoftmaxDetectionExport:
+        return run_onnx(info["path"], images), postprocess_detections(outputs, sizes)
+    return run_onnx(info["path"], images), postprocess_sigmoid_detections(outputs, sizes, network.num_detections, network.nms_threshold)
+
+
+def test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class(tmp_path: Path) -> None:
+    """Query 0 (score 0.9) and 1 (0.6) overlap (IoU 0.8) in class 0: 1 is suppressed; query 2 overlaps 0 as much but
+    in class 1 and stays; query 3 lies apart. Against torchvision's ``batched_nms`` (the eager post-processing)."""
+    boxes = torch.tensor([[[0.50, 0.50, 0.40, 0.40], [0.52, 0.50, 0.40, 0.40], [0.50, 0.52, 0.40, 0.40], [0.15, 0.15, 0.1, 0.1]]])
+    probabilities = torch.tensor([[[0.9, 0.01], [0.6, 0.02], [0.03, 0.7], [0.5, 0.04]]])
+    network = _FixedDetector(probabilities.logit(), boxes, nms_threshold=0.5)
+    (got_boxes, got_scores, got_labels), [expected] = exported_detections(network, SigmoidDetectionExport, tmp_path)
+    kept = len(expected["scores"])
+    assert kept < 8 and [round(s, 2) for s in expected["scores"].tolist()[:4]] == [0.9, 0.7, 0.5, 0.04]
+    assert got_labels[0, :kept].tolist() == expected["labels"].tolist() and (got_labels[0, kept:] == -1).all()
+    torch.testing.assert_close(got_scores[0, :kept], expected["scores"], rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(got_boxes[0, :kept], expected["boxes"], rtol=0, atol=TOLERANCE)
+
+
+def test_exported_detr_never_labels_a_query_no_object(tmp_path: Path) -> None:
+    """Queries 0 and 2 give the no-object class (last) the largest logit: they still report their best real class
+    and its probability (``postprocess_detections``), never the no-object class or its probability."""
+    logits = torch.tensor([[[1.0, 0.5, 0.2, 4.0], [3.0, 0.1, 0.2, 0.5], [0.1, 0.9, 0.3, 5.0], [0.2, 0.1, 2.5, 1.0]]])
+    boxes = torch.tensor([[[0.5, 0.5, 0.2, 0.2]]]).expand(1, 4, 4).clone()
+    (_, got_scores, got_labels), [expected] = exported_detections(_FixedDetector(logits, boxes), SoftmaxDetectionExport, tmp_path)
+    assert expected["labels"].tolist() == [0, 0, 1, 2] == got_labels[0].tolist()
+    torch.testing.assert_close(got_scores[0], expected["scores"], rtol=0, atol=TOLERANCE)
+    assert got_scores[0, 0] < 0.1 < got_scores[0, 1]

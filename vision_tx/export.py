@@ -16,12 +16,12 @@ the caller (the config's validation resize is what the model was trained and val
   ``segment_labels [B,Q]`` and ``segment_scores [B,Q]`` (segment ``i`` at index ``i - 1``; label -1 past S);
 - semantic segmentation (UperNet, Mask2Former): ``probabilities [B,C,H,W]`` and ``labels [B,H,W]``.
 
-The batch is fixed (``--batch``, default 1) unless asked dynamic: the ONNX graphs of the models with deformable
-attention fail at a batch other than the traced one (DINO, Mask2Former: an out-of-range Gather in onnxruntime;
-RT-DETR: other boxes at batch 3, perhaps near-tied scores reordered), not yet understood, so tests/test_export.py
-checks them at the traced batch only; DETR, UperNet and the classifiers export a dynamic batch (checked at 1 and 3).
+The batch is dynamic (``--batch N`` fixes it): ``torch.export`` must keep it a symbol (``Dim.DYNAMIC``), so code
+that fixes it fails the export instead of giving a graph that breaks at another batch in onnxruntime (as ``len()``
+of a tensor did, which Python turns into an int: DINO's and RT-DETR's query expansion, Mask2Former's sizes).
 The image size is dynamic where the model allows it (``torch.export`` with ``Dim.AUTO``: a model
-whose code fixes a size, such as NAT's neighbourhood tiling, exports at the example size and says so).
+whose code fixes a size, such as NAT's neighbourhood tiling, exports at the example size and says so); not in
+ONNX for Swin backbones, which :func:`export` refuses (its message names the operator): export them at a fixed size.
 Both formats come from the same ``torch.export`` trace; ONNX through ``torch.onnx.export(dynamo=True)``.
 """
 
@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torchvision.ops import nms
 
+from vision_tx.backbones.swin import SwinBlock
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vision_tx.heads.detr.postprocess import NMS_CANDIDATES, pixel_boxes, sigmoid_candidates
 from vision_tx.heads.mask2former.postprocess import instance_candidates, resize_masks
@@ -192,8 +193,8 @@ class PanopticExport(Deployable):
         segment_of_query = torch.where(accepted, ids.gather(1, first), 0)  # [B,Q], 0: no segment
         segment_ids = (segment.long() * segment_of_query[..., None, None]).sum(1)
         slot = torch.where(starts, ids - 1, queries)  # segment i's start query goes to index i - 1
-        segment_labels = classes.new_full((len(classes), queries + 1), -1).scatter(1, slot, classes)[:, :queries]
-        segment_scores = scores.new_zeros(len(scores), queries + 1).scatter(1, slot, scores)[:, :queries]
+        segment_labels = classes.new_full((classes.shape[0], queries + 1), -1).scatter(1, slot, classes)[:, :queries]
+        segment_scores = scores.new_zeros(scores.shape[0], queries + 1).scatter(1, slot, scores)[:, :queries]
         return segment_ids, segment_labels, segment_scores
 
 
@@ -232,16 +233,16 @@ def deployable(module: nn.Module, name: str = "model", is_thing: Mapping[int, bo
 
 
 def example_images(size: Sequence[int] = (128, 128), batch: int = 2, seed: int = 0) -> torch.Tensor:
-    """Random ``[batch,3,H,W]`` images in [0, 1], the example an export traces (batch 2: a batch of 1 would fix it)."""
+    """Random ``[batch,3,H,W]`` images in [0, 1], the example an export traces (a dynamic batch needs 2 or more)."""
     return torch.rand(batch, 3, *size, generator=torch.Generator().manual_seed(seed))
 
 
 def export_program(model: Deployable, images: torch.Tensor, dynamic_size: bool = True, dynamic_batch: bool = True) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``model`` on ``images``, its batch (``dynamic_batch``) and image size (``dynamic_size``)
-    dynamic where the code allows (``Dim.AUTO``), fixed at ``images``' otherwise. Raises :class:`ExportError` (one
+    """``torch.export`` of ``model`` on ``images``, its batch dynamic (``dynamic_batch``: ``Dim.DYNAMIC``, an error
+    if the code fixes it) and its image size (``dynamic_size``) where the code allows (``Dim.AUTO``), fixed at ``images``' otherwise. Raises :class:`ExportError` (one
     line: the model and the operator or reason) when it fails. A dynamic image size makes the trace several
     times slower (symbolic shapes)."""
-    dims = {**({0: torch.export.Dim.AUTO} if dynamic_batch else {}),
+    dims = {**({0: torch.export.Dim.DYNAMIC} if dynamic_batch else {}),
             **({2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO} if dynamic_size else {})}
     try:
         with torch.no_grad():
@@ -271,6 +272,10 @@ def export(model: Deployable, out: str | Path, format: str = "onnx", images: tor
     if format not in FORMATS:
         raise ExportError(f"{model.name}: unknown format {format!r}; choose from {', '.join(FORMATS)}")
     images = example_images() if images is None else images
+    if format == "onnx" and dynamic_size and any(isinstance(module, SwinBlock) for module in model.modules()):
+        raise ExportError(f"{model.name}: no dynamic image size in ONNX for Swin: its window tables take a remainder by the padded map "
+                          "size (aten.remainder.Scalar of a symbol, no ONNX translation) and, that rewritten, its window partition's "
+                          "Reshape fails in onnxruntime; export a fixed size (--fixed-size)")
     program = export_program(model, images, dynamic_size, dynamic_batch)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -289,7 +294,7 @@ def export(model: Deployable, out: str | Path, format: str = "onnx", images: tor
 
 
 def export_checkpoint(config_args: Sequence[str], ckpt: str | Path, out: str | Path, format: str = "onnx",
-                      size: Sequence[int] = (128, 128), dynamic_size: bool = True, batch: int | None = 1) -> dict[str, Any]:
+                      size: Sequence[int] = (128, 128), dynamic_size: bool = True, batch: int | None = None) -> dict[str, Any]:
     """Loads the trained module of ``ckpt`` (its class from ``config_args``: ``--config NAME [--section.key value]``)
     and exports it with :func:`export`, traced on images of ``size`` (h, w), at a fixed ``batch`` (None: dynamic,
     traced at 2). A panoptic model reads its things and stuff from the config's datamodule."""
@@ -314,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="the file to write (.onnx, or .pt2 for an ExportedProgram)")
     parser.add_argument("--size", nargs=2, type=int, default=(128, 128), metavar=("H", "W"), help="example image size traced (default 128 128)")
     parser.add_argument("--fixed-size", action="store_true", help="export at --size only (several times faster to export)")
-    parser.add_argument("--batch", type=int, default=1, help="the batch size exported (default 1); 0: dynamic (see vision_tx/export.py)")
+    parser.add_argument("--batch", type=int, default=0, help="a fixed batch size to export (default 0: dynamic)")
     args, config_args = parser.parse_known_args(argv)
     if "--config" not in " ".join(config_args):
         parser.error("--config is required")

@@ -136,7 +136,7 @@ class DINO(DeformableQueryDetector):
         if self.query_selection == "two_stage":
             query_pos, queries = self.pos_trans_norm(self.pos_trans(box_sine_embedding(boxes, memory.shape[-1] // 2))).chunk(2, -1)
         else:
-            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(len(boxes), -1, -1)
+            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(boxes.shape[0], -1, -1)  # not len(): an exported batch stays a symbol
         logits, layer_boxes, denoising = self.decode(queries, query_pos, boxes, memory, levels, targets)
         enc_logits = proposal_logits[..., :1] if self.query_selection == "two_stage" else proposal_logits
         return decoder_outputs(logits, layer_boxes, enc_logits, proposal_boxes, denoising)

@@ -117,7 +117,7 @@ class Mask2Former(nn.Module):
         """The masked-attention decoder's outputs from the pixel decoder's ``mask_features`` and ``levels``."""
         outputs = self.predictor(levels, mask_features)
         if pixel_mask is None:
-            sizes = torch.tensor([images.shape[-2:]] * len(images), device=images.device)
+            sizes = torch.tensor(list(images.shape[-2:]), device=images.device).repeat(images.shape[0], 1)  # no len(): see export.py
         else:
             sizes = torch.stack([(~pixel_mask[:, :, 0]).sum(1), (~pixel_mask[:, 0, :]).sum(1)], -1)
         return {**outputs, "sizes": sizes, "input_size": tuple(images.shape[-2:])}

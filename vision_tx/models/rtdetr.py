@@ -124,7 +124,7 @@ class RTDETR(DeformableQueryDetector):
         if self.query_embed is None:
             queries = torch.gather(features, 1, top[..., None].expand(-1, -1, features.shape[-1])).detach()
         else:
-            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(len(boxes), -1, -1)
+            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(boxes.shape[0], -1, -1)  # not len(): an exported batch stays a symbol
         logits, layer_boxes, denoising = self.decode(queries, None, boxes, memory, levels, targets)
         return decoder_outputs(logits, layer_boxes, proposal_logits, proposal_boxes, denoising)
 
