@@ -2,6 +2,7 @@
 
 from vision_tx.models.detr import DETR, DETRFeatures
 from vision_tx.models.detr_panoptic import DETRPanoptic
+from vision_tx.models.dfine import DFINE
 from vision_tx.models.dino import DINO
 from vision_tx.models.mask2former import Mask2Former
 from vision_tx.models.rtdetr import RTDETR
@@ -12,7 +13,7 @@ from vision_tx.models.segmentor import UperNetSegmentor
 # criterion_kwargs=..., **kwargs)``, it owns ``loss``, ``postprocess``, ``postprocess_per_query``,
 # ``cross_attention``, ``convert_state_dict``, ``no_weight_decay`` and ``for_conversion``, and names
 # the ``backbone_out_indices`` it reads and the ``score_threshold`` pictures draw from.
-DETECTORS = {"detr": DETR, "dino": DINO, "mask2former": Mask2Former, "rtdetr": RTDETR}
+DETECTORS = {"detr": DETR, "dfine": DFINE, "dino": DINO, "mask2former": Mask2Former, "rtdetr": RTDETR}
 
 # The detectors the panoptic task builds on, with the model that wraps each to segment
 # (``wrapper(detector, postprocess_kwargs=..., **panoptic_kwargs)``), or None for a detector that segments
@@ -25,4 +26,4 @@ PANOPTIC_WRAPPERS: dict[str, type | None] = {"detr": DETRPanoptic, "mask2former"
 # each owns ``loss``, ``predict``, ``class_keys`` and ``no_weight_decay``.
 SEGMENTATION_HEADS = {"upernet": UperNetSegmentor, "mask2former": Mask2Former}
 
-__all__ = ["DETECTORS", "PANOPTIC_WRAPPERS", "SEGMENTATION_HEADS", "DETR", "DETRFeatures", "DETRPanoptic", "DINO", "Mask2Former", "RTDETR", "UperNetSegmentor"]
+__all__ = ["DETECTORS", "PANOPTIC_WRAPPERS", "SEGMENTATION_HEADS", "DETR", "DETRFeatures", "DETRPanoptic", "DFINE", "DINO", "Mask2Former", "RTDETR", "UperNetSegmentor"]

@@ -106,6 +106,18 @@ class DeformableQueryDetector(nn.Module):
         self.enc_output = nn.Linear(hidden_dim, hidden_dim)
         self.enc_output_norm = nn.LayerNorm(hidden_dim)
 
+    def with_denoising(
+        self, queries: torch.Tensor, boxes: torch.Tensor, targets: list[dict] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, DenoisingQueries | None]:
+        """The denoising queries (in training with ``targets``) put before ``queries [B,Q,D]`` and their boxes
+        before ``boxes [B,Q,4]``: ``(queries [B,N+Q,D], boxes [B,N+Q,4], attn_mask or None, denoising or None)``."""
+        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
+        if denoising is None:
+            return queries, boxes, None, None
+        queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
+        boxes = torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)
+        return queries, boxes, denoising.attn_mask, denoising
+
     def decode(
         self, queries: torch.Tensor, query_pos: torch.Tensor | None, boxes: torch.Tensor, memory: torch.Tensor,
         levels: MultiScaleLevels, targets: list[dict] | None,
@@ -113,12 +125,7 @@ class DeformableQueryDetector(nn.Module):
         """The denoising queries (in training with ``targets``) put before the matching ``queries [B,Q,D]`` and
         their ``boxes [B,Q,4]``, the decoder over ``memory [B,S,D]``, and every layer's class head:
         ``(logits [L,B,N+Q,C], layer_boxes [L,B,N+Q,4], denoising or None)``."""
-        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
-        attn_mask = None
-        if denoising is not None:
-            queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
-            boxes = torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)
-            attn_mask = denoising.attn_mask
+        queries, boxes, attn_mask, denoising = self.with_denoising(queries, boxes, targets)
         hidden, layer_boxes = self.decoder(
             queries, boxes, memory, levels.shapes, levels.padding_mask, levels.valid_ratios, self.bbox_embed,
             query_pos, attn_mask, self.look_forward_twice and self.training,

@@ -66,19 +66,8 @@ class RTDETR(DeformableQueryDetector):
         num_detections: int = 300,
         nms_threshold: float | None = None,
     ) -> None:
-        in_channels = list(backbone.out_channels)
-        if num_levels < len(in_channels):
-            raise ValueError(f"{__name__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps")
         super().__init__(backbone, num_classes, num_queries, look_forward_twice, num_detections, nms_threshold)
-        self.encoder = HybridEncoder(
-            in_channels, hidden_dim, num_heads, encoder_feedforward, dropout, num_encoder_layers, expansion=expansion, num_blocks=num_blocks
-        )
-        projections = [nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim)) for _ in in_channels]
-        projections += [
-            nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 3, 2, 1, bias=False), nn.BatchNorm2d(hidden_dim))
-            for _ in range(num_levels - len(in_channels))
-        ]
-        self.decoder_input_proj = nn.ModuleList(projections)
+        self.build_encoder(hidden_dim, num_heads, num_encoder_layers, encoder_feedforward, expansion, num_blocks, dropout, num_levels)
         self.decoder = DeformableDecoder(
             DeformableDecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout),
             num_decoder_layers, hidden_dim, query_pos_from_boxes=True, final_norm=False, eps=1e-5, box_encoding="linear",
@@ -89,6 +78,24 @@ class RTDETR(DeformableQueryDetector):
         self.build_training_parts(
             hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, 1e-5, RTDETRCriterion, matcher_kwargs, criterion_kwargs
         )
+
+    def build_encoder(
+        self, hidden_dim: int, num_heads: int, num_encoder_layers: int, encoder_feedforward: int, expansion: float,
+        num_blocks: int, dropout: float, num_levels: int,
+    ) -> None:
+        """The hybrid encoder over the backbone's maps and the decoder's input projections (``num_levels`` levels)."""
+        in_channels = list(self.backbone.out_channels)
+        if num_levels < len(in_channels):
+            raise ValueError(f"{type(self).__module__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps")
+        self.encoder = HybridEncoder(
+            in_channels, hidden_dim, num_heads, encoder_feedforward, dropout, num_encoder_layers, expansion=expansion, num_blocks=num_blocks
+        )
+        projections = [nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim)) for _ in in_channels]
+        projections += [
+            nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 3, 2, 1, bias=False), nn.BatchNorm2d(hidden_dim))
+            for _ in range(num_levels - len(in_channels))
+        ]
+        self.decoder_input_proj = nn.ModuleList(projections)
 
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None

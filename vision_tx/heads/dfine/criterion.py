@@ -1,0 +1,99 @@
+"""D-FINE's set loss: RT-DETR's (varifocal or matchability-aware classes, L1 and GIoU boxes, per layer) plus
+the fine-grained localisation loss (FGL) of every layer's edge distributions and the decoupled distillation
+focal loss (DDF) from the last layer's distributions to the earlier layers'."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vision_tx.heads.detr.matcher import HungarianMatcher
+from vision_tx.heads.dfine.fdr import edge_targets
+from vision_tx.heads.dino.criterion import Indices
+from vision_tx.heads.rtdetr.criterion import RTDETRCriterion, paired_box_iou
+
+
+class DFINECriterion(RTDETRCriterion):
+    """Loss of the outputs of :class:`vision_tx.models.DFINE`: RT-DETR's terms (also on ``pre_outputs``, the
+    first layer's direct boxes, suffix ``_pre``) and, on every layer with edge distributions (``pred_corners``
+    ``[B,Q,4 * (reg_max + 1)]`` around ``ref_points [B,Q,4]``, the first layer's boxes):
+
+    - ``loss_fgl``: each matched edge's cross-entropy to the two bins around its target distance (see
+      :func:`~vision_tx.heads.dfine.fdr.edge_targets`), weighted by their shares and by the IoU of the
+      query's box with its target, summed and divided by the number of target boxes;
+    - ``loss_ddf`` (layers before the last): ``temperature**2 * KL(softmax(last / T) || softmax(layer / T))``
+      per edge, weighted by the IoU for matched queries and by the last layer's best class probability for
+      the others; the matched and other edges' means are mixed in proportion to the square roots of their counts.
+
+    D-FINE's weights (Peterande/D-FINE ``configs/dfine/include/dfine_hgnetv2.yml``): VFL 1, L1 5, GIoU 2,
+    FGL 0.15, DDF 1.5, VFL alpha 0.75 and gamma 2; the matcher's costs 2, 5, 2. As transformers' port, each
+    layer is matched on its own (the official code's boxes and localisation losses use the union of every
+    layer's matches) and the denoising layers' DDF mixes their own counts.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        matcher: HungarianMatcher | None = None,
+        weight_vfl: float = 1.0,
+        weight_bbox: float = 5.0,
+        weight_giou: float = 2.0,
+        weight_fgl: float = 0.15,
+        weight_ddf: float = 1.5,
+        reg_max: int = 32,
+        temperature: float = 5.0,
+        **kwargs,
+    ) -> None:
+        super().__init__(num_classes, matcher, weight_vfl, weight_bbox, weight_giou, **kwargs)
+        self.weights.update(loss_fgl=weight_fgl, loss_ddf=weight_ddf)
+        self.reg_max, self.temperature = reg_max, temperature
+
+    def layer_losses(
+        self, layers: list[dict], names: list[str], targets: list[dict], indices: Indices, num_boxes: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """``loss_fgl`` of every layer with ``pred_corners``, ``loss_ddf`` of all but the last of them."""
+        batch = len(targets)
+        refined = [k for k, layer in enumerate(layers) if "pred_corners" in layer]
+        losses = {}
+        if not refined:
+            return losses
+        teacher = layers[refined[-1]]
+        for k in refined:
+            layer, matches = layers[k], indices[k * batch : (k + 1) * batch]
+            device = layer["pred_corners"].device
+            image = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(matches)]).to(device)
+            query = torch.cat([q for q, _ in matches]).to(device)
+            target_boxes = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, matches)]).to(device)
+            iou = paired_box_iou(layer["pred_boxes"][image, query].detach(), target_boxes).detach()
+            losses[f"loss_fgl{names[k]}"] = self.localisation_loss(layer, image, query, target_boxes, iou) / num_boxes
+            if k != refined[-1]:
+                losses[f"loss_ddf{names[k]}"] = self.distillation_loss(layer["pred_corners"], teacher, image, query, iou)
+        return losses
+
+    def localisation_loss(
+        self, layer: dict, image: torch.Tensor, query: torch.Tensor, target_boxes: torch.Tensor, iou: torch.Tensor
+    ) -> torch.Tensor:
+        """The FGL sum over the matched ``(image, query)`` pairs' edges (before the division by the box count)."""
+        logits = layer["pred_corners"][image, query].reshape(-1, self.reg_max + 1)
+        up, reg_scale = layer["up"], layer["reg_scale"]
+        left, share = edge_targets(layer["ref_points"][image, query].detach(), target_boxes, self.reg_max, up, reg_scale)
+        cross_entropy = F.cross_entropy(logits, left, reduction="none") * (1 - share)
+        cross_entropy = cross_entropy + F.cross_entropy(logits, left + 1, reduction="none") * share
+        return (cross_entropy * iou.repeat_interleave(4)).sum()
+
+    def distillation_loss(
+        self, corners: torch.Tensor, teacher: dict, image: torch.Tensor, query: torch.Tensor, iou: torch.Tensor
+    ) -> torch.Tensor:
+        """The DDF loss of a layer's ``corners [B,Q,4 * (reg_max + 1)]`` against the ``teacher`` layer's."""
+        bins = self.reg_max + 1
+        weight = teacher["pred_logits"].detach().sigmoid().max(-1).values
+        weight = weight.index_put((image, query), iou.to(weight.dtype))
+        matched = torch.zeros_like(weight, dtype=torch.bool).index_put((image, query), torch.tensor(True, device=weight.device))
+        student = F.log_softmax(corners.reshape(-1, bins) / self.temperature, -1)
+        target = F.softmax(teacher["pred_corners"].detach().reshape(-1, bins) / self.temperature, -1)
+        loss = F.kl_div(student, target, reduction="none").sum(-1) * weight.flatten().repeat_interleave(4) * self.temperature**2
+        matched = matched.flatten().repeat_interleave(4)
+        positive, negative = matched.sum().float().sqrt(), (~matched).sum().float().sqrt()
+        mean_positive = loss[matched].mean() if matched.any() else loss.new_zeros(())
+        mean_negative = loss[~matched].mean() if (~matched).any() else loss.new_zeros(())
+        return (mean_positive * positive + mean_negative * negative) / (positive + negative)
