@@ -78,6 +78,9 @@ RT_PADDING = "tests/models/test_rtdetr.py::test_aifi_hides_padding_the_cropped_m
 RT_LFT = "tests/models/test_rtdetr.py::test_look_forward_twice_trains_the_previous_layers_box_head"
 RT_OFFICIAL = "tests/models/test_rtdetr_official.py"
 RT_DENOISING = "tests/models/test_rtdetr.py::test_denoising_queries_are_transformers_groups_as_the_decoder_reads_them"
+DFINE_W = "tests/models/test_dfine.py::test_weighting_function_and_fgl_targets_are_transformers"
+DFINE_TX = "tests/models/test_dfine.py::test_decoder_layers_match_transformers"
+DFINE_LOSS = "tests/models/test_dfine.py::test_losses_match_transformers"
 PROTOCOL_KWARGS = "tests/models/test_detectors.py::test_class_attributes_and_kwargs_reach_the_matcher_and_criterion"
 PROTOCOL_TARGETS = "tests/models/test_detectors.py::test_training_reads_the_pipelines_targets"
 PROTOCOL_OUTPUTS = "tests/models/test_detectors.py::test_postprocessing_and_cross_attention"
@@ -468,6 +471,28 @@ MUTANTS = [
     Mutant("label range: not checked before validation", "vision_tx/lightning/task.py",
            "    def on_validation_start(self) -> None:\n        self.check_labels_fit()",
            "    def on_validation_start(self) -> None:\n        pass", (LABEL_RANGE_EVAL,)),
+    # D-FINE
+    Mutant("dfine weighting function: the step's exponent over reg_max - 1", "vision_tx/heads/dfine/fdr.py",
+           "step = (bound + 1) ** (2 / (reg_max - 2))", "step = (bound + 1) ** (2 / (reg_max - 1))", (DFINE_W,)),
+    Mutant("dfine integral: the edges' bins read edge-minor", "vision_tx/heads/dfine/fdr.py",
+           "probabilities = corners.unflatten(-1, (4, -1)).softmax(-1)",
+           "probabilities = corners.unflatten(-1, (-1, 4)).transpose(-1, -2).softmax(-1)", (DFINE_TX,)),
+    Mutant("dfine fgl targets: the share of the left bin for the right's", "vision_tx/heads/dfine/fdr.py",
+           "share = to_left / (to_left + to_right)", "share = to_right / (to_left + to_right)", (DFINE_W,)),
+    Mutant("dfine fgl: IoU weights paired with the wrong edges", "vision_tx/heads/dfine/criterion.py",
+           "return (cross_entropy * iou.repeat_interleave(4)).sum()", "return (cross_entropy * iou.repeat(4)).sum()", (DFINE_LOSS,)),
+    Mutant("dfine ddf: matched and other edges' counts swapped", "vision_tx/heads/dfine/criterion.py",
+           "(mean_positive * positive + mean_negative * negative)", "(mean_positive * negative + mean_negative * positive)", (DFINE_LOSS,)),
+    Mutant("dfine ddf: temperature squared dropped", "vision_tx/heads/dfine/criterion.py",
+           "* weight.flatten().repeat_interleave(4) * self.temperature**2", "* weight.flatten().repeat_interleave(4)", (DFINE_LOSS,)),
+    Mutant("dfine lqe: the max for the mean of the top bins", "vision_tx/heads/dfine/fdr.py",
+           "features = torch.cat([top, top.mean(-1, keepdim=True)], -1)", "features = torch.cat([top, top.max(-1, keepdim=True).values], -1)", (DFINE_TX,)),
+    Mutant("dfine fdr: the previous layer's edge logits not added", "vision_tx/heads/dfine/decoder.py",
+           "corners = box_head(queries + previous_hidden) + previous_corners", "corners = box_head(queries + previous_hidden)", (DFINE_TX,)),
+    Mutant("dfine gate: the gates swapped", "vision_tx/heads/dfine/fdr.py",
+           "return self.norm(first * residual + second * x)", "return self.norm(second * residual + first * x)", (DFINE_TX,)),
+    Mutant("dfine attention: a point scaled by another level's point count", "vision_tx/heads/dfine/decoder.py",
+           "scale = (self.points_scale * self.offset_scale)", "scale = (self.points_scale.roll(1) * self.offset_scale)", (DFINE_TX,)),
     # RT-DETR
     Mutant("rtdetr aifi: norm1 and norm2 swapped", "vision_tx/heads/rtdetr/aifi.py",
            "x = self.norm1(x + self.dropout(self.self_attn(", "x = self.norm2(x + self.dropout(self.self_attn(", (RT_TX,)),
