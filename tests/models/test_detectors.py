@@ -19,6 +19,7 @@ SMALL = {
     "detr": {**LAYERS, "dropout": 0.0},
     "dino": {**LAYERS, "num_denoising": 4},
     "rtdetr": {**LAYERS, "encoder_feedforward": 32, "expansion": 0.5, "num_blocks": 1, "num_denoising": 4},
+    "dfine": {**LAYERS, "encoder_feedforward": 32, "expansion": 0.5, "num_blocks": 1, "num_denoising": 4, "reg_max": 8},
     "mask2former": {
         "num_queries": 6, "hidden_dim": 32, "mask_dim": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 2,
         "dim_feedforward": 32, "encoder_dim_feedforward": 32, "num_groups": 8,
