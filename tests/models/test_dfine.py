@@ -1,4 +1,4 @@
-"""D-FINE against transformers' DFineForObjectDetection on the same encoder maps and weights (every parameter
+"""D-FINE against transformers' DFineForObjectDetection on the same backbone maps and weights (every parameter
 and the fixed W(n) settings moved off their initial values): every decoder layer's logits, boxes and edge
 logits, each loss term (denoising off: the matching is deterministic) and the gradients; and the pieces
 (W(n), the FGL targets) against transformers' functions."""
@@ -17,86 +17,46 @@ from vision_tx.models import DETECTORS, DFINE
 
 from tests.conftest import require_reference
 from tests.models.test_dino import MapsBackbone
-from tests.models.test_rtdetr import CHANNELS, MAP_SIZE, NUM_CLASSES, QUERIES, backbone_maps, images_and_mask, rtdetr_targets
+from tests.models.test_rtdetr import CHANNELS, LAYERS, NUM_CLASSES, QUERIES, backbone_maps, images_and_mask, rtdetr_targets
+from tests.models.test_rtdetr import to_transformers as rtdetr_to_transformers
 from tests.parity import perturb_
 
 transformers = require_reference("transformers")
 _loss = require_reference("transformers.loss.loss_d_fine")
 _outputs = require_reference("transformers.modeling_outputs")
 
-DIM, LAYERS, REG_MAX, POINTS = 32, 3, 8, (2, 3, 2)
-
-# vision_tx name -> transformers name, applied in order (nn.MultiheadAttention's q/k/v rows are split separately).
-_TO_TRANSFORMERS = [
-    (r"^decoder\.ref_point_head\.", "model.decoder.query_pos_head."),
-    (r"^(decoder|decoder_input_proj)\.", r"model.\1."),
-    (r"^enc_output\.", "model.enc_output.0."),
-    (r"^enc_output_norm\.", "model.enc_output.1."),
-    (r"^denoising\.label_embed\.", "model.denoising_class_embed."),
-    (r"\.ffn\.linear1\.", ".mlp.layers.0."),
-    (r"\.ffn\.linear2\.", ".mlp.layers.1."),
-    (r"\.ffn\.norm\.", ".final_layer_norm."),
-    (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
-    (r"\.cross_attn\.", ".encoder_attn."),
-    (r"\.norm1\.", ".self_attn_layer_norm."),
-]
-
+DIM, REG_MAX, POINTS = 32, 8, (2, 3, 2)
 
 def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict (less the encoder, whose maps both models are given) in transformers' names."""
-    converted = {}
-    for key, value in state.items():
-        head = re.match(r"^(class_embed|bbox_embed)\.(\d+)\.(.*)$", key)
-        if head:  # the last head scores the encoder's proposals
-            name = {"class_embed": "enc_score_head", "bbox_embed": "enc_bbox_head"}[head[1]]
-            converted[f"model.{name}.{head[3]}" if int(head[2]) == LAYERS else f"model.decoder.{key}"] = value
-            continue
-        if key.startswith(("encoder.", "backbone.")):
-            continue
-        for pattern, replacement in _TO_TRANSFORMERS:
-            key = re.sub(pattern, replacement, key)
-        if key.endswith(("in_proj_weight", "in_proj_bias")):
-            prefix, kind = key.rsplit(".in_proj_", 1)
-            for name, part in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3)):
-                converted[f"{prefix}.{name}.{kind}"] = part
-        else:
-            converted[key] = value
-    return converted
-
-
-def encoder_maps(dtype: torch.dtype) -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(5)
-    height, width = MAP_SIZE
-    return [torch.randn(2, DIM, -(-height // 2**l), -(-width // 2**l), generator=generator, dtype=torch.float64).to(dtype) for l in range(3)]
+    """Our state dict in transformers' names: RT-DETR's mapping, D-FINE's MLP names for the FFNs."""
+    renamed = {re.sub(r"\.mlp\.fc(\d)\.", lambda m: f".mlp.layers.{int(m[1]) - 1}.", k): v for k, v in rtdetr_to_transformers(state).items()}
+    return {k: v for k, v in renamed.items() if not k.startswith("model.backbone.")}
 
 
 def ours_and_transformers(dtype: torch.dtype = torch.float32, **overrides) -> tuple[DFINE, nn.Module]:
-    """Our D-FINE with moved weights and transformers' loaded from it (in ``dtype``), both given the same
-    encoder maps (the encoders are not compared: D-FINE's GELAN fusion is not built here)."""
-    maps = encoder_maps(dtype)
+    """Our D-FINE with moved weights and transformers' loaded from it (in ``dtype``), both given the same backbone maps."""
+    maps = backbone_maps(dtype)
     torch.manual_seed(0)
     kwargs = dict(
-        num_queries=QUERIES, hidden_dim=DIM, num_heads=4, encoder_feedforward=48, num_decoder_layers=LAYERS, dim_feedforward=40,
-        num_points=POINTS, reg_max=REG_MAX, lqe_hidden_dim=16, num_denoising=0,
+        num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_encoder_layers=2, encoder_feedforward=48, expansion=0.5,
+        num_blocks=1, num_decoder_layers=LAYERS, dim_feedforward=40, num_points=POINTS, reg_max=REG_MAX, lqe_hidden_dim=16,
+        num_denoising=0,
     )
-    ours = DFINE(MapsBackbone(backbone_maps(dtype)), NUM_CLASSES, **{**kwargs, **overrides})
-    perturb_(ours)
-    ours.encoder.forward = lambda features, pixel_mask: list(maps)
+    ours = perturb_(DFINE(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides}))
     config = transformers.DFineConfig(
         backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], hidden_sizes=[8, *CHANNELS], embedding_size=8, depths=[1, 1, 1, 1]),
-        num_labels=NUM_CLASSES, d_model=DIM, encoder_hidden_dim=DIM, encoder_in_channels=list(CHANNELS), encoder_layers=1,
+        num_labels=NUM_CLASSES, d_model=DIM, encoder_hidden_dim=DIM, encoder_in_channels=list(CHANNELS), encoder_layers=2,
         encoder_ffn_dim=48, encoder_attention_heads=4, decoder_in_channels=[DIM] * 3, decoder_ffn_dim=40, decoder_layers=LAYERS,
         decoder_attention_heads=4, decoder_n_points=list(POINTS), num_queries=QUERIES, num_denoising=0, max_num_bins=REG_MAX,
-        lqe_hidden_dim=16, hidden_expansion=0.5, depth_mult=0.34,
+        lqe_hidden_dim=16, hidden_expansion=0.5, depth_mult=1 / 3,
     )
     config._attn_implementation = "eager"
     reference = transformers.DFineForObjectDetection(config)
     state = to_transformers(ours.state_dict())
-    skipped = re.compile(r"^model\.(backbone|encoder|encoder_input_proj)\.|^(class_embed|bbox_embed)\.|num_points_scale$")
+    skipped = re.compile(r"^model\.backbone\.|^(class_embed|bbox_embed)\.|num_points_scale$")  # the top-level heads: tied copies
     assert set(state) == {k for k in reference.state_dict() if not skipped.search(k)}
     reference.load_state_dict(state, strict=False)
-    reference.model.backbone.forward = lambda pixel_values, pixel_mask: [(m, None) for m in backbone_maps(dtype)]
-    reference.model.encoder.forward = lambda inputs_embeds, **kwargs: _outputs.BaseModelOutput(last_hidden_state=list(maps))
+    reference.model.backbone.forward = lambda pixel_values, pixel_mask: [(m, None) for m in maps]
     return ours.to(dtype), reference.to(dtype)
 
 
@@ -118,13 +78,19 @@ def test_weighting_function_and_fgl_targets_are_transformers() -> None:
 
 
 def test_decoder_layers_match_transformers() -> None:
-    """Training mode, no targets: layer 0's direct boxes and logits, every layer's logits (with the quality
-    term), boxes, edge logits and the edges' origin (measured: within 2e-6 in float32)."""
+    """Training mode (BatchNorm on batch statistics), no targets: the encoder's maps, layer 0's direct boxes and
+    logits, every layer's logits (with the quality term), boxes, edge logits and the edges' origin; in
+    inference the last layer's (measured: within 2e-6 in float32)."""
     ours, reference = ours_and_transformers()
     images, pixel_mask = images_and_mask()
+    captured = {}
+    hook = ours.encoder.register_forward_hook(lambda module, args, out: captured.update(maps=out))
     with torch.no_grad():
         out = ours.train()(images, pixel_mask)
         ref = reference.train()(images, pixel_mask=(~pixel_mask).long())
+    hook.remove()
+    for ours_map, ref_map in zip(captured["maps"], ref.encoder_last_hidden_state, strict=True):
+        torch.testing.assert_close(ours_map, ref_map, rtol=0, atol=2e-5)
     torch.testing.assert_close(out["pre_outputs"]["pred_logits"], ref.intermediate_logits[:, 0], rtol=0, atol=2e-5)
     torch.testing.assert_close(out["pre_outputs"]["pred_boxes"], ref.intermediate_reference_points[:, 0], rtol=0, atol=2e-5)
     torch.testing.assert_close(out["enc_outputs"]["pred_boxes"], ref.enc_topk_bboxes, rtol=0, atol=2e-5)
@@ -134,8 +100,8 @@ def test_decoder_layers_match_transformers() -> None:
         torch.testing.assert_close(outputs["pred_boxes"], ref.intermediate_reference_points[:, layer + 1], rtol=0, atol=2e-5)
         torch.testing.assert_close(outputs["pred_corners"], ref.intermediate_predicted_corners[:, layer], rtol=0, atol=2e-5)
         torch.testing.assert_close(outputs["ref_points"], ref.initial_reference_points[:, layer], rtol=0, atol=2e-5)
-    assert ref.logits.std() > 0.3 and ref.intermediate_predicted_corners.std() > 0.3
-    assert (out["pred_boxes"] - out["aux_outputs"][0]["pred_boxes"]).abs().mean() > 0.003  # the layers refine
+    assert ref.logits.std() > 0.3 and ref.intermediate_predicted_corners.std() > 0.1  # not near-constant outputs
+    assert (out["pred_boxes"] - out["aux_outputs"][0]["pred_boxes"]).abs().mean() > 0.001  # the layers refine
     with torch.no_grad():
         inference, ref_inference = ours.eval()(images, pixel_mask), reference.eval()(images, pixel_mask=(~pixel_mask).long())
     torch.testing.assert_close(inference["pred_logits"], ref_inference.logits, rtol=0, atol=2e-5)
@@ -207,22 +173,22 @@ def test_losses_match_transformers() -> None:
 
 
 def test_gradients_match_transformers() -> None:
-    """Every parameter's gradient of the whole loss (float32: transformers' FGL targets are float32 only;
-    measured: within 2e-4 of each parameter's largest gradient, the GIoU's eps as above)."""
+    """Every parameter's gradient of the whole loss, the encoder's included (float32: transformers' FGL targets
+    are float32 only; measured: within 2e-4 of each parameter's largest gradient, the GIoU's eps as above)."""
     ours, reference = ours_and_transformers()
     targets = overlapping_targets(ours)
     images, pixel_mask = images_and_mask()
     ours.train().loss(ours.train()(images, pixel_mask, targets), targets)["loss"].backward()
     sum(transformers_losses(reference, reference.train()(images, pixel_mask=(~pixel_mask).long()), targets).values()).backward()
     grads = to_transformers({n: p.grad for n, p in ours.named_parameters() if p.grad is not None})
-    expected = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None and p.grad.abs().max() > 1e-12}
-    expected = {n: g for n, g in expected.items() if not n.endswith("k_proj.bias")}  # the softmax ignores it: rounding
-    grads = {n: g for n, g in grads.items() if not n.endswith("k_proj.bias")}
+    # zero but for float32 rounding (~1e-9): keys' biases (the softmax ignores them) and the shifts a BatchNorm on
+    # batch statistics removes downstream (BatchNorm biases before another BatchNorm, the last AIFI norm's bias)
+    expected = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None and p.grad.abs().max() > 1e-6}
     for name in ("model.decoder.bbox_embed.0.layers.2.weight", "model.decoder.lqe_layers.1.reg_conf.layers.0.weight",
                  "model.decoder.layers.2.gateway.gate.weight", "model.decoder.pre_bbox_head.layers.2.weight",
                  "model.decoder.layers.0.encoder_attn.sampling_offsets.weight", "model.enc_score_head.weight"):
         assert name in expected, name
-    assert {n for n, g in grads.items() if g.abs().max() > 1e-12} == set(expected)
+    assert {n for n, g in grads.items() if g.abs().max() > 1e-6} == set(expected) and len(expected) > 300
     for name, grad in expected.items():
         torch.testing.assert_close(grads[name], grad, rtol=0, atol=5e-4 * grad.abs().max().item(), msg=name)
 
@@ -230,7 +196,8 @@ def test_gradients_match_transformers() -> None:
 def test_registered_trains_with_denoising_and_on_images_without_objects() -> None:
     assert DETECTORS["dfine"] is DFINE
     torch.manual_seed(0)
-    ours = DFINE(MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_decoder_layers=LAYERS, num_denoising=12)
+    ours = DFINE(MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_decoder_layers=LAYERS,
+                 num_blocks=1, num_denoising=12)
     images, pixel_mask = images_and_mask()
     losses = ours.train().loss(ours(images, pixel_mask, rtdetr_targets()), rtdetr_targets())
     assert {"loss_fgl_dn", "loss_ddf_dn_0", "loss_vfl_dn_pre", "loss_fgl_pre"} & set(losses) == {"loss_fgl_dn", "loss_ddf_dn_0", "loss_vfl_dn_pre"}

@@ -12,6 +12,7 @@ from torch import nn
 from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.dfine.criterion import DFINECriterion
 from vision_tx.heads.dfine.decoder import FDRDecoder, FDRDecoderLayer
+from vision_tx.heads.dfine.encoder import GELANHybridEncoder
 from vision_tx.models.query_detector import decoder_outputs, select_proposals
 from vision_tx.models.rtdetr import RTDETR
 from vision_tx.necks.multiscale import MultiScaleLevels
@@ -25,10 +26,13 @@ class DFINE(RTDETR):
     DDF weights in ``criterion_kwargs``). Defaults: D-FINE-L's (Peterande/D-FINE
     ``configs/dfine/include/dfine_hgnetv2.yml`` and ``src/zoo/dfine/dfine_decoder.py``): hidden 256, 6 layers,
     300 queries, points 3, 6, 3, ``reg_max`` 32, ``reg_scale`` 4, ``up`` 0.5, LQE top 4 of 64 hidden units in 2
-    layers. The encoder's maps enter the decoder unprojected (its extra levels, beyond 3, are RT-DETR's
-    strided convolutions). The encoder is RT-DETR's (CSP fusion; D-FINE's GELAN fusion blocks are not built) and every
-    decoder layer is evaluated (``eval_idx`` -1, ``layer_scale`` 1).
+    layers; the encoder's fusion blocks are GELAN blocks (:class:`~vision_tx.heads.dfine.encoder.GELANHybridEncoder`,
+    ``expansion`` 1 and ``num_blocks`` 3 for D-FINE-L's ``depth_mult`` 1). The encoder's maps enter the decoder
+    unprojected (its extra levels, beyond 3, are RT-DETR's strided convolutions). Every decoder layer is
+    evaluated (``eval_idx`` -1, ``layer_scale`` 1, the official defaults).
     """
+
+    encoder_class = GELANHybridEncoder
 
     def __init__(
         self,

@@ -38,6 +38,7 @@ class RTDETR(DeformableQueryDetector):
     """
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
+    encoder_class = HybridEncoder
     score_threshold = 0.5  # for pictures (the official demo draws above 0.6)
 
     def __init__(
@@ -87,7 +88,7 @@ class RTDETR(DeformableQueryDetector):
         in_channels = list(self.backbone.out_channels)
         if num_levels < len(in_channels):
             raise ValueError(f"{type(self).__module__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps")
-        self.encoder = HybridEncoder(
+        self.encoder = self.encoder_class(
             in_channels, hidden_dim, num_heads, encoder_feedforward, dropout, num_encoder_layers, expansion=expansion, num_blocks=num_blocks
         )
         projections = [nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim)) for _ in in_channels]
