@@ -81,6 +81,7 @@ RT_DENOISING = "tests/models/test_rtdetr.py::test_denoising_queries_are_transfor
 DFINE_W = "tests/models/test_dfine.py::test_weighting_function_and_fgl_targets_are_transformers"
 DFINE_TX = "tests/models/test_dfine.py::test_decoder_layers_match_transformers"
 DFINE_LOSS = "tests/models/test_dfine.py::test_losses_match_transformers"
+DFINE_OFFICIAL = "tests/models/test_dfine_official.py"
 PROTOCOL_KWARGS = "tests/models/test_detectors.py::test_class_attributes_and_kwargs_reach_the_matcher_and_criterion"
 PROTOCOL_TARGETS = "tests/models/test_detectors.py::test_training_reads_the_pipelines_targets"
 PROTOCOL_OUTPUTS = "tests/models/test_detectors.py::test_postprocessing_and_cross_attention"
@@ -493,6 +494,14 @@ MUTANTS = [
            "return self.norm(first * residual + second * x)", "return self.norm(second * residual + first * x)", (DFINE_TX,)),
     Mutant("dfine attention: a point scaled by another level's point count", "vision_tx/heads/dfine/decoder.py",
            "scale = (self.points_scale * self.offset_scale)", "scale = (self.points_scale.roll(1) * self.offset_scale)", (DFINE_TX,)),
+    Mutant("dfine gelan: the halves read in the other order", "vision_tx/heads/dfine/encoder.py",
+           "first, second = self.conv1(x).chunk(2, 1)", "second, first = self.conv1(x).chunk(2, 1)", (DFINE_TX,)),
+    Mutant("dfine encoder: lateral convs with SiLU", "vision_tx/heads/dfine/encoder.py",
+           "return ConvNorm(dim, dim, 1, activation=False)", "return ConvNorm(dim, dim, 1)", (DFINE_TX,)),
+    Mutant("dfine official: a GELAN block's last 3x3 conv read as its first", "vision_tx/models/dfine_official.py",
+           'r"encoder.\\1_blocks.\\2.conv3."', 'r"encoder.\\1_blocks.\\2.conv2."', (DFINE_OFFICIAL,)),
+    Mutant("dfine official: the enc output norm read as its projection", "vision_tx/models/dfine_official.py",
+           '(r"^decoder\\.enc_output\\.norm\\.", "decoder.enc_output.1.")', '(r"^decoder\\.enc_output\\.norm\\.", "decoder.enc_output.0.")', (DFINE_OFFICIAL,)),
     # RT-DETR
     Mutant("rtdetr aifi: norm1 and norm2 swapped", "vision_tx/heads/rtdetr/aifi.py",
            "x = self.norm1(x + self.dropout(self.self_attn(", "x = self.norm2(x + self.dropout(self.self_attn(", (RT_TX,)),

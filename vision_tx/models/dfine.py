@@ -13,6 +13,7 @@ from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.dfine.criterion import DFINECriterion
 from vision_tx.heads.dfine.decoder import FDRDecoder, FDRDecoderLayer
 from vision_tx.heads.dfine.encoder import GELANHybridEncoder
+from vision_tx.models.dfine_official import convert_official_dfine, is_official_dfine
 from vision_tx.models.query_detector import decoder_outputs, select_proposals
 from vision_tx.models.rtdetr import RTDETR
 from vision_tx.necks.multiscale import MultiScaleLevels
@@ -119,5 +120,5 @@ class DFINE(RTDETR):
         return outputs
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Native keys pass (RT-DETR's official checkpoints are not D-FINE's)."""
-        return dict(state_dict)
+        """Reads Peterande/D-FINE checkpoints (see :func:`convert_official_dfine`); native keys pass."""
+        return convert_official_dfine(state_dict, self) if is_official_dfine(state_dict) else dict(state_dict)
