@@ -12,7 +12,9 @@ import pytest
 import torch
 from torch import nn
 
+from vision_tx.heads.detr.criterion import box_losses
 from vision_tx.heads.dfine import edge_targets, weighting_function
+from vision_tx.heads.dfine.criterion import union_matches
 from vision_tx.models import DETECTORS, DFINE
 
 from tests.conftest import require_reference
@@ -40,9 +42,12 @@ def ours_and_transformers(dtype: torch.dtype = torch.float32, **overrides) -> tu
     kwargs = dict(
         num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_encoder_layers=2, encoder_feedforward=48, expansion=0.5,
         num_blocks=1, num_decoder_layers=LAYERS, dim_feedforward=40, num_points=POINTS, reg_max=REG_MAX, lqe_hidden_dim=16,
-        num_denoising=0,
+        num_denoising=0, criterion_kwargs={"reg_max": REG_MAX, "union_matching": False},  # transformers' port matches per layer
     )
     ours = perturb_(DFINE(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides}))
+    with torch.no_grad():  # perturb_ leaves zero-initialised layers near 0 (2e-3): the quality term would not show
+        for lqe in ours.decoder.lqe_layers:
+            lqe.reg_conf.layers[-1].weight.copy_(torch.randn(lqe.reg_conf.layers[-1].weight.shape, generator=torch.Generator().manual_seed(1)))
     config = transformers.DFineConfig(
         backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], hidden_sizes=[8, *CHANNELS], embedding_size=8, depths=[1, 1, 1, 1]),
         num_labels=NUM_CLASSES, d_model=DIM, encoder_hidden_dim=DIM, encoder_in_channels=list(CHANNELS), encoder_layers=2,
@@ -205,3 +210,40 @@ def test_registered_trains_with_denoising_and_on_images_without_objects() -> Non
     losses = ours.loss(ours(images, pixel_mask, empty), empty)
     assert torch.isfinite(losses["loss"]) and losses["loss_fgl"] == 0
     losses["loss"].backward()
+
+
+def test_union_of_the_layers_matches_is_the_official_go_indices() -> None:
+    """Every pair any layer matched, each query keeping its most frequent target (a tie: the smaller one)."""
+    q = torch.tensor
+    layers = [
+        [(q([1, 3, 5]), q([0, 1, 2])), (q([0]), q([0]))],
+        [(q([1, 4, 5]), q([0, 1, 3])), (q([2]), q([0]))],
+        [(q([1, 3]), q([0, 1])), (q([0]), q([0]))],
+    ]
+    union = union_matches(layers)
+    assert [dict(zip(rows.tolist(), cols.tolist())) for rows, cols in union] == [{1: 0, 3: 1, 4: 1, 5: 2}, {0: 0, 2: 0}]
+
+
+def test_union_matching_trains_every_layers_boxes_on_the_union() -> None:
+    """With ``union_matching`` (the default) each layer's L1, GIoU and FGL read the union of the matches of the
+    decoder layers, layer 0's direct boxes and the proposals (the matcher called here per layer)."""
+    ours, _ = ours_and_transformers(criterion_kwargs={"reg_max": REG_MAX})
+    near, far = overlapping_targets(ours), rtdetr_targets()  # the proposals match some far targets otherwise
+    targets = [{key: torch.cat([a[key], b[key]]) for key in ("labels", "boxes")} for a, b in zip(near, far)]
+    images, pixel_mask = images_and_mask()
+    with torch.no_grad():
+        outputs = ours.train()(images, pixel_mask, targets)
+        losses = ours.loss(outputs, targets)
+        layers = [*outputs["aux_outputs"], outputs, outputs["enc_outputs"], outputs["pre_outputs"]]
+        union = union_matches([ours.criterion.matcher(layer["pred_logits"], layer["pred_boxes"], targets) for layer in layers])
+        image = torch.cat([torch.full_like(rows, i) for i, (rows, _) in enumerate(union)])
+        query = torch.cat([rows for rows, _ in union])
+        target_boxes = torch.cat([t["boxes"][cols] for t, (_, cols) in zip(targets, union)])
+        count = torch.tensor(float(len(query)))
+    assert count > sum(len(t["labels"]) for t in targets)  # the layers disagree: the union is larger
+    for layer, name in zip(layers, ["_0", "_1", "", "_enc", "_pre"]):
+        loss_bbox, loss_giou = box_losses(layer["pred_boxes"][image, query], target_boxes, count)
+        torch.testing.assert_close(losses[f"loss_bbox{name}"], loss_bbox, rtol=0, atol=1e-6)
+        torch.testing.assert_close(losses[f"loss_giou{name}"], loss_giou, rtol=0, atol=1e-6)
+    per_layer = ours_and_transformers()[0].loss(outputs, targets)
+    assert losses["loss_fgl"] != per_layer["loss_fgl"] and losses["loss_vfl"] == per_layer["loss_vfl"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vision_tx.heads.detr.criterion import box_losses, num_boxes_in_batch
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.dfine.fdr import edge_targets
 from vision_tx.heads.dino.criterion import Indices
@@ -25,10 +26,13 @@ class DFINECriterion(RTDETRCriterion):
       per edge, weighted by the IoU for matched queries and by the last layer's best class probability for
       the others; the matched and other edges' means are mixed in proportion to the square roots of their counts.
 
+    With ``union_matching`` (the official code's; transformers' port has it off) the box, FGL and DDF terms of
+    every layer (and the box terms of the proposals) read the union of all layers' matches (:func:`union_matches`),
+    divided by its size; the class terms keep each layer's own matches. The denoising layers' DDF mixes their own
+    counts (transformers'; the official code reuses the matching layers').
+
     D-FINE's weights (Peterande/D-FINE ``configs/dfine/include/dfine_hgnetv2.yml``): VFL 1, L1 5, GIoU 2,
-    FGL 0.15, DDF 1.5, VFL alpha 0.75 and gamma 2; the matcher's costs 2, 5, 2. As transformers' port, each
-    layer is matched on its own (the official code's boxes and localisation losses use the union of every
-    layer's matches) and the denoising layers' DDF mixes their own counts.
+    FGL 0.15, DDF 1.5, VFL alpha 0.75 and gamma 2; the matcher's costs 2, 5, 2.
     """
 
     def __init__(
@@ -42,21 +46,30 @@ class DFINECriterion(RTDETRCriterion):
         weight_ddf: float = 1.5,
         reg_max: int = 32,
         temperature: float = 5.0,
+        union_matching: bool = True,
         **kwargs,
     ) -> None:
         super().__init__(num_classes, matcher, weight_vfl, weight_bbox, weight_giou, **kwargs)
         self.weights.update(loss_fgl=weight_fgl, loss_ddf=weight_ddf)
-        self.reg_max, self.temperature = reg_max, temperature
+        self.reg_max, self.temperature, self.union_matching = reg_max, temperature, union_matching
 
     def layer_losses(
         self, layers: list[dict], names: list[str], targets: list[dict], indices: Indices, num_boxes: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        """``loss_fgl`` of every layer with ``pred_corners``, ``loss_ddf`` of all but the last of them."""
+        """``loss_fgl`` of every layer with ``pred_corners``, ``loss_ddf`` of all but the last of them; with
+        ``union_matching``, outside denoising, also every layer's ``loss_bbox`` and ``loss_giou`` anew."""
         batch = len(targets)
         refined = [k for k, layer in enumerate(layers) if "pred_corners" in layer]
         losses = {}
         if not refined:
             return losses
+        if self.union_matching and not names[0].startswith("_dn"):
+            union = union_matches([indices[k * batch : (k + 1) * batch] for k in range(len(layers))])
+            indices, num_boxes = union * len(layers), num_boxes_in_batch([{"labels": q} for q, _ in union], num_boxes.device)
+            for layer, name in zip(layers, names):
+                boxes = layer["pred_boxes"][torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(union)]), torch.cat([q for q, _ in union])]
+                target_boxes = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, union)]).to(boxes.device)
+                losses[f"loss_bbox{name}"], losses[f"loss_giou{name}"] = box_losses(boxes, target_boxes, num_boxes)
         teacher = layers[refined[-1]]
         for k in refined:
             layer, matches = layers[k], indices[k * batch : (k + 1) * batch]
@@ -97,3 +110,22 @@ class DFINECriterion(RTDETRCriterion):
         mean_positive = loss[matched].mean() if matched.any() else loss.new_zeros(())
         mean_negative = loss[~matched].mean() if (~matched).any() else loss.new_zeros(())
         return (mean_positive * positive + mean_negative * negative) / (positive + negative)
+
+
+def union_matches(layer_indices: list[Indices]) -> Indices:
+    """The union of several layers' matches (D-FINE's GO-LSD): per image, every ``(query, target)`` pair any
+    layer matched, counted over the layers; each query keeps its most frequent target (ties: the smaller
+    target). ``layer_indices``: per layer, per image ``(queries, targets)`` -> per image ``(queries, targets)``."""
+    union = []
+    for per_image in zip(*layer_indices):
+        pairs = torch.cat([torch.stack([q, t], 1) for q, t in per_image]).long()
+        unique, counts = torch.unique(pairs, dim=0, return_counts=True)  # sorted by query, then target
+        order = torch.sort(counts, descending=True, stable=True).indices
+        unique = unique[order]
+        first = torch.ones(len(unique), dtype=torch.bool)
+        seen: set[int] = set()
+        for row, query in enumerate(unique[:, 0].tolist()):
+            first[row] = query not in seen
+            seen.add(query)
+        union.append((unique[first, 0], unique[first, 1]))
+    return union
