@@ -217,7 +217,7 @@ def test_union_of_the_layers_matches_is_the_official_go_indices() -> None:
     q = torch.tensor
     layers = [
         [(q([1, 3, 5]), q([0, 1, 2])), (q([0]), q([0]))],
-        [(q([1, 4, 5]), q([0, 1, 3])), (q([2]), q([0]))],
+        [(q([1, 4, 5, 3]), q([0, 1, 3, 2])), (q([2]), q([0]))],
         [(q([1, 3]), q([0, 1])), (q([0]), q([0]))],
     ]
     union = union_matches(layers)
