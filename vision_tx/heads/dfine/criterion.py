@@ -63,20 +63,17 @@ class DFINECriterion(RTDETRCriterion):
         losses = {}
         if not refined:
             return losses
+        device = layers[0]["pred_boxes"].device
         if self.union_matching and not names[0].startswith("_dn"):
             union = union_matches([indices[k * batch : (k + 1) * batch] for k in range(len(layers))])
-            indices, num_boxes = union * len(layers), num_boxes_in_batch([{"labels": q} for q, _ in union], num_boxes.device)
+            indices, num_boxes = union * len(layers), num_boxes_in_batch([{"labels": q} for q, _ in union], device)
+            image, query, target_boxes = matched_pairs(union, targets, device)
             for layer, name in zip(layers, names):
-                boxes = layer["pred_boxes"][torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(union)]), torch.cat([q for q, _ in union])]
-                target_boxes = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, union)]).to(boxes.device)
-                losses[f"loss_bbox{name}"], losses[f"loss_giou{name}"] = box_losses(boxes, target_boxes, num_boxes)
+                losses[f"loss_bbox{name}"], losses[f"loss_giou{name}"] = box_losses(layer["pred_boxes"][image, query], target_boxes, num_boxes)
         teacher = layers[refined[-1]]
         for k in refined:
-            layer, matches = layers[k], indices[k * batch : (k + 1) * batch]
-            device = layer["pred_corners"].device
-            image = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(matches)]).to(device)
-            query = torch.cat([q for q, _ in matches]).to(device)
-            target_boxes = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, matches)]).to(device)
+            layer = layers[k]
+            image, query, target_boxes = matched_pairs(indices[k * batch : (k + 1) * batch], targets, device)
             iou = paired_box_iou(layer["pred_boxes"][image, query].detach(), target_boxes).detach()
             losses[f"loss_fgl{names[k]}"] = self.localisation_loss(layer, image, query, target_boxes, iou) / num_boxes
             if k != refined[-1]:
@@ -110,6 +107,13 @@ class DFINECriterion(RTDETRCriterion):
         mean_positive = loss[matched].mean() if matched.any() else loss.new_zeros(())
         mean_negative = loss[~matched].mean() if (~matched).any() else loss.new_zeros(())
         return (mean_positive * positive + mean_negative * negative) / (positive + negative)
+
+
+def matched_pairs(matches: Indices, targets: list[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per image ``(queries, targets)`` -> the pairs' ``image [M]``, ``query [M]`` and target ``boxes [M,4]`` on ``device``."""
+    image = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(matches)]).to(device)
+    query = torch.cat([q for q, _ in matches]).to(device)
+    return image, query, torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, matches)]).to(device)
 
 
 def union_matches(layer_indices: list[Indices]) -> Indices:

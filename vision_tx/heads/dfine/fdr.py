@@ -33,7 +33,7 @@ def distances_to_boxes(initial: torch.Tensor, distances: torch.Tensor, reg_scale
     """Boxes ``[..., 4]`` (cxcywh) whose left, top, right and bottom edges lie ``(reg_scale / 2 + d) * size /
     reg_scale`` from the centre of ``initial [..., 4]`` (cxcywh), for the ``distances d [..., 4]``."""
     scale = reg_scale.abs()
-    centre, size = initial[..., :2].repeat(*[1] * (initial.dim() - 1), 2), initial[..., 2:].repeat(*[1] * (initial.dim() - 1), 2)
+    centre, size = torch.cat([initial[..., :2]] * 2, -1), torch.cat([initial[..., 2:]] * 2, -1)
     sign = distances.new_tensor([-1.0, -1.0, 1.0, 1.0])
     edges = centre + sign * (0.5 * scale + distances) * size / scale
     return box_convert(edges, "xyxy", "cxcywh")
