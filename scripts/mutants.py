@@ -498,7 +498,7 @@ MUTANTS = [
            "order = torch.sort(counts, descending=True, stable=True).indices", "order = torch.sort(counts, descending=False, stable=True).indices",
            ("tests/models/test_dfine.py::test_union_of_the_layers_matches_is_the_official_go_indices",)),
     Mutant("dfine union matching: divided by the target count, not the union's", "vision_tx/heads/dfine/criterion.py",
-           'num_boxes_in_batch([{"labels": q} for q, _ in union], num_boxes.device)', "num_boxes",
+           'num_boxes_in_batch([{"labels": q} for q, _ in union], device)', "num_boxes",
            ("tests/models/test_dfine.py::test_union_matching_trains_every_layers_boxes_on_the_union",)),
     Mutant("dfine gelan: the halves read in the other order", "vision_tx/heads/dfine/encoder.py",
            "first, second = self.conv1(x).chunk(2, 1)", "second, first = self.conv1(x).chunk(2, 1)", (DFINE_TX,)),
