@@ -65,6 +65,7 @@ TABLES: dict[str, tuple[Callable[..., Any], dict[str, tuple[Any, str]]]] = {
     "DFINECriterion": (DFINECriterion, {
         "weight_vfl": (1.0, DF_YML), "weight_bbox": (5.0, DF_YML), "weight_giou": (2.0, DF_YML), "weight_fgl": (0.15, DF_YML),
         "weight_ddf": (1.5, DF_YML), "reg_max": (32, DF_YML), "temperature": (5.0, DF_CRITERION),
+        "union_matching": (True, "Peterande/D-FINE src/zoo/dfine/dfine_criterion.py: _get_go_indices for boxes and local"),
     }),
     "Mask2Former": (Mask2Former, {
         "num_queries": (100, M2F_YML), "hidden_dim": (256, M2F_YML), "mask_dim": (256, M2F_YML), "num_heads": (8, M2F_YML),
