@@ -179,7 +179,7 @@ def test_losses_match_transformers() -> None:
 
 def test_gradients_match_transformers() -> None:
     """Every parameter's gradient of the whole loss, the encoder's included (float32: transformers' FGL targets
-    are float32 only; measured: within 2e-4 of each parameter's largest gradient, the GIoU's eps as above)."""
+    are float32 only; measured: within 1.1e-5 of each parameter's largest gradient, the GIoU's eps as above)."""
     ours, reference = ours_and_transformers()
     targets = overlapping_targets(ours)
     images, pixel_mask = images_and_mask()
@@ -195,7 +195,7 @@ def test_gradients_match_transformers() -> None:
         assert name in expected, name
     assert {n for n, g in grads.items() if g.abs().max() > 1e-6} == set(expected) and len(expected) > 300
     for name, grad in expected.items():
-        torch.testing.assert_close(grads[name], grad, rtol=0, atol=5e-4 * grad.abs().max().item(), msg=name)
+        torch.testing.assert_close(grads[name], grad, rtol=0, atol=1e-4 * grad.abs().max().item(), msg=name)
 
 
 def test_registered_trains_with_denoising_and_on_images_without_objects() -> None:
