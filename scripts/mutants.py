@@ -78,6 +78,10 @@ RT_PADDING = "tests/models/test_rtdetr.py::test_aifi_hides_padding_the_cropped_m
 RT_LFT = "tests/models/test_rtdetr.py::test_look_forward_twice_trains_the_previous_layers_box_head"
 RT_OFFICIAL = "tests/models/test_rtdetr_official.py"
 RT_DENOISING = "tests/models/test_rtdetr.py::test_denoising_queries_are_transformers_groups_as_the_decoder_reads_them"
+DFINE_W = "tests/models/test_dfine.py::test_weighting_function_and_fgl_targets_are_transformers"
+DFINE_TX = "tests/models/test_dfine.py::test_decoder_layers_match_transformers"
+DFINE_LOSS = "tests/models/test_dfine.py::test_losses_match_transformers"
+DFINE_OFFICIAL = "tests/models/test_dfine_official.py"
 PROTOCOL_KWARGS = "tests/models/test_detectors.py::test_class_attributes_and_kwargs_reach_the_matcher_and_criterion"
 PROTOCOL_TARGETS = "tests/models/test_detectors.py::test_training_reads_the_pipelines_targets"
 PROTOCOL_OUTPUTS = "tests/models/test_detectors.py::test_postprocessing_and_cross_attention"
@@ -471,6 +475,42 @@ MUTANTS = [
     Mutant("label range: not checked before validation", "vision_tx/lightning/task.py",
            "    def on_validation_start(self) -> None:\n        self.check_labels_fit()",
            "    def on_validation_start(self) -> None:\n        pass", (LABEL_RANGE_EVAL,)),
+    # D-FINE
+    Mutant("dfine weighting function: the step's exponent over reg_max - 1", "vision_tx/heads/dfine/fdr.py",
+           "step = (bound + 1) ** (2 / (reg_max - 2))", "step = (bound + 1) ** (2 / (reg_max - 1))", (DFINE_W,)),
+    Mutant("dfine integral: the edges' bins read edge-minor", "vision_tx/heads/dfine/fdr.py",
+           "probabilities = corners.unflatten(-1, (4, -1)).softmax(-1)",
+           "probabilities = corners.unflatten(-1, (-1, 4)).transpose(-1, -2).softmax(-1)", (DFINE_TX,)),
+    Mutant("dfine fgl targets: the share of the left bin for the right's", "vision_tx/heads/dfine/fdr.py",
+           "share = to_left / (to_left + to_right)", "share = to_right / (to_left + to_right)", (DFINE_W,)),
+    Mutant("dfine fgl: IoU weights paired with the wrong edges", "vision_tx/heads/dfine/criterion.py",
+           "return (cross_entropy * iou.repeat_interleave(4)).sum()", "return (cross_entropy * iou.repeat(4)).sum()", (DFINE_LOSS,)),
+    Mutant("dfine ddf: matched and other edges' counts swapped", "vision_tx/heads/dfine/criterion.py",
+           "(mean_positive * positive + mean_negative * negative)", "(mean_positive * negative + mean_negative * positive)", (DFINE_LOSS,)),
+    Mutant("dfine ddf: temperature squared dropped", "vision_tx/heads/dfine/criterion.py",
+           "* weight.flatten().repeat_interleave(4) * self.temperature**2", "* weight.flatten().repeat_interleave(4)", (DFINE_LOSS,)),
+    Mutant("dfine lqe: the max for the mean of the top bins", "vision_tx/heads/dfine/fdr.py",
+           "features = torch.cat([top, top.mean(-1, keepdim=True)], -1)", "features = torch.cat([top, top.max(-1, keepdim=True).values], -1)", (DFINE_TX,)),
+    Mutant("dfine fdr: the previous layer's edge logits not added", "vision_tx/heads/dfine/decoder.py",
+           "corners = box_head(queries + previous_hidden) + previous_corners", "corners = box_head(queries + previous_hidden)", (DFINE_TX,)),
+    Mutant("dfine gate: the gates swapped", "vision_tx/heads/dfine/fdr.py",
+           "return self.norm(first * residual + second * x)", "return self.norm(second * residual + first * x)", (DFINE_TX,)),
+    Mutant("dfine attention: a point scaled by another level's point count", "vision_tx/heads/dfine/decoder.py",
+           "scale = (self.points_scale * self.offset_scale)", "scale = (self.points_scale.roll(1) * self.offset_scale)", (DFINE_TX,)),
+    Mutant("dfine union matching: each query keeps its least frequent target", "vision_tx/heads/dfine/criterion.py",
+           "order = torch.sort(counts, descending=True, stable=True).indices", "order = torch.sort(counts, descending=False, stable=True).indices",
+           ("tests/models/test_dfine.py::test_union_of_the_layers_matches_is_the_official_go_indices",)),
+    Mutant("dfine union matching: divided by the target count, not the union's", "vision_tx/heads/dfine/criterion.py",
+           'num_boxes_in_batch([{"labels": q} for q, _ in union], device)', "num_boxes",
+           ("tests/models/test_dfine.py::test_union_matching_trains_every_layers_boxes_on_the_union",)),
+    Mutant("dfine gelan: the halves read in the other order", "vision_tx/heads/dfine/encoder.py",
+           "first, second = self.conv1(x).chunk(2, 1)", "second, first = self.conv1(x).chunk(2, 1)", (DFINE_TX,)),
+    Mutant("dfine encoder: lateral convs with SiLU", "vision_tx/heads/dfine/encoder.py",
+           "return ConvNorm(dim, dim, 1, activation=False)", "return ConvNorm(dim, dim, 1)", (DFINE_TX,)),
+    Mutant("dfine official: a GELAN block's last 3x3 conv read as its first", "vision_tx/models/dfine_official.py",
+           'r"encoder.\\1_blocks.\\2.conv3."', 'r"encoder.\\1_blocks.\\2.conv2."', (DFINE_OFFICIAL,)),
+    Mutant("dfine official: the enc output norm read as its projection", "vision_tx/models/dfine_official.py",
+           '(r"^decoder\\.enc_output\\.norm\\.", "decoder.enc_output.1.")', '(r"^decoder\\.enc_output\\.norm\\.", "decoder.enc_output.0.")', (DFINE_OFFICIAL,)),
     # RT-DETR
     Mutant("rtdetr aifi: norm1 and norm2 swapped", "vision_tx/heads/rtdetr/aifi.py",
            "x = self.norm1(x + self.dropout(self.self_attn(", "x = self.norm2(x + self.dropout(self.self_attn(", (RT_TX,)),
@@ -503,12 +543,12 @@ MUTANTS = [
            "upper = fpn[0] = lateral(fpn[0])", "upper = lateral(fpn[0])", (RT_TX,)),
     Mutant("rtdetr pan: reads the projected maps, not the FPN's", "vision_tx/heads/rtdetr/hybrid_encoder.py",
            "downsample(outputs[-1]), fpn[index + 1]], 1)", "downsample(outputs[-1]), projected[index + 1]], 1)", (RT_TX,)),
-    Mutant("rtdetr: decoder input BatchNorm skipped", "vision_tx/models/rtdetr.py",
+    Mutant("rtdetr: decoder input BatchNorm skipped", "vision_tx/models/query_detector.py",
            "levels = [projection(x) for projection, x in zip(self.decoder_input_proj, maps)]",
            "levels = [projection[0](x) for projection, x in zip(self.decoder_input_proj, maps)]", (RT_TX,)),
-    Mutant("rtdetr: memory levels in reverse order", "vision_tx/models/rtdetr.py",
+    Mutant("rtdetr: memory levels in reverse order", "vision_tx/models/query_detector.py",
            "return flatten_levels(levels, pixel_mask)", "return flatten_levels(levels[::-1], pixel_mask)", (RT_TX,)),
-    Mutant("rtdetr: proposal content not detached", "vision_tx/models/rtdetr.py",
+    Mutant("rtdetr: proposal content not detached", "vision_tx/models/query_detector.py",
            "top[..., None].expand(-1, -1, features.shape[-1])).detach()", "top[..., None].expand(-1, -1, features.shape[-1]))", (RT_GRAD,)),
     Mutant("rtdetr: query position from the undetached boxes", "vision_tx/heads/dino/transformer.py",
            "query_pos = self.ref_point_head(reference)", "query_pos = self.ref_point_head(refined)", (RT_GRAD,)),
@@ -542,7 +582,7 @@ MUTANTS = [
            "criterion_class(self.num_classes, matcher, **(criterion_kwargs or {}))", "criterion_class(self.num_classes, matcher)", (PROTOCOL_KWARGS,)),
     Mutant("detector protocol: DINO's and RT-DETR's loss on the pipeline's absolute boxes", "vision_tx/models/query_detector.py",
            "return self.criterion(outputs, normalize_targets(targets))", "return self.criterion(outputs, targets)", (PROTOCOL_TARGETS,)),
-    Mutant("detector protocol: rtdetr denoising on the pipeline's absolute boxes", "vision_tx/models/rtdetr.py",
+    Mutant("detector protocol: rtdetr denoising on the pipeline's absolute boxes", "vision_tx/models/query_detector.py",
            "targets = normalize_targets(targets) if self.training and targets is not None else None",
            "targets = targets if self.training else None", (PROTOCOL_TARGETS,)),
     Mutant("detector protocol: DINO's and RT-DETR's per-query detections ranked by score", "vision_tx/models/query_detector.py",

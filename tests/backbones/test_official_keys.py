@@ -36,6 +36,7 @@ MODELS = {
 TESTED_ELSEWHERE = {
     "dino_4scale_r50": "tests/models/test_dino_official.py", "dino_4scale_swin_l": "tests/models/test_dino_official.py",
     "rtdetr_r50vd_6x_coco_head": "tests/models/test_rtdetr_official.py",
+    "dfine_hgnetv2_l_coco_head": "tests/models/test_dfine_official.py",
     **{f"mask2former_swin_tiny_{task}": "tests/models/test_mask2former_official.py"
        for task in ("ade20k_semantic_160k", "coco_instance_50ep", "coco_panoptic_50ep")},
 }

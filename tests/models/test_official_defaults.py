@@ -12,9 +12,10 @@ from typing import Any, Callable
 import pytest
 
 from vision_tx.heads.detr.criterion import SetCriterion
+from vision_tx.heads.dfine import DFINECriterion
 from vision_tx.heads.mask2former import Mask2FormerCriterion
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
-from vision_tx.models import DETR, RTDETR, Mask2Former
+from vision_tx.models import DETR, DFINE, RTDETR, Mask2Former
 from vision_tx.models.segmentor import UperNetSegmentor
 
 RT_YML = "lyuwenyu/RT-DETR rtdetr_pytorch/configs/rtdetr/include/rtdetr_r50vd.yml"
@@ -28,6 +29,10 @@ DETR_MAIN = "facebookresearch/detr main.py (the argument defaults of the trainin
 DETR_MODEL = "facebookresearch/detr models/detr.py (build: weight_dict)"
 MMSEG = "open-mmlab/mmsegmentation configs/_base_/models/upernet_swin.py"
 MMSEG_HEAD = "open-mmlab/mmsegmentation mmseg/models/decode_heads/decode_head.py (BaseDecodeHead's defaults)"
+DF_YML = "Peterande/D-FINE configs/dfine/include/dfine_hgnetv2.yml (D-FINE-L: dfine_hgnetv2_l_coco.yml keeps it)"
+DF_DECODER = "Peterande/D-FINE src/zoo/dfine/dfine_decoder.py (DFINETransformer's defaults, kept by the yml)"
+DF_LQE = "Peterande/D-FINE src/zoo/dfine/dfine_decoder.py: TransformerDecoder's LQE(4, 64, 2, reg_max)"
+DF_CRITERION = "Peterande/D-FINE src/zoo/dfine/dfine_criterion.py: loss_local(T=5)"
 DEIM_YML = "ShihuaHuang95/DEIM (DEIMCriterion: gamma 1.5 in the DEIM configs, mal_alpha None, its default)"
 OWN = "vision_tx's own option (no official counterpart)"
 
@@ -46,6 +51,21 @@ TABLES: dict[str, tuple[Callable[..., Any], dict[str, tuple[Any, str]]]] = {
         "weight_vfl": (1.0, RT_YML), "weight_bbox": (5.0, RT_YML), "weight_giou": (2.0, RT_YML), "vfl_alpha": (0.75, RT_YML),
         "vfl_gamma": (2.0, RT_YML), "focal_alpha": (0.25, f"{RT_YML}: the matcher's alpha"), "focal_gamma": (2.0, f"{RT_YML}: the matcher's gamma"),
         "class_loss": ("vfl", f"{RT_YML}: losses ['vfl', 'boxes']"), "mal_alpha": (None, DEIM_YML), "mal_gamma": (1.5, DEIM_YML),
+    }),
+    "DFINE": (DFINE, {
+        "num_queries": (300, DF_YML), "hidden_dim": (256, DF_YML), "num_heads": (8, DF_YML), "num_encoder_layers": (1, DF_YML),
+        "encoder_feedforward": (1024, DF_YML), "expansion": (1.0, DF_YML), "num_blocks": (3, f"{DF_YML}: round(3 * depth_mult 1)"),
+        "num_decoder_layers": (6, DF_YML), "dim_feedforward": (1024, DF_DECODER), "dropout": (0.0, DF_YML), "num_levels": (3, DF_YML),
+        "num_points": ((3, 6, 3), DF_YML), "reg_max": (32, DF_YML), "reg_scale": (4.0, DF_YML),
+        "up": (0.5, f"{DF_DECODER}: self.up = nn.Parameter(torch.tensor([0.5]))"), "lqe_top_k": (4, DF_LQE),
+        "lqe_hidden_dim": (64, DF_LQE), "lqe_layers": (2, DF_LQE), "learn_query_content": (False, DF_DECODER),
+        "num_denoising": (100, DF_YML), "label_noise_ratio": (0.5, DF_YML), "box_noise_scale": (1.0, DF_YML),
+        "num_detections": (300, f"{DF_YML}: DFINEPostProcessor.num_top_queries"), "nms_threshold": (None, OWN),
+    }),
+    "DFINECriterion": (DFINECriterion, {
+        "weight_vfl": (1.0, DF_YML), "weight_bbox": (5.0, DF_YML), "weight_giou": (2.0, DF_YML), "weight_fgl": (0.15, DF_YML),
+        "weight_ddf": (1.5, DF_YML), "reg_max": (32, DF_YML), "temperature": (5.0, DF_CRITERION),
+        "union_matching": (True, "Peterande/D-FINE src/zoo/dfine/dfine_criterion.py: _get_go_indices for boxes and local"),
     }),
     "Mask2Former": (Mask2Former, {
         "num_queries": (100, M2F_YML), "hidden_dim": (256, M2F_YML), "mask_dim": (256, M2F_YML), "num_heads": (8, M2F_YML),
@@ -78,6 +98,10 @@ MATCHERS: dict[str, tuple[Callable[[], Any], dict[str, tuple[Any, str]]]] = {
     "RTDETRCriterion": (lambda: RTDETRCriterion(5).matcher, {
         "cost_class": (2.0, RT_YML), "cost_bbox": (5.0, RT_YML), "cost_giou": (2.0, RT_YML), "focal_alpha": (0.25, RT_YML),
         "focal_gamma": (2.0, RT_YML),
+    }),
+    "DFINECriterion": (lambda: DFINECriterion(5).matcher, {
+        "cost_class": (2.0, DF_YML), "cost_bbox": (5.0, DF_YML), "cost_giou": (2.0, DF_YML), "focal_alpha": (0.25, DF_YML),
+        "focal_gamma": (2.0, DF_YML),
     }),
     "Mask2FormerCriterion": (lambda: Mask2FormerCriterion(5).matcher, {
         "cost_class": (2.0, M2F_MODEL), "cost_mask": (5.0, M2F_MODEL), "cost_dice": (5.0, M2F_MODEL), "num_points": (12544, M2F_MODEL),

@@ -8,6 +8,7 @@ from torch import nn
 
 from vision_tx.models.detr import DETR, DETRFeatures
 from vision_tx.models.detr_panoptic import DETRPanoptic
+from vision_tx.models.dfine import DFINE
 from vision_tx.models.dino import DINO
 from vision_tx.models.mask2former import Mask2Former
 from vision_tx.models.rtdetr import RTDETR
@@ -33,7 +34,7 @@ def named_sizes(*classes: type[nn.Module]) -> dict[str, functools.partial[nn.Mod
 # ``postprocess``, ``postprocess_per_query``, ``cross_attention``, ``convert_state_dict``, ``no_weight_decay``
 # and ``for_conversion``, and names its ``variants``, the ``backbone_out_indices`` it reads and the
 # ``score_threshold`` pictures draw from.
-DETECTORS = named_sizes(DETR, DINO, Mask2Former, RTDETR)
+DETECTORS = named_sizes(DETR, DFINE, DINO, Mask2Former, RTDETR)
 
 # The detector classes the panoptic task builds on, with the model that wraps each to segment
 # (``wrapper(detector, postprocess_kwargs=..., **panoptic_kwargs)``), or None for a detector that segments
@@ -47,6 +48,6 @@ PANOPTIC_WRAPPERS: dict[type[nn.Module], type[nn.Module] | None] = {DETR: DETRPa
 SEGMENTATION_HEADS = named_sizes(UperNetSegmentor, Mask2Former)
 
 __all__ = [
-    "DETECTORS", "PANOPTIC_WRAPPERS", "SEGMENTATION_HEADS", "DETR", "DETRFeatures", "DETRPanoptic", "DINO", "Mask2Former", "RTDETR",
+    "DETECTORS", "PANOPTIC_WRAPPERS", "SEGMENTATION_HEADS", "DETR", "DETRFeatures", "DETRPanoptic", "DFINE", "DINO", "Mask2Former", "RTDETR",
     "UperNetSegmentor", "named_sizes",
 ]

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from vision_tx.attention import splat_bilinear
+from vision_tx.backbones import build_backbone
 from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.criterion import normalize_targets
 from vision_tx.heads.detr.matcher import HungarianMatcher
@@ -20,7 +21,8 @@ from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections, postprocess_sigmoid_per_query
 from vision_tx.heads.dino.denoising import ContrastiveDenoising, DenoisingQueries
 from vision_tx.heads.dino.transformer import DeformableDecoder
-from vision_tx.necks.multiscale import MultiScaleLevels
+from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
+from vision_tx.necks.multiscale import MultiScaleLevels, flatten_levels
 
 
 def checked_pixel_mask(images: torch.Tensor, pixel_mask: torch.Tensor | None, where: str) -> torch.Tensor:
@@ -106,6 +108,18 @@ class DeformableQueryDetector(nn.Module):
         self.enc_output = nn.Linear(hidden_dim, hidden_dim)
         self.enc_output_norm = nn.LayerNorm(hidden_dim)
 
+    def with_denoising(
+        self, queries: torch.Tensor, boxes: torch.Tensor, targets: list[dict] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, DenoisingQueries | None]:
+        """The denoising queries (in training with ``targets``) put before ``queries [B,Q,D]`` and their boxes
+        before ``boxes [B,Q,4]``: ``(queries [B,N+Q,D], boxes [B,N+Q,4], attn_mask or None, denoising or None)``."""
+        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
+        if denoising is None:
+            return queries, boxes, None, None
+        queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
+        boxes = torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)
+        return queries, boxes, denoising.attn_mask, denoising
+
     def decode(
         self, queries: torch.Tensor, query_pos: torch.Tensor | None, boxes: torch.Tensor, memory: torch.Tensor,
         levels: MultiScaleLevels, targets: list[dict] | None,
@@ -113,17 +127,80 @@ class DeformableQueryDetector(nn.Module):
         """The denoising queries (in training with ``targets``) put before the matching ``queries [B,Q,D]`` and
         their ``boxes [B,Q,4]``, the decoder over ``memory [B,S,D]``, and every layer's class head:
         ``(logits [L,B,N+Q,C], layer_boxes [L,B,N+Q,4], denoising or None)``."""
-        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
-        attn_mask = None
-        if denoising is not None:
-            queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
-            boxes = torch.cat([denoising.boxes.to(boxes.dtype), boxes], 1)
-            attn_mask = denoising.attn_mask
+        queries, boxes, attn_mask, denoising = self.with_denoising(queries, boxes, targets)
         hidden, layer_boxes = self.decoder(
             queries, boxes, memory, levels.shapes, levels.padding_mask, levels.valid_ratios, self.bbox_embed,
             query_pos, attn_mask, self.look_forward_twice and self.training,
         )
         return torch.stack([head(h) for head, h in zip(self.class_embed, hidden)]), layer_boxes, denoising
+
+
+class HybridEncoderDetector(DeformableQueryDetector):
+    """What RT-DETR and D-FINE share before their decoders: the backbone's stride 8, 16 and 32 maps through a
+    hybrid encoder (``encoder_class``), projected into the decoder's levels, and the queries selected from
+    the memory's best proposals. Subclasses build their decoder and heads and define :meth:`forward_decoder`."""
+
+    backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
+    encoder_class: type[nn.Module] = HybridEncoder
+    score_threshold = 0.5  # for pictures (RT-DETR's official demo draws above 0.6)
+    query_embed: nn.Embedding | None
+
+    def build_encoder(
+        self, hidden_dim: int, num_heads: int, num_encoder_layers: int, encoder_feedforward: int, expansion: float,
+        num_blocks: int, dropout: float, num_levels: int,
+    ) -> None:
+        """The hybrid encoder over the backbone's maps and the decoder's input projections (``num_levels`` levels:
+        a 1x1 conv + BatchNorm per map, a 3x3 stride-2 conv + BatchNorm per extra level)."""
+        in_channels = list(self.backbone.out_channels)
+        if num_levels < len(in_channels):
+            raise ValueError(f"{type(self).__module__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps")
+        self.encoder = self.encoder_class(
+            in_channels, hidden_dim, num_heads, encoder_feedforward, dropout, num_encoder_layers, expansion=expansion, num_blocks=num_blocks
+        )
+        projections = [nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim)) for _ in in_channels]
+        projections += [
+            nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 3, 2, 1, bias=False), nn.BatchNorm2d(hidden_dim))
+            for _ in range(num_levels - len(in_channels))
+        ]
+        self.decoder_input_proj = nn.ModuleList(projections)
+
+    def forward(
+        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
+    ) -> dict:
+        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (as for :meth:`loss`;
+        used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
+        "aux_outputs", "enc_outputs"}`` and in training with targets ``"dn_outputs"``."""
+        pixel_mask = checked_pixel_mask(images, pixel_mask, type(self).__module__)
+        maps = self.encoder(list(self.backbone(images).values()), pixel_mask)
+        targets = normalize_targets(targets) if self.training and targets is not None else None
+        return self.forward_decoder(self.memory(maps, pixel_mask), targets)
+
+    def memory(self, maps: list[torch.Tensor], pixel_mask: torch.Tensor) -> MultiScaleLevels:
+        """The decoder's levels: the encoder's ``maps [B,D,h,w]`` projected (and the extra levels)."""
+        levels = [projection(x) for projection, x in zip(self.decoder_input_proj, maps)]
+        for projection in self.decoder_input_proj[len(maps):]:
+            levels.append(projection(maps[-1] if len(levels) == len(maps) else levels[-1]))
+        return flatten_levels(levels, pixel_mask)
+
+    def select_queries(self, levels: MultiScaleLevels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The ``num_queries`` best proposals of the memory ``levels``: ``(queries [B,Q,D], boxes [B,Q,4])`` to start
+        the decoder (the proposals' tokens and boxes, without gradient; a learned content with ``query_embed``),
+        and every proposal's ``logits`` and ``boxes`` for the encoder's loss."""
+        features, top, proposal_logits, proposal_boxes = select_proposals(
+            levels.tokens, levels, self.enc_output, self.enc_output_norm, self.class_embed[-1], self.bbox_embed[-1], self.num_queries
+        )
+        boxes = proposal_boxes.detach()
+        if self.query_embed is None:
+            queries = torch.gather(features, 1, top[..., None].expand(-1, -1, features.shape[-1])).detach()
+        else:
+            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(boxes.shape[0], -1, -1)  # not len(): an exported batch stays a symbol
+        return queries, boxes, proposal_logits, proposal_boxes
+
+    @classmethod
+    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "HybridEncoderDetector":
+        """The model an official checkpoint with backbone ``backbone`` loads into (the official COCO models'
+        80 classes, contiguous indices, by default)."""
+        return cls(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 80)
 
 
 @torch.no_grad()

@@ -10,17 +10,14 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from vision_tx.backbones import build_backbone
-from vision_tx.heads.detr.criterion import normalize_targets
 from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
-from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
-from vision_tx.models.query_detector import DeformableQueryDetector, checked_pixel_mask, decoder_outputs, select_proposals
+from vision_tx.models.query_detector import HybridEncoderDetector, decoder_outputs
 from vision_tx.models.rtdetr_official import convert_official_rtdetr, is_official_rtdetr
-from vision_tx.necks.multiscale import MultiScaleLevels, flatten_levels
+from vision_tx.necks.multiscale import MultiScaleLevels
 
 
-class RTDETR(DeformableQueryDetector):
+class RTDETR(HybridEncoderDetector):
     """Detector over the backbone's stride 8, 16 and 32 maps, ``num_classes`` sigmoid logits per query.
 
     The hybrid encoder fuses the maps (``num_encoder_layers`` AIFI layers of ``encoder_feedforward``
@@ -37,8 +34,6 @@ class RTDETR(DeformableQueryDetector):
     (RT-DETR's matcher and weights when not given).
     """
 
-    backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
-    score_threshold = 0.5  # for pictures (the official demo draws above 0.6)
     # Named sizes (``DetectionModule(detector=...)``): RT-DETR-R50's (the defaults below), and a narrow one
     # (width 64, a 3-layer decoder, 30 queries) that learns the toy sets on a CPU in minutes.
     variants: dict[str, dict[str, Any]] = {
@@ -72,19 +67,8 @@ class RTDETR(DeformableQueryDetector):
         num_detections: int = 300,
         nms_threshold: float | None = None,
     ) -> None:
-        in_channels = list(backbone.out_channels)
-        if num_levels < len(in_channels):
-            raise ValueError(f"{__name__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps")
         super().__init__(backbone, num_classes, num_queries, look_forward_twice, num_detections, nms_threshold)
-        self.encoder = HybridEncoder(
-            in_channels, hidden_dim, num_heads, encoder_feedforward, dropout, num_encoder_layers, expansion=expansion, num_blocks=num_blocks
-        )
-        projections = [nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim)) for _ in in_channels]
-        projections += [
-            nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 3, 2, 1, bias=False), nn.BatchNorm2d(hidden_dim))
-            for _ in range(num_levels - len(in_channels))
-        ]
-        self.decoder_input_proj = nn.ModuleList(projections)
+        self.build_encoder(hidden_dim, num_heads, num_encoder_layers, encoder_feedforward, expansion, num_blocks, dropout, num_levels)
         self.decoder = DeformableDecoder(
             DeformableDecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout),
             num_decoder_layers, hidden_dim, query_pos_from_boxes=True, final_norm=False, eps=1e-5, box_encoding="linear",
@@ -96,43 +80,11 @@ class RTDETR(DeformableQueryDetector):
             hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, 1e-5, RTDETRCriterion, matcher_kwargs, criterion_kwargs
         )
 
-    def forward(
-        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
-    ) -> dict:
-        """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (as for :meth:`loss`;
-        used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
-        "aux_outputs", "enc_outputs"}`` and in training with targets ``"dn_outputs"``."""
-        pixel_mask = checked_pixel_mask(images, pixel_mask, __name__)
-        maps = self.encoder(list(self.backbone(images).values()), pixel_mask)
-        targets = normalize_targets(targets) if self.training and targets is not None else None
-        return self.forward_decoder(self.memory(maps, pixel_mask), targets)
-
-    def memory(self, maps: list[torch.Tensor], pixel_mask: torch.Tensor) -> MultiScaleLevels:
-        """The decoder's levels: the encoder's ``maps [B,D,h,w]`` projected (and the extra levels)."""
-        levels = [projection(x) for projection, x in zip(self.decoder_input_proj, maps)]
-        for projection in self.decoder_input_proj[len(maps):]:
-            levels.append(projection(maps[-1] if len(levels) == len(maps) else levels[-1]))
-        return flatten_levels(levels, pixel_mask)
-
     def forward_decoder(self, levels: MultiScaleLevels, targets: list[dict] | None = None) -> dict:
         """Query selection from the memory ``levels``, the decoder and the heads."""
-        memory = levels.tokens
-        features, top, proposal_logits, proposal_boxes = select_proposals(
-            memory, levels, self.enc_output, self.enc_output_norm, self.class_embed[-1], self.bbox_embed[-1], self.num_queries
-        )
-        boxes = proposal_boxes.detach()
-        if self.query_embed is None:
-            queries = torch.gather(features, 1, top[..., None].expand(-1, -1, features.shape[-1])).detach()
-        else:
-            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(boxes.shape[0], -1, -1)  # not len(): an exported batch stays a symbol
-        logits, layer_boxes, denoising = self.decode(queries, None, boxes, memory, levels, targets)
+        queries, boxes, proposal_logits, proposal_boxes = self.select_queries(levels)
+        logits, layer_boxes, denoising = self.decode(queries, None, boxes, levels.tokens, levels, targets)
         return decoder_outputs(logits, layer_boxes, proposal_logits, proposal_boxes, denoising)
-
-    @classmethod
-    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "RTDETR":
-        """The model an official checkpoint with backbone ``backbone`` loads into (the official COCO models'
-        80 classes, contiguous indices, by default)."""
-        return cls(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 80)
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads lyuwenyu/RT-DETR checkpoints (see :func:`convert_official_rtdetr`); native keys pass."""

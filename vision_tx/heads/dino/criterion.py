@@ -19,7 +19,8 @@ class DINOCriterion(nn.Module):
     ``outputs`` holds ``pred_logits [B,Q,C]`` (sigmoid logits, no no-object class), ``pred_boxes [B,Q,4]``,
     ``aux_outputs`` (earlier decoder layers), optionally ``enc_outputs`` (the encoder's selected
     proposals; logits with one channel are class-agnostic objectness, trained with every target as
-    class 0) and ``dn_outputs`` (every layer's denoising predictions with their
+    class 0), optionally ``pre_outputs`` (D-FINE's first-layer boxes, suffix ``_pre``; ``dn_pre_outputs``
+    for its denoising queries, ``_dn_pre``) and ``dn_outputs`` (every layer's denoising predictions with their
     :class:`~vision_tx.heads.dino.denoising.DenoisingQueries`). The decoder layers (and the encoder's
     proposals when they score classes) are matched in one call of ``matcher``. Losses are summed over
     queries and classes and divided by the number of target boxes of the (distributed) batch, times
@@ -63,10 +64,13 @@ class DINOCriterion(nn.Module):
         class_agnostic = encoder is not None and encoder["pred_logits"].shape[-1] == 1
         if encoder is not None and not class_agnostic:
             layers, names = [*layers, encoder], [*names, "_enc"]
+        if "pre_outputs" in outputs:
+            layers, names = [*layers, outputs["pre_outputs"]], [*names, "_pre"]
         logits = torch.cat([layer["pred_logits"] for layer in layers])
         boxes = torch.cat([layer["pred_boxes"] for layer in layers])
         indices = self.matcher(logits, boxes, targets * len(layers))
         losses = self._losses(logits, boxes, targets * len(layers), indices, num_boxes, names)
+        losses.update(self.layer_losses(layers, names, targets, indices, num_boxes))
         if class_agnostic:
             agnostic = [{**t, "labels": torch.zeros_like(t["labels"])} for t in targets]
             indices_enc = self.matcher(encoder["pred_logits"], encoder["pred_boxes"], agnostic)
@@ -82,6 +86,13 @@ class DINOCriterion(nn.Module):
                 dn_logits.flatten(0, 1), dn_boxes.flatten(0, 1), targets * layers_dn, positives * layers_dn,
                 num_boxes * queries.num_groups, dn_names,
             ))
+            dn_layers = [{key: value[i] for key, value in denoising.items() if key != "queries"} for i in range(layers_dn)]
+            losses.update(self.layer_losses(dn_layers, dn_names, targets, positives * layers_dn, num_boxes * queries.num_groups))
+            if "dn_pre_outputs" in outputs:
+                pre = outputs["dn_pre_outputs"]
+                losses.update(self._losses(
+                    pre["pred_logits"], pre["pred_boxes"], targets, positives, num_boxes * queries.num_groups, ["_dn_pre"]
+                ))
         losses["loss"] = sum(value * self.weights["_".join(key.split("_")[:2])] for key, value in losses.items())
         last = len(outputs.get("aux_outputs", [])) * len(targets)  # the last decoder layer's block of indices
         losses["class_error"] = self._class_error(outputs["pred_logits"], targets, indices[last : last + len(targets)])
@@ -110,6 +121,13 @@ class DINOCriterion(nn.Module):
             losses[f"loss_bbox{name}"] = loss_bbox[layer]
             losses[f"loss_giou{name}"] = loss_giou[layer]
         return losses
+
+    def layer_losses(
+        self, layers: list[dict], names: list[str], targets: list[dict], indices: Indices, num_boxes: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Further losses of the ``layers`` (the outputs' dicts, named by ``names``) matched by ``indices`` (a
+        block of ``len(targets)`` per layer): none here (D-FINE's localisation losses)."""
+        return {}
 
     def classification_loss(
         self, logits: torch.Tensor, onehot: torch.Tensor, positives: tuple[torch.Tensor, torch.Tensor, torch.Tensor],

@@ -7,11 +7,13 @@ from torch import nn
 
 
 class ConvNorm(nn.Sequential):
-    """``kernel_size`` conv (no bias, "same" padding) at ``stride``, BatchNorm, then SiLU (or nothing)."""
+    """``kernel_size`` conv (no bias, "same" padding, ``groups``) at ``stride``, BatchNorm, then SiLU (or nothing)."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, activation: bool = True) -> None:
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, activation: bool = True, groups: int = 1
+    ) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, (kernel_size - 1) // 2, bias=False)
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, (kernel_size - 1) // 2, groups=groups, bias=False)
         self.norm = nn.BatchNorm2d(out_channels)
         self.act = nn.SiLU() if activation else nn.Identity()
 

@@ -40,10 +40,25 @@ class HybridEncoder(nn.Module):
         self.input_proj = nn.ModuleList(nn.Sequential(nn.Conv2d(c, dim, 1, bias=False), nn.BatchNorm2d(dim)) for c in in_channels)
         self.encoder = AIFI(AIFILayer(dim, num_heads, dim_feedforward, dropout), num_encoder_layers, temperature)
         fusions = len(in_channels) - 1
-        self.lateral_convs = nn.ModuleList(ConvNorm(dim, dim, 1) for _ in range(fusions))
-        self.fpn_blocks = nn.ModuleList(CSPRepLayer(2 * dim, dim, num_blocks, expansion) for _ in range(fusions))
-        self.downsample_convs = nn.ModuleList(ConvNorm(dim, dim, 3, stride=2) for _ in range(fusions))
-        self.pan_blocks = nn.ModuleList(CSPRepLayer(2 * dim, dim, num_blocks, expansion) for _ in range(fusions))
+        self.lateral_convs = nn.ModuleList(self.lateral_conv(dim) for _ in range(fusions))
+        self.fpn_blocks = nn.ModuleList(self.fusion_block(dim, num_blocks, expansion) for _ in range(fusions))
+        self.downsample_convs = nn.ModuleList(self.downsample_conv(dim) for _ in range(fusions))
+        self.pan_blocks = nn.ModuleList(self.fusion_block(dim, num_blocks, expansion) for _ in range(fusions))
+
+    @staticmethod
+    def lateral_conv(dim: int) -> nn.Module:
+        """The FPN's 1x1 conv of the upper map: conv-BN-SiLU."""
+        return ConvNorm(dim, dim, 1)
+
+    @staticmethod
+    def fusion_block(dim: int, num_blocks: int, expansion: float) -> nn.Module:
+        """``[B,2*dim,h,w] -> [B,dim,h,w]``, the FPN's and PAN's fusion of two concatenated maps: a CSP layer."""
+        return CSPRepLayer(2 * dim, dim, num_blocks, expansion)
+
+    @staticmethod
+    def downsample_conv(dim: int) -> nn.Module:
+        """The PAN's stride-2 conv: 3x3 conv-BN-SiLU."""
+        return ConvNorm(dim, dim, 3, stride=2)
 
     def forward(self, maps: Sequence[torch.Tensor], pixel_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
         """``maps``: ``[B,C_i,h_i,w_i]``; ``pixel_mask [B,H,W]`` True on padding (hidden from the attention)
