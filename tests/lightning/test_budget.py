@@ -69,7 +69,7 @@ def test_without_minutes_it_counts_and_the_run_is_the_configs() -> None:
 
 
 def test_minutes_stretch_the_step_plan_and_stop_the_run_with_a_validation() -> None:
-    seconds = 1.5
+    seconds = 3.0  # long enough for 3x the planned steps on a loaded CI machine (a step costs 0.02 s and Lightning's overhead)
     budget, model = TrainingBudget(minutes=seconds / 60), Sleepy()
     total = fit(budget, model)
     summary = budget.summary()
@@ -80,7 +80,7 @@ def test_minutes_stretch_the_step_plan_and_stop_the_run_with_a_validation() -> N
     # The drop planned at 80% of the steps comes at 80% of the time: near 80% of the steps taken.
     dropped = next(i for i, rate in enumerate(model.rates) if rate < 0.05)
     assert model.rates[:dropped] == [pytest.approx(0.1)] * dropped and model.rates[dropped:] == [pytest.approx(0.01)] * (steps - dropped)
-    assert 0.65 * steps <= dropped <= 0.9 * steps
+    assert 0.6 * steps <= dropped <= 0.95 * steps  # steps slowed by other load shift it; half the fraction (0.4) fails
 
 
 def test_the_time_spent_and_the_plan_are_kept_in_checkpoints() -> None:
