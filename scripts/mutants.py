@@ -113,6 +113,7 @@ STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_ten
 EXPORT = "tests/test_export.py::test_exported_model_in_onnxruntime_gives_the_eager_outputs"
 EXPORT_NMS = "tests/test_export.py::test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class"
 EXPORT_NO_OBJECT = "tests/test_export.py::test_exported_detr_never_labels_a_query_no_object"
+EXPORT_DETR_PANOPTIC = "tests/test_export.py::test_exported_detr_panoptic_drops_small_segments_as_the_eager_loop"
 NO_DECAY = "tests/backbones/test_no_weight_decay.py::test_every_backbone_and_classifier_names_its_exempt_parameters"
 NO_DECAY_GROUPS = "tests/lightning/test_common.py::test_param_groups_follow_no_weight_decay"
 TASK_DECAY = "tests/lightning/test_common.py::test_every_task_decays_norms_and_biases_as_its_option_says"
@@ -935,7 +936,7 @@ MUTANTS = [
            "return images - self.pixel_mean.to(images.dtype)", (f"{EXPORT}[classification_toy]",)),
     Mutant("export: NMS across classes (per image only)", "vision_tx/export.py",
            "groups = labels + (labels.max() + 1) * torch.arange", "groups = 0 * labels + (labels.max() + 1) * torch.arange",
-           (f"{EXPORT}[rtdetr_convnext_toy]",)),
+           (EXPORT_NMS, f"{EXPORT}[rtdetr_convnext_toy]")),
     Mutant("export: NMS suppressed-first (the lower-scoring of two overlapping boxes kept)", "vision_tx/export.py",
            "kept = nms((boxes + offsets).flatten(0, 1), scores.flatten(), threshold)",
            "kept = nms((boxes + offsets).flatten(0, 1), -scores.flatten(), threshold)", (EXPORT_NMS,)),
@@ -951,8 +952,13 @@ MUTANTS = [
     Mutant("export: instances worst first", "vision_tx/export.py",
            "order = scores.argsort(dim=1, descending=True)", "order = scores.argsort(dim=1)", (f"{EXPORT}[mask2former_swin_toy_coco_instance]",)),
     Mutant("export: panoptic stuff queries not merged into one segment", "vision_tx/export.py",
-           "first = torch.where(thing, index, same.long().argmax(-1))", "first = index + 0 * same.long().argmax(-1)",
-           (f"{EXPORT}[mask2former_swin_toy_coco_panoptic]",)),
+           "first = torch.where(self.thing[classes], index, same.long().argmax(-1))", "first = index + 0 * same.long().argmax(-1)",
+           (f"{EXPORT}[mask2former_swin_toy_coco_panoptic]", EXPORT_DETR_PANOPTIC)),
+    Mutant("export: DETR panoptic in one round (small segments neither dropped nor their pixels re-assigned)", "vision_tx/export.py",
+           "for _ in range(2):", "for _ in range(1):", (EXPORT_DETR_PANOPTIC,)),
+    Mutant("export: DETR panoptic keeps queries of categories the dataset does not have", "vision_tx/export.py",
+           'kept = (classes != logits.shape[-1] - 1) & (scores > settings["threshold"]) & self.known[classes]',
+           'kept = (classes != logits.shape[-1] - 1) & (scores > settings["threshold"])', (EXPORT_DETR_PANOPTIC,)),
     Mutant("export: panoptic overlap threshold ignored", "vision_tx/export.py",
            "& (ratio >= self.network.overlap_threshold)", "& (ratio >= 0)", (f"{EXPORT}[mask2former_swin_toy_coco_panoptic]",)),
     Mutant("export: classifier probabilities over the wrong axis", "vision_tx/export.py",

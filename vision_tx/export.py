@@ -12,7 +12,7 @@ the caller (the config's validation resize is what the model was trained and val
   ``labels [B,N]`` (category ids); a detector with per-class NMS puts its kept detections first, best first,
   and fills the rest with score 0 and label -1;
 - instance segmentation (Mask2Former): ``scores``, ``labels`` and bool ``masks [B,N,H,W]``, best first;
-- panoptic segmentation (Mask2Former): ``segment_ids [B,H,W]`` (0: void, segments 1..S), and per segment
+- panoptic segmentation (Mask2Former, DETR): ``segment_ids [B,H,W]`` (0: void, segments 1..S), and per segment
   ``segment_labels [B,Q]`` and ``segment_scores [B,Q]`` (segment ``i`` at index ``i - 1``; label -1 past S);
 - semantic segmentation (UperNet, Mask2Former): ``probabilities [B,C,H,W]`` and ``labels [B,H,W]``.
 
@@ -27,6 +27,7 @@ Both formats come from the same ``torch.export`` trace; ONNX through ``torch.onn
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -37,12 +38,16 @@ from torchvision.ops import nms
 
 from vision_tx.backbones.swin import SwinBlock
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from vision_tx.heads.detr.postprocess import NMS_CANDIDATES, pixel_boxes, sigmoid_candidates
+from vision_tx.heads.detr.postprocess import NMS_CANDIDATES, pixel_boxes, postprocess_panoptic, sigmoid_candidates
 from vision_tx.heads.mask2former.postprocess import instance_candidates, resize_masks
 from vision_tx.models import DETR, DINO, RTDETR, Mask2Former
 
 FORMATS = ("onnx", "exported_program")
 TOP_CLASSES = 5  # the classifiers' top_labels / top_scores
+DETR_PANOPTIC_DEFAULTS = {  # threshold, min_area: what DETRPanoptic's postprocess_kwargs override
+    name: parameter.default for name, parameter in inspect.signature(postprocess_panoptic).parameters.items()
+    if parameter.default is not inspect.Parameter.empty
+}
 
 
 class ExportError(RuntimeError):
@@ -152,21 +157,46 @@ class InstanceExport(Deployable):
 
 
 class PanopticExport(Deployable):
-    """Mask2Former's panoptic inference (``panoptic_inference``) for a batch, without Python loops: queries whose
-    best class is real and above ``object_mask_threshold`` compete for each pixel (score times mask probability);
-    a query's segment is its won pixels of probability >= 0.5, kept when it holds ``overlap_threshold`` of the
-    query's own mask; the queries of one stuff class share the segment of the first. ``is_thing``: category id
-    -> thing (ids not in it count as stuff)."""
+    """The panoptic outputs shared by Mask2Former's and DETR's exports: ``segment_ids [B,H,W]`` and, per segment,
+    ``segment_labels`` and ``segment_scores``. ``is_thing``: category id -> thing (ids not in it count as stuff)."""
 
     output_names = ("segment_ids", "segment_labels", "segment_scores")
 
     def __init__(self, network: nn.Module, name: str, is_thing: Mapping[int, bool]) -> None:
         super().__init__(network, name)
         thing = torch.zeros(network.num_classes + 1, dtype=torch.bool)
+        known = torch.zeros(network.num_classes + 1, dtype=torch.bool)
         for category, value in is_thing.items():
             if 0 <= category < network.num_classes:
-                thing[category] = bool(value)
+                thing[category], known[category] = bool(value), True
         self.register_buffer("thing", thing, persistent=False)
+        self.register_buffer("known", known, persistent=False)
+
+    def number_segments(self, classes: torch.Tensor, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Segments of the ``accepted [B,Q]`` queries of ``classes [B,Q]``, numbered 1..S in query order, the queries
+        of one stuff class sharing the segment of the first: ``segment_of_query [B,Q]`` (0: none), and which queries
+        start a segment (``starts [B,Q]``) with its number (``ids [B,Q]``, 0 elsewhere)."""
+        index = torch.arange(classes.shape[1], device=classes.device)
+        # For each query, the first accepted query of its class at or before it (a stuff query's segment's owner).
+        same = (classes[:, :, None] == classes[:, None, :]) & accepted[:, None, :] & (index[None, :] <= index[:, None])
+        first = torch.where(self.thing[classes], index, same.long().argmax(-1))
+        starts = accepted & (first == index)
+        ids = torch.cumsum(starts.long(), 1) * starts
+        return torch.where(accepted, ids.gather(1, first), 0), starts, ids
+
+    @staticmethod
+    def per_segment(values: torch.Tensor, starts: torch.Tensor, ids: torch.Tensor, fill: float) -> torch.Tensor:
+        """``values [B,Q]`` of the queries that start segments, segment ``i`` at index ``i - 1``, ``fill`` past the last."""
+        queries = values.shape[1]
+        slot = torch.where(starts, ids - 1, queries)
+        return values.new_full((values.shape[0], queries + 1), fill).scatter(1, slot, values)[:, :queries]
+
+
+class Mask2FormerPanopticExport(PanopticExport):
+    """Mask2Former's panoptic inference (``panoptic_inference``) for a batch, without Python loops: queries whose
+    best class is real and above ``object_mask_threshold`` compete for each pixel (score times mask probability);
+    a query's segment is its won pixels of probability >= 0.5, kept when it holds ``overlap_threshold`` of the
+    query's own mask; the queries of one stuff class share the segment of the first."""
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         outputs = self.network(self.normalize(images))
@@ -183,25 +213,44 @@ class PanopticExport(Deployable):
         area, own_area = won.flatten(2).sum(2), own.flatten(2).sum(2)
         ratio = area.double() / own_area.clamp(min=1).double()
         accepted = keep & (area > 0) & (own_area > 0) & segment.flatten(2).any(2) & (ratio >= self.network.overlap_threshold)
-        thing = self.thing[classes]
-        index = torch.arange(queries, device=owner.device)
-        # For each query, the first accepted query of its class at or before it (a stuff query's segment's owner).
-        same = (classes[:, :, None] == classes[:, None, :]) & accepted[:, None, :] & (index[None, :] <= index[:, None])
-        first = torch.where(thing, index, same.long().argmax(-1))
-        starts = accepted & (first == index)
-        ids = torch.cumsum(starts.long(), 1) * starts
-        segment_of_query = torch.where(accepted, ids.gather(1, first), 0)  # [B,Q], 0: no segment
+        segment_of_query, starts, ids = self.number_segments(classes, accepted)
         segment_ids = (segment.long() * segment_of_query[..., None, None]).sum(1)
-        slot = torch.where(starts, ids - 1, queries)  # segment i's start query goes to index i - 1
-        segment_labels = classes.new_full((classes.shape[0], queries + 1), -1).scatter(1, slot, classes)[:, :queries]
-        segment_scores = scores.new_zeros(scores.shape[0], queries + 1).scatter(1, slot, scores)[:, :queries]
-        return segment_ids, segment_labels, segment_scores
+        return segment_ids, self.per_segment(classes, starts, ids, -1), self.per_segment(scores, starts, ids, 0.0)
+
+
+class DETRPanopticExport(PanopticExport):
+    """DETR's panoptic post-processing (``heads.detr.postprocess_panoptic``) for a batch, without its loop.
+
+    Queries whose most probable class is a known real category above ``threshold`` compete for each pixel by
+    mask logit (masks upsampled 4x); segments of at most ``min_area`` pixels are dropped and their pixels
+    re-assigned. Two rounds are the eager loop exactly: dropping queries only hands their pixels to the others, so
+    every segment that survives the first round only grows, and the second round drops nothing."""
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = self.network(self.normalize(images))
+        settings = {**DETR_PANOPTIC_DEFAULTS, **self.network.postprocess_kwargs}
+        logits, height, width = outputs["pred_logits"], images.shape[-2], images.shape[-1]
+        mask_logits = nn.functional.interpolate(outputs["pred_masks"], scale_factor=4, mode="bilinear", align_corners=False)
+        mask_logits = mask_logits[..., :height, :width]  # [B,Q,H,W]
+        scores, classes = logits.softmax(-1).max(-1)  # [B,Q]
+        kept = (classes != logits.shape[-1] - 1) & (scores > settings["threshold"]) & self.known[classes]
+        for _ in range(2):
+            segment_of_query, starts, ids = self.number_segments(classes, kept)
+            owner = torch.where(kept[..., None, None], mask_logits, float("-inf")).argmax(1)  # [B,H,W]
+            segment_ids = segment_of_query.gather(1, owner.flatten(1)).view_as(owner)
+            pixels = segment_ids.flatten(1)
+            area = pixels.new_zeros(scores.shape[0], scores.shape[1] + 1).scatter_add(1, pixels, torch.ones_like(pixels))  # by segment
+            kept = kept & (area.gather(1, segment_of_query) > settings["min_area"])
+        return segment_ids, self.per_segment(classes, starts, ids, -1), self.per_segment(scores, starts, ids, 0.0)
 
 
 # What each detector's detections are made of, by its class (``DetectionModule.detector_class``).
 DETECTION_EXPORTS: dict[type[nn.Module], type[Deployable]] = {
     DETR: SoftmaxDetectionExport, DINO: SigmoidDetectionExport, RTDETR: SigmoidDetectionExport, Mask2Former: InstanceExport,
 }
+
+
+PANOPTIC_EXPORTS: dict[type[nn.Module], type[PanopticExport]] = {DETR: DETRPanopticExport, Mask2Former: Mask2FormerPanopticExport}
 
 
 def deployable(module: nn.Module, name: str = "model", is_thing: Mapping[int, bool] | None = None) -> Deployable:
@@ -221,14 +270,9 @@ def deployable(module: nn.Module, name: str = "model", is_thing: Mapping[int, bo
     if not isinstance(module, DetectionModule):
         raise ExportError(f"{name}: {type(module).__name__} is not a vision_tx task module (classification, detection, segmentation)")
     if isinstance(module, PanopticModule):
-        if module.detector_class is not Mask2Former:
-            raise ExportError(
-                f"{name}: DETR panoptic's post-processing re-assigns the pixels of small segments in a loop whose "
-                "rounds depend on the data (postprocess_panoptic); it has no export, export the detector (DetectionModule)"
-            )
         if is_thing is None:
             raise ExportError(f"{name}: a panoptic model needs is_thing (category id -> thing) to export")
-        return PanopticExport(module.model, name, is_thing).eval()
+        return PANOPTIC_EXPORTS[module.detector_class](module.model, name, is_thing).eval()
     return DETECTION_EXPORTS[module.detector_class](module.model, name).eval()
 
 

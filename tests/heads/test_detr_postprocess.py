@@ -3,6 +3,8 @@ segment maps from hand-built outputs."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -67,6 +69,9 @@ def panoptic_outputs() -> dict:
     return {"pred_logits": logits, "pred_masks": masks}
 
 
+CONFIDENT = math.exp(10) / (math.exp(10) + 8)  # a query's probability with one logit 10 among 9 zeros
+
+
 def test_panoptic_merges_stuff_crops_padding_and_resizes() -> None:
     (result,) = postprocess_panoptic(panoptic_outputs(), torch.tensor([[12, 16]]), torch.tensor([[24, 32]]), IS_THING)
     expected = torch.full((12, 16), 2)
@@ -74,8 +79,8 @@ def test_panoptic_merges_stuff_crops_padding_and_resizes() -> None:
     expected = expected.repeat_interleave(2, 0).repeat_interleave(2, 1)
     assert torch.equal(result["segment_ids"], expected)
     assert result["segments_info"] == [
-        {"id": 1, "category_id": 1, "isthing": True, "area": 256},
-        {"id": 2, "category_id": 5, "isthing": False, "area": 512},
+        {"id": 1, "category_id": 1, "isthing": True, "area": 256, "score": pytest.approx(CONFIDENT)},
+        {"id": 2, "category_id": 5, "isthing": False, "area": 512, "score": pytest.approx(CONFIDENT)},
     ]
 
 
@@ -83,7 +88,7 @@ def test_panoptic_drops_small_segments_and_reassigns_their_pixels() -> None:
     sizes = torch.tensor([[12, 16]])
     (result,) = postprocess_panoptic(panoptic_outputs(), sizes, sizes, IS_THING, min_area=64)
     assert torch.equal(result["segment_ids"], torch.ones(12, 16, dtype=torch.int64))
-    assert result["segments_info"] == [{"id": 1, "category_id": 5, "isthing": False, "area": 192}]
+    assert result["segments_info"] == [{"id": 1, "category_id": 5, "isthing": False, "area": 192, "score": pytest.approx(CONFIDENT)}]
 
 
 def test_panoptic_without_confident_queries_is_void() -> None:

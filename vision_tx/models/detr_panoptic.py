@@ -59,6 +59,11 @@ class DETRPanoptic(nn.Module):
         self.mask_head = MaskHead(hidden_dim + num_attention_heads, channels[2::-1], hidden_dim)
         self.postprocess_kwargs = dict(postprocess_kwargs or {})
 
+    @property
+    def num_classes(self) -> int:
+        """The detector's real classes (its class head adds no-object)."""
+        return self.detr.num_classes
+
     def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` bool (True on padding) -> DETR's outputs plus
         ``"pred_masks"``: mask logits ``[B,Q,H/4,W/4]`` of the last decoder layer's queries."""

@@ -117,7 +117,8 @@ def postprocess_panoptic(
     merged stuff duplicates in that second round instead of keeping their pixels with the class.)
 
     Returns per image ``{"segment_ids": int64 [H0,W0] (0: void, segments 1..N), "segments_info":
-    [{"id", "category_id", "isthing", "area"}]}``; with no query kept, the map is all void.
+    [{"id", "category_id", "isthing", "area", "score"}]}`` (a segment's score: its first query's class
+    probability); with no query kept, the map is all void.
     """
     logits, masks = outputs["pred_logits"], outputs["pred_masks"]
     for name, value in (("sizes", sizes), ("orig_sizes", orig_sizes)):
@@ -129,15 +130,17 @@ def postprocess_panoptic(
     known = torch.tensor([c in is_thing for c in classes.flatten().tolist()], dtype=torch.bool, device=classes.device)
     keep = (classes != logits.shape[-1] - 1) & (scores > threshold) & known.view_as(classes)
     return [
-        _panoptic_image(masks[b][keep[b]], classes[b][keep[b]].tolist(), sizes[b].tolist(), orig_sizes[b].tolist(), is_thing, min_area)
+        _panoptic_image(masks[b][keep[b]], classes[b][keep[b]].tolist(), scores[b][keep[b]].tolist(), sizes[b].tolist(),
+                        orig_sizes[b].tolist(), is_thing, min_area)
         for b in range(len(logits))
     ]
 
 
 def _panoptic_image(
-    mask_logits: torch.Tensor, classes: list[int], size: list[int], orig_size: list[int], is_thing: Mapping[int, bool], min_area: int
+    mask_logits: torch.Tensor, classes: list[int], scores: list[float], size: list[int], orig_size: list[int],
+    is_thing: Mapping[int, bool], min_area: int
 ) -> dict:
-    """Segment map of one image from the kept queries' ``mask_logits [K,h,w]`` and ``classes``."""
+    """Segment map of one image from the kept queries' ``mask_logits [K,h,w]``, ``classes`` and ``scores``."""
     height, width = size
     padded_size = [4 * n for n in mask_logits.shape[-2:]]
     if height > padded_size[0] or width > padded_size[1]:
@@ -147,8 +150,8 @@ def _panoptic_image(
     if classes:
         mask_logits = F.interpolate(mask_logits[None], scale_factor=4, mode="bilinear", align_corners=False)[0, :, :height, :width]
     while classes:
-        segment_of_query, categories, stuff_segment = [], [], {}
-        for category in classes:
+        segment_of_query, categories, segment_scores, stuff_segment = [], [], [], {}
+        for category, score in zip(classes, scores):
             if not is_thing[category] and category in stuff_segment:
                 segment_of_query.append(stuff_segment[category])
                 continue
@@ -156,16 +159,18 @@ def _panoptic_image(
                 stuff_segment[category] = len(categories)
             segment_of_query.append(len(categories))
             categories.append(category)
+            segment_scores.append(score)
         owner = torch.tensor(segment_of_query, device=mask_logits.device)[mask_logits.argmax(0)]
         owner = F.interpolate(owner[None, None].float(), size=orig_size, mode="nearest-exact")[0, 0].long()
         area = torch.bincount(owner.flatten(), minlength=len(categories)).tolist()
         kept_query = [area[s] > min_area for s in segment_of_query]
         if all(kept_query):
             segments_info = [
-                {"id": i + 1, "category_id": c, "isthing": bool(is_thing[c]), "area": a}
-                for i, (c, a) in enumerate(zip(categories, area))
+                {"id": i + 1, "category_id": c, "isthing": bool(is_thing[c]), "area": a, "score": score}
+                for i, (c, a, score) in enumerate(zip(categories, area, segment_scores))
             ]
             return {"segment_ids": owner + 1, "segments_info": segments_info}
         mask_logits = mask_logits[torch.tensor(kept_query, device=mask_logits.device)]
         classes = [c for c, kept in zip(classes, kept_query) if kept]
+        scores = [s for s, kept in zip(scores, kept_query) if kept]
     return {"segment_ids": torch.zeros(orig_size, dtype=torch.int64, device=mask_logits.device), "segments_info": []}
