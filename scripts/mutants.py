@@ -10,6 +10,7 @@ docs/TESTING.md).
     python scripts/mutants.py --only swin     # mutants whose name contains "swin"
     python scripts/mutants.py --list
     python scripts/mutants.py --jobs 2       # two at once, each in its own copy
+    python scripts/mutants.py --shard 1/2    # every second mutant from the first (--shard 2/2: the others)
 """
 
 from __future__ import annotations
@@ -1014,8 +1015,12 @@ def main() -> int:
     parser.add_argument("--baseline", action="store_true", help="first check that the unmutated tests pass")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mutant")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy of the checkout")
+    parser.add_argument("--shard", default="1/1", help="K/N: every N-th mutant from the K-th (N processes, or machines, share the list)")
     args = parser.parse_args()
-    mutants = [m for m in MUTANTS if args.only in m.name]
+    shard, shards = (int(n) for n in args.shard.split("/"))
+    if not 1 <= shard <= shards:
+        parser.error(f"--shard {args.shard}: K/N with 1 <= K <= N")
+    mutants = [m for m in MUTANTS if args.only in m.name][shard - 1::shards]
     if args.list:
         for mutant in mutants:
             print(f"{mutant.name:50s} {mutant.path}  ->  {' '.join(mutant.tests)}")
