@@ -8,7 +8,7 @@ normalised inside with the ImageNet mean and standard deviation the data pipelin
 the caller (the config's validation resize is what the model was trained and validated at). Its outputs, by task:
 
 - classification: ``probabilities [B,C]``, ``top_labels [B,k]`` and ``top_scores [B,k]`` (``k = min(5, C)``);
-- detection (DETR, DINO, RT-DETR): ``boxes [B,N,4]`` (absolute xyxy in pixels of the input), ``scores [B,N]``,
+- detection (DETR, DINO, RT-DETR, D-FINE): ``boxes [B,N,4]`` (absolute xyxy in pixels of the input), ``scores [B,N]``,
   ``labels [B,N]`` (category ids); a detector with per-class NMS puts its kept detections first, best first,
   and fills the rest with score 0 and label -1;
 - instance segmentation (Mask2Former): ``scores``, ``labels`` and bool ``masks [B,N,H,W]``, best first;
@@ -40,7 +40,8 @@ from vision_tx.backbones.swin import SwinBlock
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vision_tx.heads.detr.postprocess import NMS_CANDIDATES, pixel_boxes, postprocess_panoptic, sigmoid_candidates
 from vision_tx.heads.mask2former.postprocess import instance_candidates, resize_masks
-from vision_tx.models import DETR, DINO, RTDETR, Mask2Former
+from vision_tx.models import DETR, Mask2Former
+from vision_tx.models.query_detector import DeformableQueryDetector
 
 FORMATS = ("onnx", "exported_program")
 TOP_CLASSES = 5  # the classifiers' top_labels / top_scores
@@ -111,7 +112,7 @@ class SoftmaxDetectionExport(Deployable):
 
 
 class SigmoidDetectionExport(Deployable):
-    """DINO, RT-DETR: the best (query, class) pairs, through per-class NMS when the detector has it
+    """DINO, RT-DETR, D-FINE: the best (query, class) pairs, through per-class NMS when the detector has it
     (``postprocess_sigmoid_detections``)."""
 
     output_names = ("boxes", "scores", "labels")
@@ -244,9 +245,9 @@ class DETRPanopticExport(PanopticExport):
         return segment_ids, self.per_segment(classes, starts, ids, -1), self.per_segment(scores, starts, ids, 0.0)
 
 
-# What each detector's detections are made of, by its class (``DetectionModule.detector_class``).
+# What each detector's detections are made of, by its class (``DetectionModule.detector_class``) or nearest base class.
 DETECTION_EXPORTS: dict[type[nn.Module], type[Deployable]] = {
-    DETR: SoftmaxDetectionExport, DINO: SigmoidDetectionExport, RTDETR: SigmoidDetectionExport, Mask2Former: InstanceExport,
+    DETR: SoftmaxDetectionExport, DeformableQueryDetector: SigmoidDetectionExport, Mask2Former: InstanceExport,
 }
 
 
@@ -273,7 +274,10 @@ def deployable(module: nn.Module, name: str = "model", is_thing: Mapping[int, bo
         if is_thing is None:
             raise ExportError(f"{name}: a panoptic model needs is_thing (category id -> thing) to export")
         return PANOPTIC_EXPORTS[module.detector_class](module.model, name, is_thing).eval()
-    return DETECTION_EXPORTS[module.detector_class](module.model, name).eval()
+    export_class = next((DETECTION_EXPORTS[c] for c in module.detector_class.__mro__ if c in DETECTION_EXPORTS), None)
+    if export_class is None:
+        raise ExportError(f"{name}: no export for the detector {module.detector_class.__name__} (vision_tx.export.DETECTION_EXPORTS)")
+    return export_class(module.model, name).eval()
 
 
 def example_images(size: Sequence[int] = (128, 128), batch: int = 2, seed: int = 0) -> torch.Tensor:
