@@ -114,6 +114,7 @@ STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_ten
 EXPORT = "tests/test_export.py::test_exported_model_in_onnxruntime_gives_the_eager_outputs"
 EXPORT_NMS = "tests/test_export.py::test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class"
 EXPORT_NO_OBJECT = "tests/test_export.py::test_exported_detr_never_labels_a_query_no_object"
+EXPORT_TOOL_PANOPTIC = "tests/lightning/test_panoptic.py::test_export_tool_writes_the_trained_panoptic_model_with_the_datamodules_things"
 EXPORT_DETR_PANOPTIC = "tests/test_export.py::test_exported_detr_panoptic_drops_small_segments_as_the_eager_loop"
 NO_DECAY = "tests/backbones/test_no_weight_decay.py::test_every_backbone_and_classifier_names_its_exempt_parameters"
 NO_DECAY_GROUPS = "tests/lightning/test_common.py::test_param_groups_follow_no_weight_decay"
@@ -955,6 +956,8 @@ MUTANTS = [
     Mutant("export: panoptic stuff queries not merged into one segment", "vision_tx/export.py",
            "first = torch.where(self.thing[classes], index, same.long().argmax(-1))", "first = index + 0 * same.long().argmax(-1)",
            (f"{EXPORT}[mask2former_swin_toy_coco_panoptic]", EXPORT_DETR_PANOPTIC)),
+    Mutant("export tool: a panoptic model's things not read from the datamodule", "vision_tx/export.py",
+           "is_thing = datamodule.is_thing if isinstance(module, PanopticModule) else None", "is_thing = None", (EXPORT_TOOL_PANOPTIC,)),
     Mutant("export: DETR panoptic in one round (small segments neither dropped nor their pixels re-assigned)", "vision_tx/export.py",
            "for _ in range(2):", "for _ in range(1):", (EXPORT_DETR_PANOPTIC,)),
     Mutant("export: DETR panoptic keeps queries of categories the dataset does not have", "vision_tx/export.py",

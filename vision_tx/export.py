@@ -349,9 +349,11 @@ def export_checkpoint(config_args: Sequence[str], ckpt: str | Path, out: str | P
     from vision_tx.lightning.cli import config_name, resolve_config_args
     from vision_tx.lightning.inference import load_trained
 
+    from vision_tx.lightning.panoptic import PanopticModule
+
     module, datamodule = load_trained(config_args, ckpt)
     name = config_name(resolve_config_args(config_args))
-    is_thing = datamodule.is_thing if module.hparams.get("detector") == "mask2former" and hasattr(datamodule, "is_thing") else None
+    is_thing = datamodule.is_thing if isinstance(module, PanopticModule) else None
     images = example_images(size, 2 if batch is None else batch)
     return export(deployable(module, name, is_thing), out, format, images, dynamic_size, dynamic_batch=batch is None)
 
