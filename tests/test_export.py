@@ -131,6 +131,12 @@ def assert_eager_postprocessing(module: torch.nn.Module, model: Any, images: tor
 # size): every config family's model, toy-sized.
 CASES = {
     "classification_toy": ({}, (64, 96), (88, 72)),
+    # the other backbone families, narrow and shallow (NAT, ViT/DeiT and Mixer fix their size at export)
+    "nat_tiny_imagenet": ({"backbone_kwargs": {"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 2, 2], "kernel_size": 3}},
+                          (96, 128), None),
+    "deit_small_imagenet": ({"backbone_kwargs": {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 64}}, (64, 64), None),
+    "mixer_b16_imagenet": ({"backbone_kwargs": {"embed_dim": 32, "depth": 2, "img_size": 64}}, (64, 64), None),
+    "detr_r50": ({"detector": "detr_toy"}, (96, 128), (112, 84)),
     "detr_swin_toy": ({}, (96, 128), None),
     "dino_swin_toy": ({"class_scale": 1.0}, (96, 128), None),
     # its 100 queries' 300 best (query, class) pairs end in near-tied scores that float rounding reorders: the 100 best
