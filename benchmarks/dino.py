@@ -1,10 +1,13 @@
 """DINO-Swin-T training step against transformers' DeformableDetrForObjectDetection (two-stage, box refinement).
 
-Both sides train on the same Swin-T maps (strides 8, 16, 32 of 2 images of 512x640, the second padded
-on its right quarter), computed once before timing: the detector's work only, the backbone left out.
+Both sides train on the same Swin-T (strides 8, 16, 32) of 2 images of 512x640, the second padded on
+its right quarter. On the CPU its maps are computed once before timing: the detector's work only, the
+backbone left out. On a GPU (``device`` ``cuda``...) the backbone is in the step: each side trains its own
+copy of the same vision_tx Swin-T (stochastic depth 0.2), so the row is the whole model's step, in fp32.
 A step is forward, loss, backward and an AdamW step. Settings of DINO's 4-scale model on both sides:
 900 queries, 6 + 6 layers of width 256, 8 heads, 4 levels, 4 points, FFN 2048, no dropout; 91 classes,
-7 boxes per image. Rows, in interleaved rounds with the same transformers model:
+7 boxes per image. Rows, in interleaved rounds with the same transformers model (on a GPU also each
+step's peak memory):
 
 1. vision_tx in Deformable DETR mode (two-stage queries, no denoising, its position encoding, no
    decoder norm), given transformers' weights: the same computation, checked by comparing the losses
@@ -17,11 +20,12 @@ Also prints the share of vision_tx's step spent in matching + loss (the criterio
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
 
-from benchmarks.timing import Row, seconds_per_call
+from benchmarks.timing import Row, peak_bytes, seconds_per_call, synchronize
 from tests.models.test_dino import DEFORMABLE_DETR, MapsBackbone, to_transformers
 from vision_tx.backbones import build_backbone
 from vision_tx.models import DINO
@@ -31,8 +35,8 @@ SETTINGS = dict(num_queries=900, hidden_dim=256, num_heads=8, num_encoder_layers
                 dim_feedforward=2048, dropout=0.0, num_levels=4, num_points=4)
 
 
-def _batch() -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]], list[torch.Tensor]]:
-    """Images, padding mask (True on padding), normalised targets and the Swin-T maps of the images."""
+def _batch(device: str) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
+    """Images, padding mask (True on padding) and normalised targets, on ``device``."""
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(BATCH, 3, HEIGHT, WIDTH, generator=generator)
     pixel_mask = torch.zeros(BATCH, HEIGHT, WIDTH, dtype=torch.bool)
@@ -43,22 +47,20 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]],
         centres = 0.2 + 0.6 * torch.rand(BOXES_PER_IMAGE, 2, generator=generator)
         sizes = 0.05 + 0.3 * torch.rand(BOXES_PER_IMAGE, 2, generator=generator)
         labels = torch.randint(1, NUM_CLASSES, (BOXES_PER_IMAGE,), generator=generator)
-        targets.append({"labels": labels, "boxes": torch.cat([centres, sizes], 1)})
-    torch.manual_seed(0)
-    with torch.no_grad():
-        maps = list(build_backbone("swin_t", out_indices=(1, 2, 3)).eval()(images).values())
-    return images, pixel_mask, targets, maps
+        targets.append({"labels": labels.to(device), "boxes": torch.cat([centres, sizes], 1).to(device)})
+    return images.to(device), pixel_mask.to(device), targets
 
 
-def _reference_model(ours: DINO, maps: list[torch.Tensor]) -> torch.nn.Module:
-    """transformers' model with ``ours``' weights (Deformable DETR mode), reading ``maps`` as its backbone's."""
+def _reference_model(ours: DINO, backbone: torch.nn.Module) -> torch.nn.Module:
+    """transformers' model with ``ours``' weights (Deformable DETR mode) but its backbone's, reading the maps of
+    ``backbone`` (a vision_tx backbone, registered in the model: moved and trained with it)."""
     import torch.nn.functional as F
     import transformers
 
     config = transformers.DeformableDetrConfig(
         use_timm_backbone=False, use_pretrained_backbone=False,
         backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], embedding_size=8,
-                                                  hidden_sizes=[8, *(m.shape[1] for m in maps)], depths=[1, 1, 1, 1]),
+                                                  hidden_sizes=[8, *backbone.out_channels], depths=[1, 1, 1, 1]),
         num_labels=NUM_CLASSES, d_model=SETTINGS["hidden_dim"], encoder_layers=SETTINGS["num_encoder_layers"],
         decoder_layers=SETTINGS["num_decoder_layers"], encoder_attention_heads=SETTINGS["num_heads"],
         decoder_attention_heads=SETTINGS["num_heads"], encoder_ffn_dim=SETTINGS["dim_feedforward"],
@@ -68,11 +70,14 @@ def _reference_model(ours: DINO, maps: list[torch.Tensor]) -> torch.nn.Module:
         with_box_refine=True, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, auxiliary_loss=True, class_cost=2,
     )
     reference = transformers.DeformableDetrForObjectDetection(config)
-    reference.load_state_dict(to_transformers(ours.state_dict()), strict=False)
+    head_state = {k: v for k, v in ours.state_dict().items() if not k.startswith("backbone.")}
+    reference.load_state_dict(to_transformers(head_state), strict=False)
     for parameter in reference.model.backbone.parameters():
         parameter.requires_grad_(False)
+    reference.vision_tx_backbone = backbone
 
     def backbone_maps(pixel_values, pixel_mask):
+        maps = backbone(pixel_values).values()
         return [(m, F.interpolate(pixel_mask[None].float(), size=m.shape[-2:])[0].bool()) for m in maps]
 
     reference.model.backbone.forward = backbone_maps
@@ -80,29 +85,44 @@ def _reference_model(ours: DINO, maps: list[torch.Tensor]) -> torch.nn.Module:
 
 
 def _check_losses(ours: DINO, reference: torch.nn.Module, images, pixel_mask, targets, labels) -> float:
-    """The largest difference between the two sides' decoder losses (the same weights and targets)."""
+    """The largest difference between the two sides' decoder losses (the same weights and targets; the
+    backbones in eval mode, so that stochastic depth draws nothing)."""
+    backbones = (ours.backbone, reference.vision_tx_backbone)
+    for backbone in backbones:
+        backbone.eval()
     with torch.no_grad():
         outputs = ours(images, pixel_mask, targets)
         losses = ours.loss({k: v for k, v in outputs.items() if k != "enc_outputs"}, targets)
         expected = reference(images, pixel_mask=(~pixel_mask).long(), labels=labels).loss_dict
+    for backbone in backbones:
+        backbone.train()
     keys = [k for k in expected if k.startswith("loss_")]
     if len(keys) != 3 * SETTINGS["num_decoder_layers"]:
-        raise RuntimeError(f"benchmarks/dino.py: transformers returned losses {sorted(expected)}")
+        raise RuntimeError(f"{__name__}: transformers returned losses {sorted(expected)}")
     return max(abs(losses[k] - expected[k]).item() for k in keys)
 
 
 def run(device: str, quick: bool) -> list[Row]:
-    if device != "cpu":
-        raise ValueError("benchmarks/dino.py: the DINO step benchmark runs on the CPU (--device cpu)")
-    images, pixel_mask, targets, maps = _batch()
+    in_step = device.startswith("cuda")  # the backbone in the timed step (on the CPU: fixed maps)
+    images, pixel_mask, targets = _batch(device)
     labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
     torch.manual_seed(0)
-    deformable = DINO(MapsBackbone(maps), NUM_CLASSES, **SETTINGS, **DEFORMABLE_DETR).train()
-    reference = _reference_model(deformable, maps)
+    swin = build_backbone("swin_t", out_indices=(1, 2, 3)).to(device)
+    if not in_step:
+        with torch.no_grad():
+            maps = list(swin.eval()(images).values())
+
+    def backbone() -> torch.nn.Module:
+        """Each model's own backbone: a copy of ``swin`` (the same initial weights), or the fixed maps."""
+        return copy.deepcopy(swin).train() if in_step else MapsBackbone(maps)
+
+    torch.manual_seed(0)
+    deformable = DINO(backbone(), NUM_CLASSES, **SETTINGS, **DEFORMABLE_DETR).to(device).train()
+    reference = _reference_model(deformable, backbone()).to(device)
     print(f"decoder losses, vision_tx (Deformable DETR mode) vs transformers: largest difference "
           f"{_check_losses(deformable, reference, images, pixel_mask, targets, labels):.1e}", flush=True)
     torch.manual_seed(0)
-    dino = DINO(MapsBackbone(maps), NUM_CLASSES, **SETTINGS).train()
+    dino = DINO(backbone(), NUM_CLASSES, **SETTINGS).to(device).train()
 
     loss_seconds: dict[str, list[float]] = {"deformable": [], "dino": []}
 
@@ -110,8 +130,10 @@ def run(device: str, quick: bool) -> list[Row]:
         def step() -> None:
             optimizer.zero_grad(set_to_none=True)
             outputs = model(images, pixel_mask, targets)
+            synchronize(device)
             start = time.perf_counter()
             loss = model.loss(outputs, targets)["loss"]
+            synchronize(device)
             loss_seconds[name].append(time.perf_counter() - start)
             loss.backward()
             optimizer.step()
@@ -133,17 +155,19 @@ def run(device: str, quick: bool) -> list[Row]:
     iters = 1 if quick else 3  # per process
     for step in steps.values():  # a warm-up round
         step()
+    peaks = {name: peak_bytes(step, device) for name, step in steps.items()}  # None off the GPU
     for seconds in loss_seconds.values():
         seconds.clear()
     for round_index in range(iters):
         for name, step in steps.items():
             times[name].append(seconds_per_call(step, device, warmup=0, iters=1))
-        print(f"round {round_index + 1}: " + ", ".join(f"{name} {times[name][-1]:.1f} s" for name in steps), flush=True)
+        print(f"round {round_index + 1}: " + ", ".join(f"{name} {times[name][-1] * 1e3:.0f} ms" for name in steps), flush=True)
 
-    base = f"DINO-Swin-T train step b{BATCH} {HEIGHT}x{WIDTH}, fixed maps"
+    base = f"DINO-Swin-T train step b{BATCH} {HEIGHT}x{WIDTH}, {'Swin-T in the step' if in_step else 'fixed maps'}"
     rows = [
-        Row(f"{base}, Deformable DETR mode", tuple(times["deformable"]), tuple(times["reference"]), "transformers", BATCH),
-        Row(f"{base}, DINO (mixed, 100 denoising)", tuple(times["dino"]), tuple(times["reference"]), "transformers", BATCH),
+        Row(f"{base}, {label}", tuple(times[name]), tuple(times["reference"]), "transformers", BATCH,
+            ours_peak_bytes=peaks[name], reference_peak_bytes=peaks["reference"])
+        for name, label in (("deformable", "Deformable DETR mode"), ("dino", "DINO (mixed, 100 denoising)"))
     ]
     for row, name in zip(rows, ("deformable", "dino")):
         share = 100 * sum(loss_seconds[name]) / sum(times[name])

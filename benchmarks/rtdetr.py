@@ -3,7 +3,8 @@
 Both sides read the same backbone maps, computed once before timing (the detector's work only, the
 backbone left out), with the same weights (vision_tx without look forward twice, which transformers'
 port leaves out: the same computation, checked by comparing the inference outputs of moved weights first). A training
-step is forward, loss (each side draws its own denoising queries), backward and an AdamW step. Rows:
+step is forward, loss (each side draws its own denoising queries), backward and an AdamW step; in fp32
+on a GPU, which also gives each side's peak memory. Rows:
 
 1. RT-DETR-R50's head (hidden 256, 300 queries, 1 AIFI layer, 6 decoder layers, FFN 1024, 3 levels,
    4 points, 100 denoising queries, 80 classes, 7 boxes per image) on Swin-T's stride 8, 16, 32 maps
@@ -30,8 +31,8 @@ TOY = dict(
 )
 
 
-def _setting(setting: dict) -> tuple[RTDETR, torch.nn.Module, torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
-    """Our model, transformers' with its weights, images, padding mask and targets."""
+def _setting(setting: dict, device: str) -> tuple[RTDETR, torch.nn.Module, torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
+    """Our model, transformers' with its weights, images, padding mask and targets, on ``device``."""
     import transformers
 
     generator = torch.Generator().manual_seed(0)
@@ -42,11 +43,12 @@ def _setting(setting: dict) -> tuple[RTDETR, torch.nn.Module, torch.Tensor, torc
         centres = 0.2 + 0.6 * torch.rand(setting["boxes"], 2, generator=generator)
         sizes = 0.05 + 0.3 * torch.rand(setting["boxes"], 2, generator=generator)
         labels = torch.randint(0, setting["num_classes"], (setting["boxes"],), generator=generator)
-        targets.append({"labels": labels, "boxes": torch.cat([centres, sizes], 1)})
+        targets.append({"labels": labels.to(device), "boxes": torch.cat([centres, sizes], 1).to(device)})
+    images = images.to(device)
     torch.manual_seed(0)
     with torch.no_grad():
         name, kwargs = setting["backbone"]
-        maps = list(build_backbone(name, out_indices=(1, 2, 3), **kwargs).eval()(images).values())
+        maps = list(build_backbone(name, out_indices=(1, 2, 3), **kwargs).to(device).eval()(images).values())
     model = perturb_(RTDETR(MapsBackbone(maps), setting["num_classes"], look_forward_twice=False, num_blocks=3, **setting["model"]))
     decoder, encoder = model.decoder.layers[0], model.encoder
     config = transformers.RTDetrConfig(
@@ -64,15 +66,13 @@ def _setting(setting: dict) -> tuple[RTDETR, torch.nn.Module, torch.Tensor, torc
     for parameter in reference.model.backbone.parameters():
         parameter.requires_grad_(False)
     reference.model.backbone.forward = lambda pixel_values, pixel_mask: [(m, None) for m in maps]
-    return model, reference, images, torch.zeros(batch, size, size, dtype=torch.bool), targets
+    return model.to(device), reference.to(device), images, torch.zeros(batch, size, size, dtype=torch.bool, device=device), targets
 
 
 def run(device: str, quick: bool) -> list[Row]:
-    if device != "cpu":
-        raise ValueError("benchmarks/rtdetr.py: the RT-DETR benchmark runs on the CPU (--device cpu)")
     iters, rows = (1 if quick else 3), []
     for label, setting in (("RT-DETR-R50 head, Swin-T maps", PAPER), ("RT-DETR rtdetr_convnext_toy", TOY)):
-        ours, reference, images, pixel_mask, targets = _setting(setting)
+        ours, reference, images, pixel_mask, targets = _setting(setting, device)
         labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
         batch, size = setting["batch"], setting["size"]
         with torch.no_grad():
@@ -88,7 +88,7 @@ def run(device: str, quick: bool) -> list[Row]:
                     reference.eval()(images)
 
             rows.append(compare(f"{label} forward b{batch} {size}x{size}", ours_forward, reference_forward, "transformers",
-                                unit_items=batch, warmup=1, iters=iters))
+                                device=device, unit_items=batch, warmup=1, iters=iters))
         ours_optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-4)
         reference_optimizer = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=1e-4)
 
@@ -103,5 +103,5 @@ def run(device: str, quick: bool) -> list[Row]:
             reference_optimizer.step()
 
         rows.append(compare(f"{label} train step b{batch} {size}x{size}", ours_step, reference_step, "transformers",
-                            unit_items=batch, warmup=1, iters=iters))
+                            device=device, unit_items=batch, warmup=1, iters=iters))
     return rows

@@ -28,6 +28,8 @@ class Row:
     reference: str
     unit_items: int = 1  # images (or calls) per measured call, for throughput
     process_speedups: tuple[float, ...] = ()  # each process's speed-up, when merged from several
+    ours_peak_bytes: int | None = None  # peak CUDA memory allocated during one call (see peak_bytes); None off the GPU
+    reference_peak_bytes: int | None = None
 
     @property
     def ours_s(self) -> float:
@@ -47,10 +49,16 @@ class Row:
 
     @staticmethod
     def merge(rows: Sequence[Row]) -> Row:
-        """The same comparison run in several processes: all their rounds, and each one's speed-up."""
+        """The same comparison run in several processes: all their rounds, each one's speed-up and the
+        largest of their peaks (if every process measured one)."""
         first = rows[0]
+
+        def largest(peaks: list[int | None]) -> int | None:
+            return None if None in peaks else max(peaks)
+
         return Row(first.name, sum((r.ours_times for r in rows), ()), sum((r.reference_times for r in rows), ()),
-                   first.reference, first.unit_items, tuple(r.speedup for r in rows))
+                   first.reference, first.unit_items, tuple(r.speedup for r in rows),
+                   largest([r.ours_peak_bytes for r in rows]), largest([r.reference_peak_bytes for r in rows]))
 
     def format(self) -> str:
         ips = self.unit_items / self.ours_s
@@ -58,8 +66,16 @@ class Row:
         return (
             f"{self.name:<48} vision_tx {self.ours_s * 1e3:9.1f} ms ({ips:8.1f}/s)   "
             f"{self.reference:<14} {self.reference_s * 1e3:9.1f} ms ({ref_ips:8.1f}/s)   "
-            f"speed-up x{self.speedup:.2f}{self._spread()}"
+            f"speed-up x{self.speedup:.2f}{self._spread()}{self._peaks()}"
         )
+
+    def _peaks(self) -> str:
+        """Both sides' peak memory and their ratio (vision_tx / reference), where measured (on a GPU)."""
+        if self.ours_peak_bytes is None or self.reference_peak_bytes is None:
+            return ""
+        gib = 2**30
+        return (f"   peak {self.ours_peak_bytes / gib:.2f} GiB vs {self.reference_peak_bytes / gib:.2f} GiB, "
+                f"x{self.ours_peak_bytes / self.reference_peak_bytes:.2f}")
 
     def _spread(self) -> str:
         """The middle half of the per-round speed-ups (how far the machine's noise moves the ratio) and
@@ -73,21 +89,34 @@ class Row:
         return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _sync(device: str) -> None:
+def synchronize(device: str) -> None:
+    """Waits for ``device``'s queued work (a no-op off the GPU): what a wall-clock time on a GPU needs."""
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
+
+
+def peak_bytes(fn: Callable[[], object], device: str) -> int | None:
+    """The peak CUDA memory allocated on ``device`` during one call of ``fn`` (everything resident counts,
+    both sides' models included), or None off the GPU."""
+    if not device.startswith("cuda"):
+        return None
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
 
 
 def seconds_per_call(fn: Callable[[], object], device: str = "cpu", warmup: int = 2, iters: int = 5) -> float:
     """Median wall time of ``fn()`` over ``iters`` calls after ``warmup`` calls."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    synchronize(device)
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -112,14 +141,16 @@ def machine(device: str = "cpu") -> str:
 
 def compare(name: str, ours: Callable[[], object], reference: Callable[[], object], reference_name: str,
             device: str = "cpu", unit_items: int = 1, warmup: int = 2, iters: int = 5) -> Row:
-    """Times both callables, interleaved in rounds so that machine load hits both alike."""
+    """Times both callables, interleaved in rounds so that machine load hits both alike; on a GPU then
+    measures each one's peak memory over one more call (:func:`peak_bytes`)."""
     ours_t, ref_t = [], []
     for _ in range(warmup):
         ours(); reference()
     for _ in range(iters):
         ours_t.append(seconds_per_call(ours, device, warmup=0, iters=1))
         ref_t.append(seconds_per_call(reference, device, warmup=0, iters=1))
-    return Row(name, tuple(ours_t), tuple(ref_t), reference_name, unit_items)
+    return Row(name, tuple(ours_t), tuple(ref_t), reference_name, unit_items,
+               ours_peak_bytes=peak_bytes(ours, device), reference_peak_bytes=peak_bytes(reference, device))
 
 
 def classifier_training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,

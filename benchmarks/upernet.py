@@ -3,9 +3,16 @@
 Both build Swin-T (embed 96, depths 2-2-6-2, window 7) with random weights, 150 classes, and return
 logits at the input size. transformers also runs its auxiliary FCN head at inference; the second
 row times it with ``use_auxiliary_head=False`` to compare the same work.
+
+On a GPU (``device`` ``cuda``...) a third row times the whole model's training step (``train_step``; on the
+CPU it is benchmarks.train's): forward, loss with the FCN auxiliary head (weight 0.4), backward and an AdamW
+step, batch 2 at 512x512 in fp32, transformers given our weights (its Swin's separate q/k/v are our ``qkv``
+split in three), stochastic depth 0.2 on both sides; each row on a GPU also gives both sides' peak memory.
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 from transformers import SwinConfig, UperNetConfig, UperNetForSemanticSegmentation
@@ -28,6 +35,54 @@ def transformers_upernet(aux: bool, device: str, drop_path_rate: float = 0.0) ->
     return UperNetForSemanticSegmentation(config).to(device).eval()
 
 
+def to_transformers_upernet(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A vision_tx ``UperNetSegmentor(swin_t)`` state dict in transformers' ``UperNetForSemanticSegmentation`` keys."""
+    converted = {}
+    for key, value in state.items():
+        key = key.replace(".bn.", ".batch_norm.")
+        if key.startswith("backbone."):
+            key = re.sub(r"^backbone\.stem\.proj\.", "backbone.swin.embeddings.patch_embeddings.projection.", key)
+            key = re.sub(r"^backbone\.stem\.norm\.", "backbone.swin.embeddings.norm.", key)
+            key = re.sub(r"^backbone\.stages\.(\d+)\.out_norm\.", lambda m: f"backbone.hidden_states_norms.stage{int(m[1]) + 1}.", key)
+            key = re.sub(r"^backbone\.stages\.(\d+)\.downsample\.", lambda m: f"backbone.swin.encoder.layers.{int(m[1]) - 1}.downsample.", key)
+            key = key.replace("backbone.stages.", "backbone.swin.encoder.layers.")
+            for ours, theirs in (("norm1", "layernorm_before"), ("norm2", "layernorm_after"), ("attn.proj", "attention.o_proj"),
+                                 ("attn.relative_position_bias_table", "attention.relative_position_bias.relative_position_bias_table")):
+                key = key.replace(f".{ours}", f".{theirs}")
+            if ".attn.qkv." in key:
+                for name, part in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3)):
+                    converted[key.replace("attn.qkv", f"attention.{name}")] = part
+                continue
+        converted[key] = value
+    return converted
+
+
+def train_step(device: str, quick: bool, drop_path_rate: float = 0.2) -> Row:
+    """The training step row (module docstring), stochastic depth ``drop_path_rate`` on both sides."""
+    torch.manual_seed(0)
+    ours = UperNetSegmentor(build_backbone("swin_t", drop_path_rate=drop_path_rate), NUM_CLASSES).train().to(device)
+    reference = transformers_upernet(True, device, drop_path_rate=drop_path_rate).train()
+    result = reference.load_state_dict(to_transformers_upernet(ours.state_dict()), strict=False)
+    if result.unexpected_keys or set(result.missing_keys) - {"backbone.swin.layernorm.weight", "backbone.swin.layernorm.bias"}:
+        raise RuntimeError(f"{__name__}: UperNet weights do not map onto transformers': {result}")
+    images = torch.randn(2, 3, 512, 512, device=device)
+    labels = torch.randint(0, NUM_CLASSES, (2, 512, 512), device=device)
+    ours_opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (ours, reference))
+
+    def ours_step() -> None:
+        ours_opt.zero_grad(set_to_none=True)
+        ours.loss(ours(images), labels)["loss"].backward()
+        ours_opt.step()
+
+    def reference_step() -> None:
+        ref_opt.zero_grad(set_to_none=True)
+        reference(pixel_values=images, labels=labels).loss.backward()
+        ref_opt.step()
+
+    return compare("upernet swin_t + aux train step, 2x512x512", ours_step, reference_step, "transformers",
+                   device=device, unit_items=2, warmup=1, iters=2 if quick else 3)
+
+
 def run(device: str = "cpu", quick: bool = False) -> list[Row]:
     torch.manual_seed(0)
     ours = UperNetSegmentor(build_backbone("swin_t"), NUM_CLASSES).to(device).eval()
@@ -45,4 +100,6 @@ def run(device: str = "cpu", quick: bool = False) -> list[Row]:
                 label, device=device, warmup=warmup, iters=iters,
             ))
             del reference
+    if device.startswith("cuda"):
+        rows.append(train_step(device, quick))
     return rows

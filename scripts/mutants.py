@@ -137,6 +137,7 @@ SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
 TRAINING_BUDGET = "tests/lightning/test_budget.py"
 MAL = "tests/heads/test_rtdetr_criterion.py"
 CROP_PROBABILITY = "tests/data/test_transforms.py::test_crop_probability_is_the_share_of_cropped_images"
+BENCHMARK_PEAKS = "tests/test_benchmark_gpu_paths.py"
 
 
 @dataclass(frozen=True)
@@ -968,6 +969,13 @@ MUTANTS = [
     Mutant("export: classifier probabilities over the wrong axis", "vision_tx/export.py",
            "probabilities = self.network(self.normalize(images)).softmax(-1)", "probabilities = self.network(self.normalize(images)).softmax(0)",
            (f"{EXPORT}[classification_toy]",)),
+    # Benchmarks on a GPU (benchmarks/timing.py): each side's peak memory measured, kept and printed
+    Mutant("benchmark: compare drops the GPU peak memory", "benchmarks/timing.py",
+           "ours_peak_bytes=peak_bytes(ours, device), reference_peak_bytes=peak_bytes(reference, device))", ")",
+           (f"{BENCHMARK_PEAKS}::test_compare_on_cuda_measures_each_sides_peak_of_one_call",)),
+    Mutant("benchmark: rows merged over processes drop the peaks", "benchmarks/timing.py",
+           "largest([r.ours_peak_bytes for r in rows]), largest([r.reference_peak_bytes for r in rows]))", ")",
+           (f"{BENCHMARK_PEAKS}::test_peaks_survive_the_hand_off_between_processes_and_merge_to_the_largest",)),
 ]
 
 
