@@ -11,6 +11,7 @@ docs/TESTING.md).
     python scripts/mutants.py --list
     python scripts/mutants.py --jobs 2       # two at once, each in its own copy
     python scripts/mutants.py --shard 1/2    # every second mutant from the first (--shard 2/2: the others)
+    python scripts/mutants.py --shard 2/2 --slice 70:   # that shard from its 71st mutant on
 """
 
 from __future__ import annotations
@@ -1027,11 +1028,13 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mutant")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy of the checkout")
     parser.add_argument("--shard", default="1/1", help="K/N: every N-th mutant from the K-th (N processes, or machines, share the list)")
+    parser.add_argument("--slice", default=":", help="A:B: the selection's (after --only and --shard) mutants A to B-1, to resume a run")
     args = parser.parse_args()
     shard, shards = (int(n) for n in args.shard.split("/"))
     if not 1 <= shard <= shards:
         parser.error(f"--shard {args.shard}: K/N with 1 <= K <= N")
-    mutants = [m for m in MUTANTS if args.only in m.name][shard - 1::shards]
+    start, _, stop = args.slice.partition(":")
+    mutants = [m for m in MUTANTS if args.only in m.name][shard - 1::shards][int(start or 0):int(stop) if stop else None]
     if args.list:
         for mutant in mutants:
             print(f"{mutant.name:50s} {mutant.path}  ->  {' '.join(mutant.tests)}")
