@@ -142,10 +142,13 @@ CASES = {
     # its 100 queries' 300 best (query, class) pairs end in near-tied scores that float rounding reorders: the 100 best
     "rtdetr_convnext_toy": ({"class_scale": 1.0, "detector_kwargs": {**detector_kwargs("rtdetr_convnext_toy"), "num_detections": 100}},
                             (96, 128), (112, 84)),
+    # RT-DETR's encoder and backbone: their dynamic size is rtdetr_convnext_toy's case; a fixed size exports faster
     "dfine_convnext_toy": ({"class_scale": 1.0, "detector_kwargs": {**detector_kwargs("dfine_convnext_toy"), "num_detections": 100}},
-                           (96, 128), (112, 84)),
+                           (96, 128), None),
     "upernet_swin_t_ade20k": ({"backbone": "swin_toy", "backbone_kwargs": None, "head_kwargs": {"channels": 32, "aux_channels": 16}},
                               (128, 96), None),
+    "upernet_deit_s_ade20k": ({"backbone_kwargs": {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 64, "pyramid_channels": 32},
+                               "head_kwargs": {"channels": 32, "aux_channels": 16}}, (64, 64), None),  # ViT's simple pyramid
     "mask2former_swin_toy_ade20k": ({}, (96, 128), None),
     "mask2former_swin_toy_coco_instance": ({}, (96, 128), None),
     "mask2former_swin_toy_coco_panoptic": ({}, (128, 96), None),
