@@ -60,13 +60,14 @@ def run_onnx(path: Path, images: torch.Tensor) -> list[torch.Tensor]:
     return [torch.from_numpy(array) for array in session.run(None, {"images": images.numpy()})]
 
 
-def assert_outputs_close(got: list[torch.Tensor], expected: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> None:
-    """Floating outputs within ``TOLERANCE``, the others (labels, masks, segment maps) equal."""
+def assert_outputs_close(got: list[torch.Tensor], expected: tuple[torch.Tensor, ...], names: tuple[str, ...], rtol: float = 0.0) -> None:
+    """Floating outputs within ``TOLERANCE`` (plus ``rtol`` of their size: full-size pixel boxes, scripts/export_every_config.py),
+    the others (labels, masks, segment maps) equal."""
     assert len(got) == len(expected) == len(names)
     for name, a, b in zip(names, got, expected):
         assert a.shape == b.shape, f"{name}: {tuple(a.shape)} against {tuple(b.shape)}"
         if b.is_floating_point():
-            torch.testing.assert_close(a, b, rtol=0, atol=TOLERANCE, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(a, b, rtol=rtol, atol=TOLERANCE, msg=lambda m: f"{name}: {m}")
         else:
             assert torch.equal(a.to(b.dtype), b), f"{name} differs"
 
@@ -74,17 +75,19 @@ def assert_outputs_close(got: list[torch.Tensor], expected: tuple[torch.Tensor, 
 NEAR_TIE = 1e-6  # scores this close may come out of onnxruntime in either order (float rounding of a near-tie)
 
 
-def assert_detections_close(got: list[torch.Tensor], expected: tuple[torch.Tensor, ...]) -> None:
+def assert_detections_close(got: list[torch.Tensor], expected: tuple[torch.Tensor, ...], rtol: float = 0.0) -> None:
     """Detections ``(boxes, scores, labels)`` from onnxruntime against eager ones, in order up to near-ties: the scores,
     best first, within ``TOLERANCE``, and each eager detection found at a position of the same score (within
-    ``NEAR_TIE``) with its label and box; the last one may have given way to a candidate of a near-tied score."""
+    ``NEAR_TIE``) with its label and box (within ``TOLERANCE`` plus ``rtol`` of its coordinates); the last one may have
+    given way to a candidate of a near-tied score."""
     (got_boxes, got_scores, got_labels), (boxes, scores, labels) = got, expected
     torch.testing.assert_close(got_scores, scores, rtol=0, atol=TOLERANCE, msg=lambda m: f"scores: {m}")
     for b in range(len(scores)):
         last = scores[b, -1]
         for i in range(scores.shape[1]):
             same_score = (scores[b] - scores[b, i]).abs() <= NEAR_TIE
-            found = same_score & (got_labels[b] == labels[b, i]) & ((got_boxes[b] - boxes[b, i]).abs().amax(-1) <= TOLERANCE)
+            box_tolerance = TOLERANCE + rtol * boxes[b, i].abs()
+            found = same_score & (got_labels[b] == labels[b, i]) & ((got_boxes[b] - boxes[b, i]).abs() <= box_tolerance).all(-1)
             assert found.any() or (scores[b, i] - last).abs() <= NEAR_TIE, f"detection {i} of image {b} is not in onnxruntime's"
 
 
