@@ -977,6 +977,12 @@ MUTANTS = [
     Mutant("benchmark: rows merged over processes drop the peaks", "benchmarks/timing.py",
            "largest([r.ours_peak_bytes for r in rows]), largest([r.reference_peak_bytes for r in rows]))", ")",
            (f"{BENCHMARK_PEAKS}::test_peaks_survive_the_hand_off_between_processes_and_merge_to_the_largest",)),
+    Mutant("export every config: a detection must sit at its eager position", "scripts/export_every_config.py",
+           "found += bool((close & (got_labels[b] == labels[b, i])", "found += bool((close[i:i + 1] & (got_labels[b, i:i + 1] == labels[b, i])",
+           ("tests/scripts/test_export_every_config.py::test_agreement_counts_detections_found_anywhere_and_equal_pixels",)),
+    Mutant("export every config: a failed agreement passes", "scripts/export_every_config.py",
+           "    if agreement < AGREEMENT:", "    if agreement < 0:",
+           ("tests/scripts/test_export_every_config.py::test_a_config_whose_onnx_outputs_disagree_fails",)),
 ]
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import runpy
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -15,6 +17,14 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 def script() -> dict[str, Any]:
     return runpy.run_path(str(SCRIPTS / "export_every_config.py"))
+
+
+def script_module() -> ModuleType:
+    """The script as a module, so that a test can replace what its functions call."""
+    spec = importlib.util.spec_from_file_location("export_every_config", SCRIPTS / "export_every_config.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_each_task_gets_its_datasets_class_count_and_size() -> None:
@@ -54,3 +64,45 @@ def test_an_unknown_config_name_is_refused_before_any_export(monkeypatch: pytest
     assert exited.value.code == 2
     captured = capsys.readouterr()
     assert "no config named 'no_such_config'" in captured.err and "ok " not in captured.out
+
+
+def test_agreement_counts_detections_found_anywhere_and_equal_pixels() -> None:
+    """Two eager detections, onnxruntime's in the other order with one box moved by 1e-3: half found; a segment map
+    with one pixel of 200 changed: 99.5% agree."""
+    import torch
+
+    from vision_tx.export import DETRPanopticExport, SoftmaxDetectionExport
+
+    names = script()
+    detector = SoftmaxDetectionExport.__new__(SoftmaxDetectionExport)  # only its class and output names are read
+    boxes = torch.tensor([[[10.0, 20.0, 30.0, 40.0], [500.0, 300.0, 600.0, 400.0]]])
+    scores, labels = torch.tensor([[0.9, 0.5]]), torch.tensor([[1, 2]])
+    moved = boxes.flip(1).clone()
+    moved[0, 0, 0] += 1e-3  # the second eager box, now first
+    assert names["outputs_agreement"](detector, [boxes.flip(1), scores.flip(1), labels.flip(1)], (boxes, scores, labels)) == 1.0
+    assert names["outputs_agreement"](detector, [moved, scores.flip(1), labels.flip(1)], (boxes, scores, labels)) == 0.5
+    within_rtol = boxes.clone()
+    within_rtol[0, 1, 0] += 4e-4  # 500 px: within 1e-4 + 1e-6 * 500
+    assert names["outputs_agreement"](detector, [within_rtol, scores, labels], (boxes, scores, labels)) == 1.0
+
+    panoptic = DETRPanopticExport.__new__(DETRPanopticExport)
+    segments = torch.zeros(1, 10, 20, dtype=torch.long)
+    changed = segments.clone()
+    changed[0, 3, 4] = 1
+    segment_labels, segment_scores = torch.tensor([[1, -1]]), torch.tensor([[0.8, 0.0]])
+    got = [changed, segment_labels, segment_scores]
+    assert names["outputs_agreement"](panoptic, got, (segments, segment_labels, segment_scores)) == pytest.approx(0.995)
+
+
+def test_a_config_whose_onnx_outputs_disagree_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime's top labels all shifted by one: 0% agree, the config fails with the fraction."""
+    module = script_module()
+    run_onnx = module.run_onnx
+
+    def shifted(path: Path, images: Any) -> list[Any]:
+        probabilities, top_labels, top_scores = run_onnx(path, images)
+        return [probabilities, top_labels + 1, top_scores]
+
+    monkeypatch.setattr(module, "run_onnx", shifted)
+    with pytest.raises(AssertionError, match=r"onnxruntime agrees with eager on 0.00% of the outputs \(at least 99% needed\)"):
+        module.check_config("classification_toy", tmp_path)
