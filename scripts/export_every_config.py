@@ -12,9 +12,12 @@ batches 1 and 2 of other random images, against the eager wrapper. First with th
 floating outputs within 1e-4, plus 1e-6 of the value here, as pixel boxes at 640 px are float32 to 6e-5; the others
 equal; detections up to near-tied scores): "exact". Random full-size models have more near-ties than float rounding
 leaves alone (queries alike, two-stage top-k over thousands of proposals, pixels between two alike masks), so a config
-passes when at least 99% of each output agrees: eager detections found in onnxruntime's (label, score, box), labels
-and pixels equal, floats within tolerance. The export logic itself is held exactly by the tests on toy-sized models
-of every family.
+passes when at least 99% of each output agrees: eager detections found in onnxruntime's (label, score, box), panoptic
+pixels in the same segment (whatever its number), labels and pixels equal, floats within tolerance. Below 99%, the
+network alone (its outputs before any post-processing) is exported and compared: within 1e-4, the difference lies in
+near-ties the post-processing decides (perturbed DETR panoptic's 100 masks differ by about 1e-6 from query to query,
+less than float rounding), and the config passes, reported as such; otherwise it fails. The export logic itself is held
+exactly by the tests on toy-sized models of every family.
 
     python scripts/export_every_config.py --out runs/export_every_config.json
     python scripts/export_every_config.py --only dino_swin_l upernet_swin_b_ade20k
@@ -44,7 +47,8 @@ import yaml  # noqa: E402
 
 from tests.test_export import (IS_THING, TOLERANCE, assert_detections_close, assert_outputs_close,  # noqa: E402
                                build_task, run_onnx)
-from vision_tx.export import SigmoidDetectionExport, SoftmaxDetectionExport, deployable, example_images, export  # noqa: E402
+from vision_tx.export import (Deployable, PanopticExport, SigmoidDetectionExport, SoftmaxDetectionExport,  # noqa: E402
+                               deployable, example_images, export)
 from vision_tx.lightning.cli import resolve_config  # noqa: E402
 
 SIGMOID_DETECTORS = ("dino", "rtdetr", "dfine")  # detector names whose class logits stay as they are (see build_task)
@@ -82,10 +86,28 @@ def detections_found(got: list[torch.Tensor], expected: tuple[torch.Tensor, ...]
     return found / max(total, 1)
 
 
+def segments_found(got: list[torch.Tensor], expected: tuple[torch.Tensor, ...]) -> float:
+    """The fraction of pixels whose panoptic segment onnxruntime also gives, whatever its number: each eager segment
+    is paired with the onnxruntime segment of the same label that holds most of its pixels (a segment dropped or kept
+    at a near-tie renumbers all the later ones)."""
+    (got_ids, got_labels, _), (ids, labels, _) = got, expected
+    found = 0
+    for b in range(len(ids)):
+        count = int(max(ids[b].max(), got_ids[b].max())) + 1
+        pairs = torch.bincount((ids[b] * count + got_ids[b]).flatten(), minlength=count * count).view(count, count)
+        label = torch.cat([torch.tensor([-1]), labels[b]])[:count]  # segment 0 (no segment): label -1
+        got_label = torch.cat([torch.tensor([-1]), got_labels[b]])[:count]
+        found += int((pairs * (label[:, None] == got_label[None, :])).amax(1).sum())
+    return found / ids.numel()
+
+
 def outputs_agreement(model: torch.nn.Module, got: list[torch.Tensor], expected: tuple[torch.Tensor, ...]) -> float:
-    """The smallest agreement over ``model``'s outputs: detections found (:func:`detections_found`), and for every other
-    output the fraction of its elements equal (integers: labels, masks, segment maps) or within 1e-4 plus ``RTOL``."""
+    """The smallest agreement over ``model``'s outputs: detections found (:func:`detections_found`), panoptic pixels
+    in the same segment (:func:`segments_found`), and for every other output the fraction of its elements equal
+    (integers: labels, masks, segment maps) or within 1e-4 plus ``RTOL``."""
     named = dict(zip(model.output_names, got))
+    if isinstance(model, PanopticExport):
+        return segments_found(got, expected)
     fractions = [detections_found([named[n] for n in DETECTION_OUTPUTS], expected)] if isinstance(
         model, (SoftmaxDetectionExport, SigmoidDetectionExport)) else []
     for name, b in zip(model.output_names, expected):
@@ -95,6 +117,32 @@ def outputs_agreement(model: torch.nn.Module, got: list[torch.Tensor], expected:
         close = (a - b).abs() <= TOLERANCE + RTOL * b.abs() if b.is_floating_point() else a == b
         fractions.append(close.float().mean().item() if close.numel() else 1.0)
     return min(fractions)
+
+
+class NetworkOutputs(Deployable):
+    """The network of an exportable model without its post-processing: its output tensors (a dict's in key order)."""
+
+    def __init__(self, network: torch.nn.Module, name: str, names: tuple[str, ...]) -> None:
+        super().__init__(network, name)
+        self.output_names = names
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = self.network(self.normalize(images))
+        return tuple(outputs[name] for name in self.output_names) if isinstance(outputs, dict) else (outputs,)
+
+
+def network_outputs_difference(model: Deployable, size: tuple[int, int], path: Path) -> float:
+    """The largest difference between onnxruntime and eager on ``model``'s network outputs (its top-level tensors),
+    exported at ``size``, on one image, beyond ``RTOL`` of their size."""
+    images = example_images(size, 1, seed=11)
+    with torch.no_grad():
+        outputs = model.network(model.normalize(images))
+    names = tuple(k for k, v in outputs.items() if isinstance(v, torch.Tensor)) if isinstance(outputs, dict) else ("output",)
+    network = NetworkOutputs(model.network, model.name, names).eval()
+    info = export(network, path, "onnx", images, dynamic_size=False, dynamic_batch=False)
+    with torch.no_grad():
+        expected = network(images)
+    return max(((a - b).abs() - RTOL * b.abs()).max().item() for a, b in zip(run_onnx(info["path"], images), expected))
 
 
 def check_config(config: str, folder: Path) -> dict[str, Any]:
@@ -123,12 +171,26 @@ def check_config(config: str, folder: Path) -> dict[str, Any]:
             strict = False
         agreement = min(agreement, outputs_agreement(model, got, ours))
         largest = max([largest, *((a - b).abs().max().item() for a, b in zip(got, ours) if b.is_floating_point() and b.numel())])
-    if agreement < AGREEMENT:
-        raise AssertionError(f"onnxruntime agrees with eager on {agreement:.2%} of the outputs (at least {AGREEMENT:.0%} needed)")
+    network_difference = None
+    if agreement < AGREEMENT:  # near-ties, or a wrong export? The network's own outputs, before any post-processing, decide
+        network_difference = network_outputs_difference(model, size, folder / f"{config}_network.onnx")
+        if network_difference > TOLERANCE:
+            raise AssertionError(f"onnxruntime agrees with eager on {agreement:.2%} of the outputs (at least {AGREEMENT:.0%} "
+                                 f"needed), and the network's own outputs differ by {network_difference:.1e}")
     return {"config": config, "model": type(model).__name__, "classes": num_classes, "size": list(size),
             "parameters_m": round(parameters / 1e6, 1), "export_s": round(export_seconds, 1),
             "onnx_mb": round(info["path"].stat().st_size / 2**20, 1), "dims": info["dims"], "largest_difference": largest,
-            "strict": strict, "agreement": agreement, "ok": True}
+            "strict": strict, "agreement": agreement, "network_difference": network_difference, "ok": True}
+
+
+def outcome(result: dict[str, Any]) -> str:
+    """How a passing config's outputs compared: exactly, on 99% or more, or only before post-processing."""
+    if result["strict"]:
+        return "exact"
+    if result["network_difference"] is None:
+        return f"agrees on {result['agreement']:.2%}"
+    return (f"network outputs within {result['network_difference']:.0e}, post-processed at near-ties "
+            f"(agrees on {result['agreement']:.2%})")
 
 
 def main() -> None:
@@ -157,7 +219,7 @@ def main() -> None:
             if result["ok"]:
                 print(f"ok   {config:36s} {result['model']:26s} {result['parameters_m']:6.1f} M  {result['size'][0]}x{result['size'][1]}  "
                       f"export {result['export_s']:6.1f} s  {result['onnx_mb']:6.1f} MB  "
-                      f"{'exact' if result['strict'] else 'agrees on ' + format(result['agreement'], '.2%')}, largest difference "
+                      f"{outcome(result)}, largest difference "
                       f"{result['largest_difference']:.1e}  ({result['total_s']:.0f} s)", flush=True)
             else:
                 print(f"FAIL {config:36s} {' | '.join(line for line in result['error'].splitlines() if line.strip())}", flush=True)

@@ -114,6 +114,7 @@ IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
 EXPORT = "tests/test_export.py::test_exported_model_in_onnxruntime_gives_the_eager_outputs"
 EXPORT_NMS = "tests/test_export.py::test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class"
+EXPORT_EVERY = "tests/scripts/test_export_every_config.py"
 EXPORT_NO_OBJECT = "tests/test_export.py::test_exported_detr_never_labels_a_query_no_object"
 EXPORT_TOOL_PANOPTIC = "tests/lightning/test_panoptic.py::test_export_tool_writes_the_trained_panoptic_model_with_the_datamodules_things"
 EXPORT_DETR_PANOPTIC = "tests/test_export.py::test_exported_detr_panoptic_drops_small_segments_as_the_eager_loop"
@@ -979,10 +980,16 @@ MUTANTS = [
            (f"{BENCHMARK_PEAKS}::test_peaks_survive_the_hand_off_between_processes_and_merge_to_the_largest",)),
     Mutant("export every config: a detection must sit at its eager position", "scripts/export_every_config.py",
            "found += bool((close & (got_labels[b] == labels[b, i])", "found += bool((close[i:i + 1] & (got_labels[b, i:i + 1] == labels[b, i])",
-           ("tests/scripts/test_export_every_config.py::test_agreement_counts_detections_found_anywhere_and_equal_pixels",)),
+           (f"{EXPORT_EVERY}::test_agreement_counts_detections_found_anywhere_and_equal_pixels",)),
+    Mutant("export every config: panoptic segments compared by their numbers", "scripts/export_every_config.py",
+           "found += int((pairs * (label[:, None] == got_label[None, :])).amax(1).sum())", "found += int(pairs.diagonal().sum())",
+           (f"{EXPORT_EVERY}::test_panoptic_agreement_pairs_segments_whatever_their_numbers",)),
     Mutant("export every config: a failed agreement passes", "scripts/export_every_config.py",
-           "    if agreement < AGREEMENT:", "    if agreement < 0:",
-           ("tests/scripts/test_export_every_config.py::test_a_config_whose_onnx_outputs_disagree_fails",)),
+           "        if network_difference > TOLERANCE:", "        if network_difference > 10:",
+           (f"{EXPORT_EVERY}::test_a_config_whose_onnx_outputs_disagree_fails_unless_its_network_outputs_agree",)),
+    Mutant("export every config: a disagreement is never checked on the network", "scripts/export_every_config.py",
+           "    if agreement < AGREEMENT:  # near-ties", "    if agreement < 0:  # near-ties",
+           (f"{EXPORT_EVERY}::test_a_config_whose_onnx_outputs_disagree_fails_unless_its_network_outputs_agree",)),
 ]
 
 

@@ -94,15 +94,44 @@ def test_agreement_counts_detections_found_anywhere_and_equal_pixels() -> None:
     assert names["outputs_agreement"](panoptic, got, (segments, segment_labels, segment_scores)) == pytest.approx(0.995)
 
 
-def test_a_config_whose_onnx_outputs_disagree_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """onnxruntime's top labels all shifted by one: 0% agree, the config fails with the fraction."""
+def test_a_config_whose_onnx_outputs_disagree_fails_unless_its_network_outputs_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime's top labels shifted by one: 0% agree; the network's own outputs (logits) still agree, so the config
+    passes as post-processed at near-ties. Its logits shifted too: it fails, with both figures."""
     module = script_module()
     run_onnx = module.run_onnx
 
-    def shifted(path: Path, images: Any) -> list[Any]:
-        probabilities, top_labels, top_scores = run_onnx(path, images)
-        return [probabilities, top_labels + 1, top_scores]
+    def shifted(logits_too: bool) -> Any:
+        def run(path: Path, images: Any) -> list[Any]:
+            outputs = run_onnx(path, images)
+            if len(outputs) == 1:  # the network alone: its logits
+                return [outputs[0] + 1] if logits_too else outputs
+            probabilities, top_labels, top_scores = outputs
+            return [probabilities, top_labels + 1, top_scores]
+        return run
 
-    monkeypatch.setattr(module, "run_onnx", shifted)
-    with pytest.raises(AssertionError, match=r"onnxruntime agrees with eager on 0.00% of the outputs \(at least 99% needed\)"):
+    monkeypatch.setattr(module, "run_onnx", shifted(logits_too=False))
+    result = module.check_config("classification_toy", tmp_path)
+    assert result["ok"] and not result["strict"] and result["agreement"] == 0.0 and result["network_difference"] < 1e-4
+    assert module.outcome(result).startswith("network outputs within") and "(agrees on 0.00%)" in module.outcome(result)
+    monkeypatch.setattr(module, "run_onnx", shifted(logits_too=True))
+    with pytest.raises(AssertionError, match=r"agrees with eager on 0.00% of the outputs \(at least 99% needed\), and the "
+                                             r"network's own outputs differ by 1.0e\+00"):
         module.check_config("classification_toy", tmp_path)
+
+
+def test_panoptic_agreement_pairs_segments_whatever_their_numbers() -> None:
+    """Segments 1 (label 5) and 2 (label 7) numbered the other way round by onnxruntime: all pixels agree; the same
+    numbers with the labels swapped: only the unlabelled pixels agree."""
+    import torch
+
+    from vision_tx.export import DETRPanopticExport
+
+    panoptic = DETRPanopticExport.__new__(DETRPanopticExport)
+    ids = torch.zeros(1, 4, 5, dtype=torch.long)
+    ids[0, :2] = 1
+    ids[0, 2:, :3] = 2  # 10 pixels of segment 1, 6 of segment 2, 4 without a segment
+    labels, scores = torch.tensor([[5, 7, -1]]), torch.tensor([[0.9, 0.8, 0.0]])
+    renumbered = torch.where(ids == 1, 2, torch.where(ids == 2, 1, ids))
+    agreement = script()["outputs_agreement"]
+    assert agreement(panoptic, [renumbered, torch.tensor([[7, 5, -1]]), scores], (ids, labels, scores)) == 1.0
+    assert agreement(panoptic, [ids, torch.tensor([[7, 5, -1]]), scores], (ids, labels, scores)) == pytest.approx(4 / 20)
