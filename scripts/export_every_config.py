@@ -69,8 +69,8 @@ def task_setting(config: str) -> tuple[int, dict[int, bool] | None, tuple[int, i
     if task == "segmentation":
         return 150, None, (512, 512)
     if task == "panoptic":
-        return 201, COCO_PANOPTIC_IS_THING, (512, 640)
-    return 91, None, (512, 640)  # COCO detection and instances
+        return 201, COCO_PANOPTIC_IS_THING, (384, 512)
+    return 91, None, (384, 512)  # COCO detection and instances
 
 
 def detections_found(got: list[torch.Tensor], expected: tuple[torch.Tensor, ...]) -> float:

@@ -31,7 +31,7 @@ def test_each_task_gets_its_datasets_class_count_and_size() -> None:
     task_setting = script()["task_setting"]
     assert task_setting("swin_t_imagenet") == (1000, None, (224, 224))
     assert task_setting("upernet_swin_t_ade20k") == (150, None, (512, 512))
-    assert task_setting("dino_swin_l") == (91, None, (512, 640))
+    assert task_setting("dino_swin_l") == (91, None, (384, 512))
     classes, is_thing, _ = task_setting("mask2former_swin_t_coco_panoptic")
     assert classes == 201 and is_thing[90] and not is_thing[91] and len(is_thing) == 200
     assert task_setting("rtdetr_convnext_toy")[0] == 4

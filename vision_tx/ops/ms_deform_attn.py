@@ -141,6 +141,9 @@ class _BilinearRowSum(torch.autograd.Function):
         index = (top_left[..., None] + corner_offsets).flatten(1)  # [N, M*4]
         corner_weights = _corner_weights(frac, weight).to(table.dtype)  # [N, M, 4]
         ctx.save_for_backward(table, top_left, corner_offsets, index, corner_weights, frac, weight)
+        if torch.compiler.is_exporting():  # ONNX has no EmbeddingBag: its translation loops over the N bags one by one
+            rows = table.index_select(0, index.flatten()).view(*index.shape, table.shape[1])  # [N, M*4, D]
+            return (rows * corner_weights.flatten(1)[..., None]).sum(1)
         return F.embedding_bag(index, table, mode="sum", per_sample_weights=corner_weights.flatten(1))
 
     @staticmethod
