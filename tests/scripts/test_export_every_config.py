@@ -112,10 +112,10 @@ def test_a_config_whose_onnx_outputs_disagree_fails_unless_its_network_outputs_a
     monkeypatch.setattr(module, "run_onnx", shifted(logits_too=False))
     result = module.check_config("classification_toy", tmp_path)
     assert result["ok"] and not result["strict"] and result["agreement"] == 0.0 and result["network_difference"] < 1e-4
-    assert module.outcome(result).startswith("network outputs within") and "(agrees on 0.00%)" in module.outcome(result)
+    assert module.outcome(result).startswith("network outputs (output) within") and "(agrees on 0.00%)" in module.outcome(result)
     monkeypatch.setattr(module, "run_onnx", shifted(logits_too=True))
     with pytest.raises(AssertionError, match=r"agrees with eager on 0.00% of the outputs \(at least 99% needed\), and the "
-                                             r"network's own outputs differ by 1.0e\+00"):
+                                             r"network's own outputs \(output\) differ by 1.0e\+00"):
         module.check_config("classification_toy", tmp_path)
 
 
