@@ -105,9 +105,9 @@ def outputs_agreement(model: torch.nn.Module, got: list[torch.Tensor], expected:
     """The smallest agreement over ``model``'s outputs: detections found (:func:`detections_found`), panoptic pixels
     in the same segment (:func:`segments_found`), and for every other output the fraction of its elements equal
     (integers: labels, masks, segment maps) or within 1e-4 plus ``RTOL``."""
-    named = dict(zip(model.output_names, got))
     if isinstance(model, PanopticExport):
         return segments_found(got, expected)
+    named = dict(zip(model.output_names, got))
     fractions = [detections_found([named[n] for n in DETECTION_OUTPUTS], expected)] if isinstance(
         model, (SoftmaxDetectionExport, SigmoidDetectionExport)) else []
     for name, b in zip(model.output_names, expected):
