@@ -91,9 +91,9 @@ def test_batchnorm_is_synced_only_over_several_gpu_processes(world_size: int, de
     assert not isinstance(sync_batchnorm_where_supported(_Task(), model())[1], torch.nn.SyncBatchNorm)  # no trainer
 
 
-def _task_modules(decay: bool) -> list[LightningModule]:
+def _task_modules(decay: bool, precision: str = "32-true") -> list[LightningModule]:
     """A small module of each task with ``decay_norms_and_biases=decay``, its model built, attached to a
-    stand-in trainer of 10 steps (what their schedules read)."""
+    stand-in trainer of 10 steps at ``precision`` (what their schedules and optimisers read)."""
     from vision_tx.lightning.classification import ClassificationModule
     from vision_tx.lightning.detection import DetectionModule
     from vision_tx.lightning.segmentation import SegmentationModule
@@ -107,7 +107,7 @@ def _task_modules(decay: bool) -> list[LightningModule]:
     ]
     for module in modules:
         module._trainer = SimpleNamespace(
-            estimated_stepping_batches=10, world_size=1, accumulate_grad_batches=1, num_training_batches=10,
+            precision=precision, estimated_stepping_batches=10, world_size=1, accumulate_grad_batches=1, num_training_batches=10,
             datamodule=SimpleNamespace(hparams=SimpleNamespace(batch_size=8)), fit_loop=SimpleNamespace(setup_data=lambda: None),
         )
         module.configure_model()
@@ -123,3 +123,12 @@ def test_every_task_decays_norms_and_biases_as_its_option_says(decay: bool) -> N
         undecayed = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0.0 for p in g["params"]}
         exempt = {id(p) for name, p in module.model.named_parameters() if name in module.model.no_weight_decay()}
         assert exempt and undecayed == (set() if decay else exempt), type(module).__name__
+
+
+@pytest.mark.parametrize(("precision", "fused"), [("32-true", True), ("bf16-mixed", True), ("16-mixed", False)])
+def test_every_task_fuses_adamw_unless_lightning_scales_the_gradients(precision: str, fused: bool) -> None:
+    """One fused AdamW kernel on the CPU; under ``16-mixed`` the loop over parameters, since Lightning will not clip
+    the gradients of an optimiser that unscales them itself."""
+    for module in _task_modules(True, precision):
+        optimizer = module.configure_optimizers()["optimizer"]
+        assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is fused, type(module).__name__

@@ -23,7 +23,7 @@ from vision_tx.backbones import build_classifier, load_weights
 from vision_tx.checkpoint import read_checkpoint, unwrap_state_dict
 from vision_tx.io import merge_metrics_json
 from vision_tx.visualize import denormalize
-from vision_tx.lightning.common import is_fitting, param_groups
+from vision_tx.lightning.common import adamw, is_fitting, param_groups
 from vision_tx.lightning.task import TaskModule
 from vision_tx.visualize import draw_confusion, draw_top_classes, save_grid
 
@@ -206,7 +206,7 @@ class ClassificationModule(TaskModule):
         datamodule = self.trainer.datamodule
         global_batch = datamodule.hparams.batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
         lr = hp.lr * global_batch / hp.lr_batch_size
-        optimizer = torch.optim.AdamW(param_groups(self.model, lr, hp.weight_decay, decay_norms_and_biases=hp.decay_norms_and_biases), lr=lr, betas=hp.betas)
+        optimizer = adamw(self, param_groups(self.model, lr, hp.weight_decay, decay_norms_and_biases=hp.decay_norms_and_biases), lr=lr, betas=hp.betas)
         total = int(self.trainer.estimated_stepping_batches)
         self.trainer.fit_loop.setup_data()  # with max_steps alone, the estimate above leaves the batches per epoch unknown
         steps_per_epoch = max(self.trainer.num_training_batches // self.trainer.accumulate_grad_batches, 1)

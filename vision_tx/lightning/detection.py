@@ -12,7 +12,7 @@ from torchvision import tv_tensors
 
 from vision_tx.attention import detector_attention_pictures
 from vision_tx.backbones import load_weights
-from vision_tx.lightning.common import build_task_backbone, is_fitting, param_groups
+from vision_tx.lightning.common import adamw, build_task_backbone, is_fitting, param_groups
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.coco import CLASSWISE_COLUMNS, CocoEvaluator
@@ -170,7 +170,7 @@ class DetectionModule(TaskModule):
         hp = self.hparams
         groups = param_groups(self.model, hp.lr, hp.weight_decay, backbone_lr=hp.backbone_lr,
                               decay_norms_and_biases=hp.decay_norms_and_biases, backbone_prefix=self.backbone_prefix)
-        optimizer = torch.optim.AdamW(groups)
+        optimizer = adamw(self, groups)
         if hp.lr_drop_steps is None:
             schedule, interval = torch.optim.lr_scheduler.StepLR(optimizer, hp.lr_drop_epochs, gamma=0.1), "epoch"
         else:

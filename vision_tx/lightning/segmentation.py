@@ -15,7 +15,7 @@ from torchvision import tv_tensors
 from vision_tx.backbones import load_weights
 from vision_tx.data.segmentation import ValTransform
 from vision_tx.io import merge_metrics_json
-from vision_tx.lightning.common import build_task_backbone, is_fitting, param_groups, sync_batchnorm_where_supported
+from vision_tx.lightning.common import adamw, build_task_backbone, is_fitting, param_groups, sync_batchnorm_where_supported
 from vision_tx.visualize import denormalize
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
@@ -156,7 +156,7 @@ class SegmentationModule(TaskModule):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         groups = param_groups(self.model, hp.lr, hp.weight_decay, decay_norms_and_biases=hp.decay_norms_and_biases)
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=hp.betas)
+        optimizer = adamw(self, groups, lr=hp.lr, betas=hp.betas)
         total = int(self.trainer.estimated_stepping_batches)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: warmup_poly_factor(step, total, hp.warmup_iters, hp.warmup_ratio, hp.poly_power)
