@@ -121,6 +121,7 @@ EXPORT_DETR_PANOPTIC = "tests/test_export.py::test_exported_detr_panoptic_drops_
 NO_DECAY = "tests/backbones/test_no_weight_decay.py::test_every_backbone_and_classifier_names_its_exempt_parameters"
 NO_DECAY_GROUPS = "tests/lightning/test_common.py::test_param_groups_follow_no_weight_decay"
 TASK_DECAY = "tests/lightning/test_common.py::test_every_task_decays_norms_and_biases_as_its_option_says"
+FUSED_ADAMW = "tests/lightning/test_common.py::test_every_task_fuses_adamw_unless_lightning_scales_the_gradients"
 SHAPES = "tests/scripts/test_make_shapes_dataset.py::test_plain_backgrounds_are_one_colour_and_textured_ones_are_not"
 MOSAIC = "tests/data/test_mosaic.py"
 M2F = "tests/models/test_mask2former.py::test_pixel_decoder_and_every_prediction_match_transformers"
@@ -925,6 +926,10 @@ MUTANTS = [
            "decay_norms_and_biases=hp.decay_norms_and_biases)", "decay_norms_and_biases=False)", (TASK_DECAY,)),
     Mutant("no weight decay: classification ignores the recipe's option", "vision_tx/lightning/classification.py",
            "decay_norms_and_biases=hp.decay_norms_and_biases)", "decay_norms_and_biases=False)", (TASK_DECAY,)),
+    Mutant("fused AdamW: fused under 16-mixed too, where Lightning refuses to clip", "vision_tx/lightning/common.py",
+           'and precision != "16-mixed"', "", (FUSED_ADAMW,)),
+    Mutant("fused AdamW: detection builds the loop over parameters", "vision_tx/lightning/detection.py",
+           "optimizer = adamw(self, groups)", "optimizer = torch.optim.AdamW(groups)", (FUSED_ADAMW,)),
     # Packaging: the configs travel in the wheel
     Mutant("install: the configs left out of the wheel", "pyproject.toml",
            'vision_tx = ["configs/*.yaml"]', "vision_tx = []", ("tests/test_install.py",)),
