@@ -127,6 +127,19 @@ def test_the_scripts_check_fails_on_a_label_off_by_a_pixel(script: dict[str, Any
         script["check_round_trip"](root, broken)
 
 
+def test_boxes_of_a_class_sharing_a_coordinate_are_paired_by_position_not_by_order(script: dict[str, Any]) -> None:
+    # Two stars of one image at x = 50 (as in make_shapes_dataset.py --seed 7 --kinds 5): read back at 50 + 1e-9
+    # and 50 - 1e-9, sorting would pair each with the other and report their 99 px apart.
+    truth = [{"image_id": 93, "category_id": 23, "bbox": [50, 69, 69, 105]}, {"image_id": 93, "category_id": 23, "bbox": [50, 168, 54, 38]}]
+    back = [{**truth[0], "bbox": [50 + 1e-9, 69, 69, 105]}, {**truth[1], "bbox": [50 - 1e-9, 168, 54, 38]}]
+    assert script["worst_box_error"](truth, back) == pytest.approx(1e-9, abs=1e-12)
+    moved = [back[0], {**truth[1], "bbox": [50, 168, 54, 39]}]
+    assert script["worst_box_error"](truth, moved) == pytest.approx(1.0)
+    assert script["worst_box_error"](truth, back[:1]) is None
+    assert script["worst_box_error"](truth, [back[0], {**back[1], "category_id": 4}]) is None
+    assert script["worst_box_error"](truth, [back[0], {**back[1], "image_id": 94}]) is None
+
+
 def test_predictions_map_back_to_category_ids_and_xywh(script: dict[str, Any]) -> None:
     results = script["coco_results"](7, [[10.0, 20.0, 40.0, 25.5]], [2.0], [0.25], [4, 11, 23])
     assert results == [{"image_id": 7, "category_id": 23, "score": 0.25, "bbox": [10.0, 20.0, 30.0, 5.5]}]
