@@ -28,8 +28,9 @@ DejaVu Sans, its settings (no hub, no online checks, no TensorBoard) live in OUT
     python scripts/compare_detection.py /tmp/shapes_a --budget-seconds 180 --seed 1
     python scripts/compare_detection.py /tmp/shapes_a --config detr_swin_toy -- --model.lr 2e-4  # after --: vision_tx options
 
-Prints the COCO tables side by side with the training wall-clock, CPU seconds, images seen and
-images per second of each, the CPU and the versions; writes all of it to OUT/comparison.json.
+Prints the COCO tables side by side, with AP and AP50 of the same detections with every class merged
+into one (which part of a gap is the boxes, which the classes), the training wall-clock, CPU seconds,
+images seen and images per second of each, the CPU and the versions; writes all of it to OUT/comparison.json.
 """
 
 from __future__ import annotations
@@ -150,9 +151,10 @@ def labels_as_results(root: Path, yolo_root: Path, split: str) -> list[dict[str,
     return results
 
 
-def coco_stats(gt_file: Path, results: list[dict[str, Any]]) -> dict[str, float]:
+def coco_stats(gt_file: Path, results: list[dict[str, Any]], classes: bool = True) -> dict[str, float]:
     """pycocotools' 12 box statistics of ``results``, keeping each image's ``MAX_DETECTIONS`` best
-    detections scoring at least ``SCORE_FLOOR``."""
+    detections scoring at least ``SCORE_FLOOR``; with ``classes=False`` every category is one (pycocotools'
+    ``useCats=0``): what the boxes score whatever class they were given."""
     by_image = defaultdict(list)
     for r in results:
         if r["score"] >= SCORE_FLOOR:
@@ -164,6 +166,7 @@ def coco_stats(gt_file: Path, results: list[dict[str, Any]]) -> dict[str, float]
         gt = COCO(str(gt_file))
         evaluation = COCOeval(gt, gt.loadRes(kept), "bbox")
         evaluation.params.maxDets = [1, 10, MAX_DETECTIONS]
+        evaluation.params.useCats = int(classes)
         evaluation.evaluate()
         evaluation.accumulate()
         evaluation.summarize()
@@ -187,6 +190,11 @@ def worst_box_error(truth: Sequence[dict[str, Any]], back: Sequence[dict[str, An
         rows, columns = linear_sum_assignment(differences)
         worst = max(worst, float(differences[rows, columns].max()))
     return worst
+
+
+def both_scores(gt_file: Path, results: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """:func:`coco_stats` of ``results`` by class and with the classes merged: the boxes' share of a gap and the classes'."""
+    return coco_stats(gt_file, results), coco_stats(gt_file, results, classes=False)
 
 
 def check_round_trip(root: Path, yolo_root: Path) -> dict[str, float]:
@@ -322,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     vtx_file = Path(cli.trainer.log_dir or "") / "bbox_results.json"
     if not vtx_file.is_file():
         raise SystemExit(f"error: {vtx_file}: vision_tx wrote no results (a logger is needed: leave --trainer.logger alone)")
-    vtx["coco"] = coco_stats(annotation_file(args.root, SPLITS["val"]), json.loads(vtx_file.read_text()))
+    vtx["coco"], vtx["coco_classes_merged"] = both_scores(annotation_file(args.root, SPLITS["val"]), json.loads(vtx_file.read_text()))
     del cli
 
     budget = args.budget_seconds or vtx["train_seconds"]
@@ -330,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in args.yolo:
         weights, yolo = train_yolo(name, data_yaml, out, budget, args)
         torch.set_num_threads(args.threads)
-        yolo["coco"] = coco_stats(annotation_file(args.root, SPLITS["val"]), predict_yolo(weights, args.root, args))
+        yolo["coco"], yolo["coco_classes_merged"] = both_scores(annotation_file(args.root, SPLITS["val"]),
+                                                                predict_yolo(weights, args.root, args))
         yolos[name] = {"model": f"{name}.yaml", "imgsz": args.imgsz, "batch": args.yolo_batch, "weights": str(weights), **yolo}
 
     report = {
@@ -342,12 +351,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "yolo": yolos,
     }
     timing = ("train_seconds", "cpu_seconds", "images_seen", "images_per_second")
-    columns = {args.config: {**vtx["coco"], **{k: vtx[k] for k in timing}, "steps/epochs": vtx["steps"]}}
+    merged = {f"{k} classes merged": k for k in ("AP", "AP50")}
+    columns = {args.config: {**vtx["coco"], **{m: vtx["coco_classes_merged"][k] for m, k in merged.items()},
+                             **{k: vtx[k] for k in timing}, "steps/epochs": vtx["steps"]}}
     for name, yolo in yolos.items():
-        columns[YOLO_MODELS[name]] = {**yolo["coco"], **{k: yolo[k] for k in timing}, "steps/epochs": yolo["epochs"], **yolo["ultralytics_val"]}
+        columns[YOLO_MODELS[name]] = {**yolo["coco"], **{m: yolo["coco_classes_merged"][k] for m, k in merged.items()},
+                                      **{k: yolo[k] for k in timing}, "steps/epochs": yolo["epochs"], **yolo["ultralytics_val"]}
     print(side_by_side(f"\nbox detection on {args.root} val2017, training {budget:.0f} s each\n"
                        f"{machine_line(report['cpu'], args.threads, report['versions'])}",
-                       [*STAT_NAMES, *timing, "steps/epochs", "own AP50", "own AP"], columns))
+                       [*STAT_NAMES, *merged, *timing, "steps/epochs", "own AP50", "own AP"], columns))
     print("own AP50, own AP: Ultralytics' validation of its final weights (its own mAP, not pycocotools'), a cross-check")
     write_report(out / "comparison.json", report)
 

@@ -160,6 +160,17 @@ def test_scoring_keeps_scores_from_the_floor(script: dict[str, Any], converted: 
     assert script["coco_stats"](root / "annotations" / "instances_val2017.json", results)["AP"] == (1.0 if kept else 0.0)
 
 
+def test_classes_merged_score_the_boxes_whatever_their_class(script: dict[str, Any], converted: tuple[Path, Path]) -> None:
+    root, yolo_root = converted
+    gt_file = root / "annotations" / "instances_val2017.json"
+    results = script["labels_as_results"](root, yolo_root, "val")
+    ids = sorted({r["category_id"] for r in results})
+    wrong = [{**r, "category_id": ids[(ids.index(r["category_id"]) + 1) % len(ids)]} for r in results]  # every class wrong
+    by_class, merged = script["both_scores"](gt_file, wrong)
+    assert by_class["AP"] == 0.0 and merged["AP"] == 1.0 and merged["AP50"] == 1.0
+    assert script["both_scores"](gt_file, results)[0]["AP"] == 1.0
+
+
 @pytest.mark.parametrize(("decoys", "ap"), [(99, 1.0), (100, 0.0)])
 def test_scoring_keeps_the_best_100_detections_of_an_image_over_all_categories(
         script: dict[str, Any], converted: tuple[Path, Path], decoys: int, ap: float) -> None:
