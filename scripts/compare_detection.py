@@ -351,15 +351,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         "yolo": yolos,
     }
     timing = ("train_seconds", "cpu_seconds", "images_seen", "images_per_second")
-    merged = {f"{k} classes merged": k for k in ("AP", "AP50")}
-    columns = {args.config: {**vtx["coco"], **{m: vtx["coco_classes_merged"][k] for m, k in merged.items()},
-                             **{k: vtx[k] for k in timing}, "steps/epochs": vtx["steps"]}}
+    merged = ("AP", "AP50")
+
+    def column(run: dict[str, Any], steps: int) -> dict[str, Any]:
+        return {**run["coco"], **{f"{k} classes merged": run["coco_classes_merged"][k] for k in merged},
+                **{k: run[k] for k in timing}, "steps/epochs": steps}
+
+    columns = {args.config: column(vtx, vtx["steps"])}
     for name, yolo in yolos.items():
-        columns[YOLO_MODELS[name]] = {**yolo["coco"], **{m: yolo["coco_classes_merged"][k] for m, k in merged.items()},
-                                      **{k: yolo[k] for k in timing}, "steps/epochs": yolo["epochs"], **yolo["ultralytics_val"]}
+        columns[YOLO_MODELS[name]] = {**column(yolo, yolo["epochs"]), **yolo["ultralytics_val"]}
     print(side_by_side(f"\nbox detection on {args.root} val2017, training {budget:.0f} s each\n"
                        f"{machine_line(report['cpu'], args.threads, report['versions'])}",
-                       [*STAT_NAMES, *merged, *timing, "steps/epochs", "own AP50", "own AP"], columns))
+                       [*STAT_NAMES, *(f"{k} classes merged" for k in merged), *timing, "steps/epochs", "own AP50", "own AP"],
+                       columns))
     print("own AP50, own AP: Ultralytics' validation of its final weights (its own mAP, not pycocotools'), a cross-check")
     write_report(out / "comparison.json", report)
 
