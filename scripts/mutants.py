@@ -140,6 +140,7 @@ SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
 TRAINING_BUDGET = "tests/lightning/test_budget.py"
 MAL = "tests/heads/test_rtdetr_criterion.py"
 CROP_PROBABILITY = "tests/data/test_transforms.py::test_crop_probability_is_the_share_of_cropped_images"
+AFFINE = "tests/data/test_transforms.py"
 BENCHMARK_PEAKS = "tests/test_benchmark_gpu_paths.py"
 
 
@@ -771,6 +772,10 @@ MUTANTS = [
     # Mosaic augmentation
     Mutant("transforms: crop_probability read as the share left uncropped", "vision_tx/data/transforms.py",
            "p=[1.0 - crop_probability, crop_probability]", "p=[crop_probability, 1.0 - crop_probability]", (CROP_PROBABILITY,)),
+    Mutant("transforms: the affine's uncovered area black", "vision_tx/data/transforms.py",
+           'fill={tv_tensors.Image: FILL, "others": 0}', "fill=0", (AFFINE,)),
+    Mutant("transforms: the affine never applied", "vision_tx/data/transforms.py",
+           "p=affine_probability)", "p=0.0)", (AFFINE,)),
     Mutant("mosaic: right-hand quadrants placed left of the centre", "vision_tx/data/mosaic.py",
            "left = centre_x - new_w if quadrant in (0, 2) else centre_x", "left = centre_x - new_w if quadrant in (0, 1) else centre_x", (MOSAIC,)),
     Mutant("mosaic: boxes not shifted with their image", "vision_tx/data/mosaic.py",

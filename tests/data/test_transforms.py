@@ -153,3 +153,34 @@ def test_crop_probability_is_the_share_of_cropped_images(crop_probability: float
 def test_crop_probability_outside_zero_one_is_refused() -> None:
     with pytest.raises(ValueError, match="crop_probability"):
         DetrTrainTransform(crop_probability=1.5)
+
+
+def test_affine_moves_boxes_and_masks_with_the_pixels_and_fills_grey() -> None:
+    """A white rectangle on black, zoomed and shifted: its box and mask are where its pixels went, the canvas keeps
+    the resized size, and what the shift uncovers is YOLO's grey (not black, not white)."""
+    transform = DetrTrainTransform(scales=(100,), max_size=400, crop_probability=0.0, affine_probability=1.0,
+                                   translate=0.2, affine_scale=(0.6, 1.4))
+    moved = grey_seen = 0
+    for seed in range(10):
+        torch.manual_seed(seed)
+        image = tv_tensors.Image(torch.zeros(3, 200, 300, dtype=torch.uint8))
+        image[:, 60:140, 100:220] = 255
+        target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[100.0, 60.0, 220.0, 140.0]]), format="XYXY", canvas_size=(200, 300)),
+                  "labels": torch.tensor([3]), "masks": tv_tensors.Mask(image[:1].bool())}
+        out_image, out = transform(image, target)
+        assert tuple(out_image.shape[-2:]) == (100, 150) and out["size"].tolist() == [100, 150]
+        pixels = out_image * torch.tensor(IMAGENET_STD)[:, None, None] + torch.tensor(IMAGENET_MEAN)[:, None, None]
+        is_white = (pixels > 0.5).all(0)  # brighter than halfway: the rectangle's edges to within a pixel
+        box = _mask_boxes(is_white[None])[0]
+        torch.testing.assert_close(out["boxes"][0], torch.tensor(box), atol=1.5, rtol=0)
+        torch.testing.assert_close(torch.tensor(_mask_boxes(out["masks"])[0]), torch.tensor(box), atol=1.5, rtol=0)
+        uncovered = ((pixels - 114 / 255).abs() < 0.02).all(0)
+        moved += int(box != [50.0, 30.0, 110.0, 70.0])
+        grey_seen += int(uncovered.sum() > 100)
+    assert moved >= 8 and grey_seen >= 5  # the affine is applied, not skipped, and fills grey
+
+
+def test_no_affine_by_default_and_its_probability_is_checked() -> None:
+    assert "RandomAffine" not in repr(DetrTrainTransform())
+    with pytest.raises(ValueError, match="affine_probability"):
+        DetrTrainTransform(affine_probability=-0.1)

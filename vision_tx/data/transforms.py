@@ -14,6 +14,8 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from vision_tx.data.mosaic import FILL
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -102,8 +104,11 @@ class DetrTrainTransform(DetectionTransform):
     """Horizontal flip, then either a multi-scale resize (shorter side from ``scales``, longer side
     at most ``max_size``) or, for a ``crop_probability`` share of the images (DETR's 0.5), [shorter
     side from ``crop_scales``, random crop of ``crop_size`` = (min, max) side, multi-scale resize];
-    then float, ImageNet normalisation, and removal of the boxes (with their labels and masks) that
-    the crop left smaller than a pixel."""
+    then, for an ``affine_probability`` share of the images (0: none, the default), YOLO's random
+    affine at the same canvas size: zoomed by a factor drawn from ``affine_scale`` and shifted by up
+    to ``translate`` of each side, the uncovered area grey (YOLO's letterbox colour); then float,
+    ImageNet normalisation, and removal of the boxes (with their labels and masks) that the crop or
+    the shift left smaller than a pixel."""
 
     def __init__(
         self,
@@ -112,10 +117,18 @@ class DetrTrainTransform(DetectionTransform):
         crop_scales: Sequence[int] = (400, 500, 600),
         crop_size: tuple[int, int] = (384, 600),
         crop_probability: float = 0.5,
+        affine_probability: float = 0.0,
+        translate: float = 0.1,
+        affine_scale: tuple[float, float] = (0.75, 1.25),
     ):
-        if not 0.0 <= crop_probability <= 1.0:
-            raise ValueError(f"{__name__}: crop_probability must be in [0, 1], got {crop_probability}")
+        for name, probability in (("crop_probability", crop_probability), ("affine_probability", affine_probability)):
+            if not 0.0 <= probability <= 1.0:
+                raise ValueError(f"{__name__}: {name} must be in [0, 1], got {probability}")
         multi_scale = RandomShortestSide(scales, max_size=max_size)
+        # Only when asked for: a RandomApply with p=0 would still draw a number and move every later draw.
+        affine = [
+            v2.RandomApply([v2.RandomAffine(0, (translate, translate), tuple(affine_scale), fill={tv_tensors.Image: FILL, "others": 0})], p=affine_probability)
+        ] if affine_probability > 0 else []
         super().__init__(
             v2.Compose([
                 v2.RandomHorizontalFlip(),
@@ -127,6 +140,7 @@ class DetrTrainTransform(DetectionTransform):
                         multi_scale,
                     ]),
                 ], p=[1.0 - crop_probability, crop_probability]),
+                *affine,
                 *_to_normalized_float(),
                 v2.SanitizeBoundingBoxes(),
             ])
