@@ -126,9 +126,10 @@ class DetrTrainTransform(DetectionTransform):
                 raise ValueError(f"{__name__}: {name} must be in [0, 1], got {probability}")
         multi_scale = RandomShortestSide(scales, max_size=max_size)
         # Only when asked for: a RandomApply with p=0 would still draw a number and move every later draw.
-        affine = [
-            v2.RandomApply([v2.RandomAffine(0, (translate, translate), tuple(affine_scale), fill={tv_tensors.Image: FILL, "others": 0})], p=affine_probability)
-        ] if affine_probability > 0 else []
+        affine = []
+        if affine_probability > 0:
+            zoom_and_shift = v2.RandomAffine(0, (translate, translate), tuple(affine_scale), fill={tv_tensors.Image: FILL, "others": 0})
+            affine.append(v2.RandomApply([zoom_and_shift], p=affine_probability))
         super().__init__(
             v2.Compose([
                 v2.RandomHorizontalFlip(),
