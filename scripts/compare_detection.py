@@ -29,7 +29,8 @@ DejaVu Sans, its settings (no hub, no online checks, no TensorBoard) live in OUT
     python scripts/compare_detection.py /tmp/shapes_a --config detr_swin_toy -- --model.lr 2e-4  # after --: vision_tx options
 
 Prints the COCO tables side by side, with AP and AP50 of the same detections with every class merged
-into one (which part of a gap is the boxes, which the classes), the training wall-clock, CPU seconds,
+into one and without the detections of a wrong class (TIDE's classification errors: which part of a gap
+is the boxes, which the classes), the training wall-clock, CPU seconds,
 images seen and images per second of each, the CPU and the versions; writes all of it to OUT/comparison.json.
 """
 
@@ -54,6 +55,7 @@ from PIL import Image
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from scipy.optimize import linear_sum_assignment
+from torchvision.ops import box_convert, box_iou
 
 from compare_common import (
     comparison_parser, cpu_description, machine_line, parse_with_vision_tx_options, side_by_side, train_vision_tx, versions,
@@ -197,6 +199,43 @@ def both_scores(gt_file: Path, results: list[dict[str, Any]]) -> tuple[dict[str,
     return coco_stats(gt_file, results), coco_stats(gt_file, results, classes=False)
 
 
+def wrong_class_flags(gt_file: Path, results: Sequence[dict[str, Any]], iou_threshold: float = 0.5) -> list[bool]:
+    """For each of ``results``: is it a detection of the wrong class (TIDE's classification error)? One that overlaps
+    no object of its own class by IoU ``iou_threshold`` but an object of another class that much (a second box on an
+    object of its class is a duplicate, not a class error). Crowd regions count as no object."""
+    dataset = json.loads(Path(gt_file).read_text())
+    objects: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for annotation in dataset["annotations"]:
+        if not annotation.get("iscrowd", 0):
+            objects[annotation["image_id"]].append(annotation)
+    flags = [False] * len(results)
+    for index, result in enumerate(results):
+        truth = objects.get(result["image_id"], [])
+        if not truth:
+            continue
+        ious = box_iou(box_convert(torch.tensor([result["bbox"]], dtype=torch.float64), "xywh", "xyxy"),
+                       box_convert(torch.tensor([a["bbox"] for a in truth], dtype=torch.float64), "xywh", "xyxy"))[0]
+        same = torch.tensor([a["category_id"] == result["category_id"] for a in truth])
+        flags[index] = bool((ious[same] < iou_threshold).all() and (ious[~same] >= iou_threshold).any())
+    return flags
+
+
+def without_wrong_classes(gt_file: Path, results: Sequence[dict[str, Any]]) -> tuple[dict[str, float], int]:
+    """:func:`coco_stats` of ``results`` less their wrong-class detections (:func:`wrong_class_flags`): what the
+    classes cost, counted by kind of error rather than by merging them; and how many of those score at least 0.2."""
+    flags = wrong_class_flags(gt_file, results)
+    kept = [result for result, wrong in zip(results, flags) if not wrong]
+    return coco_stats(gt_file, kept), sum(wrong and result["score"] >= 0.2 for result, wrong in zip(results, flags))
+
+
+def scored(gt_file: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report's scores of one side's ``results``: by class, with the classes merged, and without the wrong-class
+    detections (with their count from score 0.2)."""
+    by_class, merged = both_scores(gt_file, results)
+    without, wrong = without_wrong_classes(gt_file, results)
+    return {"coco": by_class, "coco_classes_merged": merged, "coco_without_wrong_classes": without, "wrong_class_detections": wrong}
+
+
 def check_round_trip(root: Path, yolo_root: Path) -> dict[str, float]:
     """Scores the YOLO labels of both splits, read back, against the COCO ground truth: AP must be 1.0
     and every non-crowd box come back to within ``ROUND_TRIP_TOLERANCE_PX``. Returns the worst error."""
@@ -330,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     vtx_file = Path(cli.trainer.log_dir or "") / "bbox_results.json"
     if not vtx_file.is_file():
         raise SystemExit(f"error: {vtx_file}: vision_tx wrote no results (a logger is needed: leave --trainer.logger alone)")
-    vtx["coco"], vtx["coco_classes_merged"] = both_scores(annotation_file(args.root, SPLITS["val"]), json.loads(vtx_file.read_text()))
+    vtx.update(scored(annotation_file(args.root, SPLITS["val"]), json.loads(vtx_file.read_text())))
     del cli
 
     budget = args.budget_seconds or vtx["train_seconds"]
@@ -338,8 +377,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in args.yolo:
         weights, yolo = train_yolo(name, data_yaml, out, budget, args)
         torch.set_num_threads(args.threads)
-        yolo["coco"], yolo["coco_classes_merged"] = both_scores(annotation_file(args.root, SPLITS["val"]),
-                                                                predict_yolo(weights, args.root, args))
+        yolo.update(scored(annotation_file(args.root, SPLITS["val"]), predict_yolo(weights, args.root, args)))
         yolos[name] = {"model": f"{name}.yaml", "imgsz": args.imgsz, "batch": args.yolo_batch, "weights": str(weights), **yolo}
 
     report = {
@@ -355,16 +393,20 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def column(run: dict[str, Any], steps: int) -> dict[str, Any]:
         return {**run["coco"], **{f"{k} classes merged": run["coco_classes_merged"][k] for k in merged},
-                **{k: run[k] for k in timing}, "steps/epochs": steps}
+                **{f"{k} no wrong classes": run["coco_without_wrong_classes"][k] for k in merged},
+                "wrong classes >= 0.2": run["wrong_class_detections"], **{k: run[k] for k in timing}, "steps/epochs": steps}
 
     columns = {args.config: column(vtx, vtx["steps"])}
     for name, yolo in yolos.items():
         columns[YOLO_MODELS[name]] = {**column(yolo, yolo["epochs"]), **yolo["ultralytics_val"]}
     print(side_by_side(f"\nbox detection on {args.root} val2017, training {budget:.0f} s each\n"
                        f"{machine_line(report['cpu'], args.threads, report['versions'])}",
-                       [*STAT_NAMES, *(f"{k} classes merged" for k in merged), *timing, "steps/epochs", "own AP50", "own AP"],
+                       [*STAT_NAMES, *(f"{k} classes merged" for k in merged), *(f"{k} no wrong classes" for k in merged),
+                        "wrong classes >= 0.2", *timing, "steps/epochs", "own AP50", "own AP"],
                        columns))
-    print("own AP50, own AP: Ultralytics' validation of its final weights (its own mAP, not pycocotools'), a cross-check")
+    print("no wrong classes: scored without the detections that overlap an object of another class and none of their own\n"
+          "(IoU 0.5; what the classes cost); wrong classes >= 0.2: how many of those score 0.2 or more\n"
+          "own AP50, own AP: Ultralytics' validation of its final weights (its own mAP, not pycocotools'), a cross-check")
     write_report(out / "comparison.json", report)
 
 

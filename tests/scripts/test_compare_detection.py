@@ -187,3 +187,47 @@ def test_scoring_keeps_the_best_100_detections_of_an_image_over_all_categories(
     decoy = {**truth, "category_id": other, "bbox": [0.0, 0.0, 1.0, 1.0], "score": 0.5}
     stats = script["coco_stats"](single, [truth] + [decoy] * decoys)
     assert stats["AP"] == pytest.approx(ap, abs=1e-9)  # the true box is the image's 100th detection, or its 101st
+
+
+def test_wrong_class_detections_are_those_on_another_class_object_alone(script: dict[str, Any], converted: tuple[Path, Path]) -> None:
+    root, yolo_root = converted
+    gt_file = root / "annotations" / "instances_val2017.json"
+    results = [{**r, "score": 0.5} for r in script["labels_as_results"](root, yolo_root, "val")]
+    ids = sorted({r["category_id"] for r in results})
+    wrong = [{**r, "category_id": ids[(ids.index(r["category_id"]) + 1) % len(ids)], "score": 0.9} for r in results]
+    x, y, w, h = results[0]["bbox"]
+    shifted = {**results[0], "bbox": [x + w * 0.55, y, w, h], "category_id": wrong[0]["category_id"]}  # IoU below 0.5
+    flags = script["wrong_class_flags"](gt_file, results + wrong + [shifted])
+    assert flags == [False] * len(results) + [True] * len(wrong) + [False]
+    without, count = script["without_wrong_classes"](gt_file, results + wrong)
+    assert without["AP"] == 1.0 and count == len(wrong)
+    assert script["coco_stats"](gt_file, results + wrong)["AP"] < 1.0
+
+
+@pytest.mark.parametrize(("shift", "wrong"), [(0.32, True), (0.35, False)])
+def test_a_wrong_class_needs_iou_half_with_the_other_object(script: dict[str, Any], converted: tuple[Path, Path],
+                                                           shift: float, wrong: bool) -> None:
+    # a box shifted by s of its width overlaps its object by IoU (1 - s) / (1 + s): 0.515 at 0.32, 0.481 at 0.35
+    root, yolo_root = converted
+    gt_file = root / "annotations" / "instances_val2017.json"
+    results = script["labels_as_results"](root, yolo_root, "val")
+    dataset = json.loads(gt_file.read_text())
+    lone = [r for r in results if sum(a["image_id"] == r["image_id"] and not a["iscrowd"] for a in dataset["annotations"]) == 1]
+    x, y, w, h = lone[0]["bbox"]
+    other = next(c["id"] for c in dataset["categories"] if c["id"] != lone[0]["category_id"])
+    assert script["wrong_class_flags"](gt_file, [{**lone[0], "bbox": [x + shift * w, y, w, h], "category_id": other}]) == [wrong]
+
+
+@pytest.mark.parametrize(("category", "crowd", "wrong"), [(1, 0, False), (2, 0, False), (3, 0, True), (3, 1, False)])
+def test_a_detection_on_an_object_of_its_own_class_is_never_a_wrong_class(script: dict[str, Any], tmp_path: Path,
+                                                                          category: int, crowd: int, wrong: bool) -> None:
+    # two overlapping objects of classes 1 and 2 (IoU 0.8); a crowd region counts as no object
+    gt_file = tmp_path / "gt.json"
+    gt_file.write_text(json.dumps({
+        "images": [{"id": 1, "width": 20, "height": 20}],
+        "categories": [{"id": c, "name": str(c)} for c in (1, 2, 3)],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 10, 10], "area": 100, "iscrowd": crowd},
+                        {"id": 2, "image_id": 1, "category_id": 2, "bbox": [0, 0, 10, 8], "area": 80, "iscrowd": crowd}],
+    }))
+    detection = {"image_id": 1, "category_id": category, "bbox": [0.0, 0.0, 10.0, 10.0], "score": 0.9}
+    assert script["wrong_class_flags"](gt_file, [detection]) == [wrong]
