@@ -136,6 +136,7 @@ M2F_NUM_MASKS = "tests/models/test_mask2former.py::test_loss_divides_by_the_mask
 M2F_OBJECT_THRESHOLD = "tests/heads/test_mask2former_postprocess.py::test_panoptic_object_threshold_is_the_given_one"
 M2F_PADDING = "tests/models/test_mask2former_padding.py"
 YOLO_LABELS = "tests/scripts/test_compare_detection.py"
+CLOSE_MOSAIC = "tests/lightning/test_callbacks.py"
 SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
 TRAINING_BUDGET = "tests/lightning/test_budget.py"
 MAL = "tests/heads/test_rtdetr_criterion.py"
@@ -901,6 +902,12 @@ MUTANTS = [
            'if not annotation.get("iscrowd", 0):\n            objects[', 'if True:\n            objects[', (YOLO_LABELS,)),
     Mutant("compare detection: the wrong-class detections kept in the score without them", "scripts/compare_detection.py",
            "kept = [result for result, wrong in zip(results, flags) if not wrong]", "kept = list(results)", (YOLO_LABELS,)),
+    Mutant("close mosaic: the mosaics stop in the epoch of the drop", "vision_tx/lightning/callbacks.py",
+           "trainer.current_epoch > self.drop_epoch and", "trainer.current_epoch >= self.drop_epoch and", (CLOSE_MOSAIC,)),
+    Mutant("close mosaic: the epoch of the drop not restored on resume", "vision_tx/lightning/callbacks.py",
+           'self.drop_epoch = state_dict["drop_epoch"]', 'self.drop_epoch = None', (CLOSE_MOSAIC,)),
+    Mutant("close mosaic: the first learning rate taken for a drop", "vision_tx/lightning/callbacks.py",
+           'group["lr"] < group.get("initial_lr", group["lr"])', 'group["lr"] <= group.get("initial_lr", group["lr"])', (CLOSE_MOSAIC,)),
     Mutant("budget: the training clock counts the validations", "vision_tx/lightning/budget.py",
            "def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:\n        self._pause()",
            "def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:\n        pass",
