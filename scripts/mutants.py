@@ -136,7 +136,7 @@ M2F_NUM_MASKS = "tests/models/test_mask2former.py::test_loss_divides_by_the_mask
 M2F_OBJECT_THRESHOLD = "tests/heads/test_mask2former_postprocess.py::test_panoptic_object_threshold_is_the_given_one"
 M2F_PADDING = "tests/models/test_mask2former_padding.py"
 YOLO_LABELS = "tests/scripts/test_compare_detection.py"
-CLOSE_MOSAIC = "tests/lightning/test_callbacks.py"
+LONG_RUN_AUGMENTATION = "tests/lightning/test_augmentation.py"
 SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
 TRAINING_BUDGET = "tests/lightning/test_budget.py"
 MAL = "tests/heads/test_rtdetr_criterion.py"
@@ -902,12 +902,25 @@ MUTANTS = [
            'if not annotation.get("iscrowd", 0):\n            objects[', 'if True:\n            objects[', (YOLO_LABELS,)),
     Mutant("compare detection: the wrong-class detections kept in the score without them", "scripts/compare_detection.py",
            "kept = [result for result, wrong in zip(results, flags) if not wrong]", "kept = list(results)", (YOLO_LABELS,)),
-    Mutant("close mosaic: the mosaics stop in the epoch of the drop", "vision_tx/lightning/callbacks.py",
-           "trainer.current_epoch > self.drop_epoch and", "trainer.current_epoch >= self.drop_epoch and", (CLOSE_MOSAIC,)),
-    Mutant("close mosaic: the epoch of the drop not restored on resume", "vision_tx/lightning/callbacks.py",
-           'self.drop_epoch = state_dict["drop_epoch"]', 'self.drop_epoch = None', (CLOSE_MOSAIC,)),
-    Mutant("close mosaic: the first learning rate taken for a drop", "vision_tx/lightning/callbacks.py",
-           'group["lr"] < group.get("initial_lr", group["lr"])', 'group["lr"] <= group.get("initial_lr", group["lr"])', (CLOSE_MOSAIC,)),
+    Mutant("long-run augmentation: the mosaics stop in the epoch of the drop", "vision_tx/lightning/augmentation.py",
+           "closed = self.drop_epoch is not None and epoch > self.drop_epoch", "closed = self.drop_epoch is not None and epoch >= self.drop_epoch",
+           (LONG_RUN_AUGMENTATION,)),
+    Mutant("long-run augmentation: the epoch of the drop not restored on resume", "vision_tx/lightning/augmentation.py",
+           'state_dict["on_epoch"], state_dict["drop_epoch"]', 'state_dict["on_epoch"], None', (LONG_RUN_AUGMENTATION,)),
+    Mutant("long-run augmentation: the first learning rate taken for a drop", "vision_tx/lightning/augmentation.py",
+           'group["lr"] < group.get("initial_lr", group["lr"])', 'group["lr"] <= group.get("initial_lr", group["lr"])', (LONG_RUN_AUGMENTATION,)),
+    Mutant("long-run augmentation: a run of exactly min_epochs taken for short", "vision_tx/lightning/augmentation.py",
+           "planned >= self.min_epochs", "planned > self.min_epochs", (LONG_RUN_AUGMENTATION,)),
+    Mutant("long-run augmentation: a budget run's pace read without the epochs done", "vision_tx/lightning/augmentation.py",
+           "trainer.current_epoch * 60 * budget.minutes / seconds", "60 * budget.minutes / seconds", (LONG_RUN_AUGMENTATION,)),
+    Mutant("long-run augmentation: the affine closed with the mosaics", "vision_tx/lightning/augmentation.py",
+           "not (mosaic and closed)", "not closed", (LONG_RUN_AUGMENTATION,)),
+    Mutant("shared probability: kept in the process's own memory (persistent workers never see a change)", "vision_tx/data/shared_probability.py",
+           "torch.tensor(value, dtype=torch.float64).share_memory_()", "torch.tensor(value, dtype=torch.float64)", (LONG_RUN_AUGMENTATION,)),
+    Mutant("mosaic: a number drawn at probability 0", "vision_tx/data/mosaic.py",
+           "if probability > 0 and float(torch.rand(())) < probability:", "if float(torch.rand(())) < probability:", (MOSAIC,)),
+    Mutant("transforms: the switched-off affine draws a number", "vision_tx/data/transforms.py",
+           "        if self.p == 0:\n            return inputs", "        if False:\n            return inputs", (AFFINE,)),
     Mutant("budget: the training clock counts the validations", "vision_tx/lightning/budget.py",
            "def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:\n        self._pause()",
            "def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:\n        pass",

@@ -87,11 +87,15 @@ def test_boxes_cut_below_the_visible_fraction_are_dropped() -> None:
         assert ((boxes[:, 2:] - boxes[:, :2]) >= 2).all()
 
 
-def test_probability_zero_is_the_plain_transform() -> None:
+def test_probability_zero_is_the_plain_transform_and_draws_nothing() -> None:
+    """Also when set to 0 during training: the next transform's random draws stay those of a run without mosaics."""
     plain = RectangleImages()
-    dataset = MosaicDetection(plain, lambda image, target: (image, target), size=64, probability=0.0)
+    dataset = MosaicDetection(plain, lambda image, target: (image, target), size=64, probability=1.0)
+    dataset.probability = 0.0
+    state = torch.get_rng_state()
     image, target = dataset[3]
     assert torch.equal(image, plain[3][0]) and torch.equal(target["labels"], plain[3][1]["labels"])
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_bad_settings_and_masks_are_refused() -> None:

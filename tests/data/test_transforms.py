@@ -180,7 +180,17 @@ def test_affine_moves_boxes_and_masks_with_the_pixels_and_fills_grey() -> None:
     assert moved >= 8 and grey_seen >= 5  # the affine is applied, not skipped, and fills grey
 
 
-def test_no_affine_by_default_and_its_probability_is_checked() -> None:
-    assert "RandomAffine" not in repr(DetrTrainTransform())
+def test_no_affine_by_default_none_drawn_when_off_and_its_probability_is_checked() -> None:
+    """Off (the default, or switched off during training), the affine returns its inputs and draws no random
+    number: the images are those of the pipeline without it."""
+    transform = DetrTrainTransform()
+    assert transform.affine.p == 0.0
+    image = tv_tensors.Image(torch.randint(0, 255, (3, 20, 30), dtype=torch.uint8))
+    target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[1.0, 2.0, 10.0, 12.0]]), format="XYXY", canvas_size=(20, 30))}
+    state = torch.get_rng_state()
+    out_image, out = transform.affine(image, target)
+    assert out_image is image and out is target and torch.equal(torch.get_rng_state(), state)
+    transform.affine.p = 1.0
+    assert not torch.equal(transform.affine(image, target)[0], image) and not torch.equal(torch.get_rng_state(), state)
     with pytest.raises(ValueError, match="affine_probability"):
         DetrTrainTransform(affine_probability=-0.1)

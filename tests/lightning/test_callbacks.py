@@ -6,7 +6,6 @@ from __future__ import annotations
 import multiprocessing
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
@@ -16,7 +15,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from vision_tx.data.sampling import ResumableLoader
-from vision_tx.lightning.callbacks import CloseMosaic, NonFiniteLossError, NonFiniteLossGuard, RandomStateCheckpoint
+from vision_tx.lightning.callbacks import NonFiniteLossError, NonFiniteLossGuard, RandomStateCheckpoint
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
 from vision_tx.lightning.cli import VisionTxCLI, resolve_config_args
 
@@ -174,37 +173,3 @@ def test_every_task_gets_them_from_the_command_line(tmp_path: Path) -> None:
         assert len(guards) == 1 and guards[0].policy == "stop"
         assert any(isinstance(c, RandomStateCheckpoint) for c in cli.trainer.callbacks)
         assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
-
-
-def mosaic_run(epoch: int, lr: float, probability: float = 0.5) -> SimpleNamespace:
-    """A trainer as CloseMosaic sees it: one optimiser (initial lr 1.0) and a mosaic dataset."""
-    optimizer = SimpleNamespace(param_groups=[{"lr": lr, "initial_lr": 1.0}])
-    return SimpleNamespace(current_epoch=epoch, optimizers=[optimizer],
-                           datamodule=SimpleNamespace(train_dataset=SimpleNamespace(probability=probability)))
-
-
-def test_mosaics_close_at_the_epoch_after_the_learning_rate_drops() -> None:
-    callback = CloseMosaic()
-    for epoch, lr, expected in [(0, 1.0, 0.5), (1, 1.0, 0.5), (2, 0.1, 0.5), (3, 0.1, 0.0)]:
-        trainer = mosaic_run(epoch, lr)
-        callback.on_train_epoch_start(trainer, None)
-        callback.on_train_batch_end(trainer, None, None, None, 0)  # the drop seen after a step of its epoch
-        assert trainer.datamodule.train_dataset.probability == expected, epoch
-
-
-@pytest.mark.parametrize(("restored_epoch", "expected"), [(2, 0.5), (3, 0.0)])
-def test_a_resumed_run_closes_the_mosaics_at_the_same_epoch(restored_epoch: int, expected: float) -> None:
-    first = CloseMosaic()
-    first.on_train_batch_end(mosaic_run(2, 0.1), None, None, None, 0)  # dropped mid-epoch 2, then killed
-    resumed = CloseMosaic()
-    resumed.load_state_dict(first.state_dict())
-    trainer = mosaic_run(restored_epoch, 0.1)  # resumed in the middle of epoch 2, or at epoch 3
-    resumed.on_train_epoch_start(trainer, None)
-    assert trainer.datamodule.train_dataset.probability == expected
-
-
-def test_close_mosaic_without_mosaics_says_what_to_set() -> None:
-    trainer = mosaic_run(0, 1.0)
-    trainer.datamodule.train_dataset = object()
-    with pytest.raises(TypeError, match="mosaic_probability"):
-        CloseMosaic().on_train_epoch_start(trainer, None)

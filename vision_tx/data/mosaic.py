@@ -15,6 +15,8 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
+from vision_tx.data.shared_probability import SharedProbability
+
 Target = dict[str, Any]
 Transform = Callable[[tv_tensors.Image, Target], tuple[torch.Tensor, Target]]
 FILL = 114  # the grey of the canvas where no image falls (YOLO's letterbox colour)
@@ -30,7 +32,11 @@ class MosaicDetection(Dataset):
     and placed in the four quadrants around a point drawn uniformly in the canvas's middle half, on a
     ``2 size x 2 size`` canvas whose central ``size x size`` window is kept. Boxes are clipped to the
     window; a box left with less than ``min_visible`` of its area, or under 2 pixels a side, is dropped.
+    ``probability`` may be changed during training (loader workers read it from shared memory); at 0
+    no random number is drawn, so the images are those of the wrapped dataset and transform alone.
     """
+
+    probability = SharedProbability()
 
     def __init__(
         self,
@@ -42,8 +48,6 @@ class MosaicDetection(Dataset):
     ) -> None:
         if size < 2:
             raise ValueError(f"MosaicDetection: size must be at least 2 pixels, got {size}")
-        if not 0.0 <= probability <= 1.0:
-            raise ValueError(f"MosaicDetection: probability must lie in [0, 1], got {probability}")
         self.dataset = dataset
         self.transform = transform
         self.size = size
@@ -55,7 +59,8 @@ class MosaicDetection(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
         image, target = self.dataset[index]
-        if float(torch.rand(())) < self.probability:
+        probability = self.probability
+        if probability > 0 and float(torch.rand(())) < probability:
             others = torch.randint(len(self), (3,)).tolist()
             image, target = self.mosaic([(image, target)] + [self.dataset[i] for i in others])
         return self.transform(image, target)

@@ -15,6 +15,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from vision_tx.data.mosaic import FILL
+from vision_tx.data.shared_probability import SharedProbability
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -96,6 +97,19 @@ class DetectionTransform:
         return f"{type(self).__name__}({self.pipeline})"
 
 
+class SwitchableRandomApply(v2.RandomApply):
+    """``v2.RandomApply`` whose probability ``p`` may be changed during training (loader workers read it
+    from shared memory) and which draws no random number at ``p = 0``, so that switching it off leaves
+    the rest of the pipeline's draws as they would be without it."""
+
+    p = SharedProbability()
+
+    def forward(self, *inputs: Any) -> Any:
+        if self.p == 0:
+            return inputs if len(inputs) > 1 else inputs[0]
+        return super().forward(*inputs)
+
+
 def _to_normalized_float() -> list[v2.Transform]:
     return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
 
@@ -106,7 +120,8 @@ class DetrTrainTransform(DetectionTransform):
     side from ``crop_scales``, random crop of ``crop_size`` = (min, max) side, multi-scale resize];
     then, for an ``affine_probability`` share of the images (0: none, the default), YOLO's random
     affine at the same canvas size: zoomed by a factor drawn from ``affine_scale`` and shifted by up
-    to ``translate`` of each side, the uncovered area grey (YOLO's letterbox colour); then float,
+    to ``translate`` of each side, the uncovered area grey (YOLO's letterbox colour; ``self.affine.p``
+    may be changed during training, as :class:`SwitchableRandomApply`'s); then float,
     ImageNet normalisation, and removal of the boxes (with their labels and masks) that the crop or
     the shift left smaller than a pixel."""
 
@@ -125,11 +140,8 @@ class DetrTrainTransform(DetectionTransform):
             if not 0.0 <= probability <= 1.0:
                 raise ValueError(f"{__name__}: {name} must be in [0, 1], got {probability}")
         multi_scale = RandomShortestSide(scales, max_size=max_size)
-        # Only when asked for: a RandomApply with p=0 would still draw a number and move every later draw.
-        affine = []
-        if affine_probability > 0:
-            zoom_and_shift = v2.RandomAffine(0, (translate, translate), tuple(affine_scale), fill={tv_tensors.Image: FILL, "others": 0})
-            affine.append(v2.RandomApply([zoom_and_shift], p=affine_probability))
+        zoom_and_shift = v2.RandomAffine(0, (translate, translate), tuple(affine_scale), fill={tv_tensors.Image: FILL, "others": 0})
+        self.affine = SwitchableRandomApply([zoom_and_shift], p=affine_probability)
         super().__init__(
             v2.Compose([
                 v2.RandomHorizontalFlip(),
@@ -141,7 +153,7 @@ class DetrTrainTransform(DetectionTransform):
                         multi_scale,
                     ]),
                 ], p=[1.0 - crop_probability, crop_probability]),
-                *affine,
+                self.affine,
                 *_to_normalized_float(),
                 v2.SanitizeBoundingBoxes(),
             ])

@@ -151,45 +151,6 @@ class SharpnessAwareMinimization(pl.Callback):
         ]
 
 
-class CloseMosaic(pl.Callback):
-    """Stops the training mosaics after the learning rate first drops (YOLO's ``close_mosaic``: a last stretch
-    on whole images), from the start of the next epoch.
-
-    Works on any datamodule whose ``train_dataset`` has a mosaic ``probability``
-    (:class:`vision_tx.data.mosaic.MosaicDetection`); the drop is any optimiser group's ``lr`` below its
-    ``initial_lr``, so it follows a ``--budget.minutes`` run's stretched plan too. The change waits for an
-    epoch start because loader workers hold their own copy of the dataset; the epoch of the drop is kept
-    in checkpoints, so a resumed run closes the mosaics at the same epoch as an unbroken one.
-        python tools/train.py --config rtdetr_convnext_toy --data.mosaic_probability 0.5 \\
-            --trainer.callbacks+=vision_tx.lightning.callbacks.CloseMosaic
-    """
-
-    def __init__(self) -> None:
-        self.drop_epoch: int | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"drop_epoch": self.drop_epoch}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.drop_epoch = state_dict["drop_epoch"]
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.drop_epoch is None and any(
-            group["lr"] < group.get("initial_lr", group["lr"]) for optimizer in trainer.optimizers for group in optimizer.param_groups
-        ):
-            self.drop_epoch = trainer.current_epoch
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        dataset = getattr(trainer.datamodule, "train_dataset", None)
-        if not hasattr(dataset, "probability"):
-            raise TypeError(f"CloseMosaic: the training dataset ({type(dataset).__name__}) has no mosaics; "
-                            f"set --data.mosaic_probability above 0 or leave this callback out")
-        if self.drop_epoch is not None and trainer.current_epoch > self.drop_epoch and dataset.probability > 0:
-            dataset.probability = 0.0
-            print(f"CloseMosaic: mosaics off from epoch {trainer.current_epoch} (the learning rate dropped in epoch "
-                  f"{self.drop_epoch})", file=sys.stderr)
-
-
 def peak_memory_gib(device: torch.device) -> float:
     """The peak memory of ``device`` in GiB: CUDA's peak allocated memory, else the process's peak resident set."""
     if device.type == "cuda":

@@ -1,0 +1,120 @@
+"""LongRunAugmentation: the configured mosaics and affine held off in short runs, on in long ones,
+the mosaics closed after the learning-rate drop, every change seen by persistent loader workers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import v2
+
+from vision_tx.data.shared_probability import SharedProbability
+from vision_tx.data.transforms import SwitchableRandomApply
+from vision_tx.lightning.augmentation import LongRunAugmentation
+from vision_tx.lightning.budget import TrainingBudget
+
+MOSAIC, AFFINE = 0.5, 1.0
+BATCHES_PER_EPOCH, DROP_STEP = 2, 8
+
+
+class Probe(Dataset):
+    """Each sample is the (mosaic, affine) probability pair as the process that reads it sees them."""
+
+    probability = SharedProbability()
+
+    def __init__(self, affine: SwitchableRandomApply) -> None:
+        self.probability = MOSAIC
+        self.affine = affine
+
+    def __len__(self) -> int:
+        return 4 * BATCHES_PER_EPOCH
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([self.probability, self.affine.p])
+
+
+class ProbeData(pl.LightningDataModule):
+    def __init__(self, workers: int) -> None:
+        super().__init__()
+        self.workers = workers
+        self.train_transform = SimpleNamespace(affine=SwitchableRandomApply([v2.Identity()], p=AFFINE))
+        self.train_dataset = Probe(self.train_transform.affine)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_dataset, batch_size=4, num_workers=self.workers, persistent_workers=self.workers > 0)
+
+
+class Recorder(pl.LightningModule):
+    """Records (epoch, mosaic probability, affine probability) of every batch; the rate drops by 10 at ``DROP_STEP``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.seen: list[tuple[int, float, float]] = []
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.seen.append((self.current_epoch, float(batch[0, 0]), float(batch[0, 1])))
+        return self.layer(batch).square().mean()
+
+    def configure_optimizers(self) -> dict:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, [DROP_STEP], gamma=0.1)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def fit(callback: LongRunAugmentation, max_steps: int, workers: int = 0) -> list[tuple[int, float, float]]:
+    model = Recorder()
+    trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[callback])
+    trainer.fit(model, datamodule=ProbeData(workers))
+    return model.seen
+
+
+def test_a_long_run_augments_until_the_drop_then_closes_the_mosaics_in_persistent_workers() -> None:
+    callback = LongRunAugmentation(min_epochs=6)  # 12 steps of 2 per epoch: 6 epochs, long enough
+    seen = fit(callback, max_steps=12, workers=1)
+    assert callback.on_epoch == 0 and callback.drop_epoch == (DROP_STEP - 1) // BATCHES_PER_EPOCH
+    expected = [(epoch, MOSAIC if epoch <= callback.drop_epoch else 0.0, AFFINE) for epoch in range(6) for _ in range(2)]
+    assert seen == expected
+
+
+def test_a_short_run_is_not_augmented() -> None:
+    callback = LongRunAugmentation(min_epochs=6.5)  # the same 6 epochs, now short of the threshold
+    assert fit(callback, max_steps=12) == [(epoch, 0.0, 0.0) for epoch in range(6) for _ in range(2)]
+    assert callback.on_epoch is None
+
+
+@pytest.mark.parametrize(("min_epochs", "on"), [(20.0, True), (20.5, False)])
+def test_a_budget_run_is_long_when_its_pace_makes_min_epochs(min_epochs: float, on: bool) -> None:
+    budget = TrainingBudget(minutes=1.0)
+    budget.elapsed = lambda: 6.0  # two epochs in 6 s: 20 epochs in the minute
+    trainer = SimpleNamespace(callbacks=[budget], current_epoch=2, max_steps=-1,
+                              strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision))
+    callback = LongRunAugmentation(min_epochs=min_epochs)
+    assert callback.planned_epochs(trainer) == pytest.approx(20.0)
+    callback.on_train_epoch_start(trainer, None)
+    assert (callback.on_epoch == 2) is on
+    trainer.current_epoch = 0  # nothing is known before the first epoch ends
+    assert LongRunAugmentation().planned_epochs(trainer) == 0.0
+
+
+@pytest.mark.parametrize("epoch", [3, 4])  # the drop came in epoch 3
+def test_a_resumed_run_repeats_both_changes(epoch: int) -> None:
+    first = LongRunAugmentation(min_epochs=6)
+    fit(first, max_steps=12)
+    resumed = LongRunAugmentation(min_epochs=1000)  # the restored decision stands, whatever the length now
+    resumed.load_state_dict(first.state_dict())
+    data = ProbeData(0)
+    trainer = SimpleNamespace(datamodule=data, current_epoch=epoch)
+    resumed.on_train_start(trainer, None)
+    resumed.on_train_epoch_start(trainer, None)
+    assert (data.train_dataset.probability, data.train_transform.affine.p) == ((MOSAIC if epoch == 3 else 0.0), AFFINE)
+
+
+def test_nothing_to_switch_says_what_to_set() -> None:
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(train_dataset=[], train_transform=None))
+    with pytest.raises(TypeError, match="mosaic_probability.*affine_probability"):
+        LongRunAugmentation().on_train_start(trainer, None)

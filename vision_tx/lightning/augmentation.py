@@ -1,0 +1,94 @@
+"""YOLO's strong augmentations for the runs long enough to need them, and its last stretch without mosaics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+
+from vision_tx.lightning.budget import TrainingBudget
+
+
+class LongRunAugmentation(pl.Callback):
+    """Holds the training mosaics and the random affine off in short runs; in long ones they run until
+    the learning rate drops, then the mosaics stop (YOLO's ``close_mosaic``).
+
+    The augmentations are those the config sets: the mosaics of ``--data.mosaic_probability``
+    (:class:`vision_tx.data.mosaic.MosaicDetection`) and the affine of ``DetrTrainTransform``'s
+    ``affine_probability``. They stay off until the run is known to last at least ``min_epochs``
+    epochs: from the start for a run of ``trainer.max_steps`` (or ``max_epochs``); for a
+    ``--budget.minutes`` run, from the first epoch start at which the budget, at the pace of the epochs
+    so far, makes that many. On 160-290 training images they cost AP at 40-70 epochs and add 0.01-0.10
+    at 110-170, where the images would otherwise be learnt by heart (docs/LEARNING.md, session 53).
+    The mosaics stop from the epoch after any optimiser group's ``lr`` first falls below its
+    ``initial_lr``. ``min_epochs=0`` keeps the configured augmentations from the start and only closes
+    the mosaics. Changes reach loader workers at their next sample (the probabilities are in shared
+    memory); the epochs of both changes are kept in checkpoints, so a resumed run repeats them.
+    """
+
+    def __init__(self, min_epochs: float = 100.0) -> None:
+        if min_epochs < 0:
+            raise ValueError(f"LongRunAugmentation: min_epochs must be at least 0, got {min_epochs}")
+        self.min_epochs = min_epochs
+        self.on_epoch: int | None = None  # the epoch from which the augmentations run
+        self.drop_epoch: int | None = None  # the epoch in which the learning rate first dropped
+        self._switches: list[tuple[Any, str, float, bool]] = []  # (holder, attribute, configured probability, is mosaic)
+        self._told_off = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"on_epoch": self.on_epoch, "drop_epoch": self.drop_epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.on_epoch, self.drop_epoch = state_dict["on_epoch"], state_dict["drop_epoch"]
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        datamodule = trainer.datamodule
+        dataset, transform = getattr(datamodule, "train_dataset", None), getattr(datamodule, "train_transform", None)
+        self._switches = []
+        if hasattr(dataset, "probability") and dataset.probability > 0:
+            self._switches.append((dataset, "probability", dataset.probability, True))
+        affine = getattr(transform, "affine", None)
+        if affine is not None and affine.p > 0:
+            self._switches.append((affine, "p", affine.p, False))
+        if not self._switches:
+            raise TypeError("LongRunAugmentation: the training data has no mosaics and no affine to switch; set "
+                            "--data.mosaic_probability or the train transform's affine_probability above 0, or leave this callback out")
+
+    def planned_epochs(self, trainer: pl.Trainer) -> float:
+        """The run's length in epochs as far as it is known at this epoch's start (0 while unknown)."""
+        budget = next((c for c in trainer.callbacks if isinstance(c, TrainingBudget) and c.minutes), None)
+        if budget is not None:
+            seconds = budget.elapsed()
+            return trainer.current_epoch * 60 * budget.minutes / seconds if trainer.current_epoch and seconds > 0 else 0.0
+        if trainer.max_steps > 0:
+            return trainer.max_steps * trainer.accumulate_grad_batches / max(trainer.num_training_batches, 1)
+        return math.inf if trainer.max_epochs in (None, -1) else float(trainer.max_epochs)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        epoch = trainer.current_epoch
+        if self.on_epoch is None and self.drop_epoch is None:
+            planned = self.planned_epochs(trainer)
+            if trainer.strategy.reduce_boolean_decision(planned >= self.min_epochs, all=False):
+                self.on_epoch = epoch
+                rank_zero_info(f"LongRunAugmentation: mosaics and affine on from epoch {epoch} (the run makes about "
+                               f"{planned:.0f} epochs, at least {self.min_epochs:g})")
+            elif not self._told_off:
+                self._told_off = True
+                known = f"about {planned:.0f}" if planned else "not yet known"
+                rank_zero_info(f"LongRunAugmentation: no mosaics or affine while the run's length is under {self.min_epochs:g} "
+                               f"epochs ({known})")
+        closed = self.drop_epoch is not None and epoch > self.drop_epoch
+        for holder, attribute, configured, mosaic in self._switches:
+            on = self.on_epoch is not None and epoch >= self.on_epoch and not (mosaic and closed)
+            if getattr(holder, attribute) != (configured if on else 0.0):
+                setattr(holder, attribute, configured if on else 0.0)
+                if mosaic and closed:
+                    rank_zero_info(f"LongRunAugmentation: mosaics off from epoch {epoch} (the learning rate dropped in epoch {self.drop_epoch})")
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.drop_epoch is None and any(
+            group["lr"] < group.get("initial_lr", group["lr"]) for optimizer in trainer.optimizers for group in optimizer.param_groups
+        ):
+            self.drop_epoch = trainer.current_epoch
