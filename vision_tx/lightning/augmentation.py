@@ -82,8 +82,9 @@ class LongRunAugmentation(pl.Callback):
         closed = self.drop_epoch is not None and epoch > self.drop_epoch
         for holder, attribute, configured, mosaic in self._switches:
             on = self.on_epoch is not None and epoch >= self.on_epoch and not (mosaic and closed)
-            if getattr(holder, attribute) != (configured if on else 0.0):
-                setattr(holder, attribute, configured if on else 0.0)
+            wanted = configured if on else 0.0
+            if getattr(holder, attribute) != wanted:
+                setattr(holder, attribute, wanted)
                 if mosaic and closed:
                     rank_zero_info(f"LongRunAugmentation: mosaics off from epoch {epoch} (the learning rate dropped in epoch {self.drop_epoch})")
 
