@@ -915,6 +915,8 @@ MUTANTS = [
            "trainer.current_epoch * 60 * budget.minutes / seconds", "60 * budget.minutes / seconds", (LONG_RUN_AUGMENTATION,)),
     Mutant("long-run augmentation: the affine closed with the mosaics", "vision_tx/lightning/augmentation.py",
            "not (mosaic and closed)", "not closed", (LONG_RUN_AUGMENTATION,)),
+    Mutant("long-run augmentation: a short run given the configured augmentations", "vision_tx/lightning/augmentation.py",
+           "wanted = configured if on else 0.0", "wanted = configured", (LONG_RUN_AUGMENTATION,)),
     Mutant("shared probability: kept in the process's own memory (persistent workers never see a change)", "vision_tx/data/shared_probability.py",
            "torch.tensor(value, dtype=torch.float64).share_memory_()", "torch.tensor(value, dtype=torch.float64)", (LONG_RUN_AUGMENTATION,)),
     Mutant("mosaic: a number drawn at probability 0", "vision_tx/data/mosaic.py",
