@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 
 from vision_tx.backbones import build_backbone, save_weights
 from vision_tx.backbones.base import norms_and_biases_and
-from vision_tx.lightning.common import build_task_backbone, param_groups, sync_batchnorm_where_supported
+from vision_tx.lightning.common import adamw, build_task_backbone, param_groups, sync_batchnorm_where_supported
 
 SMALL = {"embed_dim": 16, "depths": (1, 1, 1, 1), "num_heads": (1, 1, 1, 1)}
 
@@ -125,10 +125,37 @@ def test_every_task_decays_norms_and_biases_as_its_option_says(decay: bool) -> N
         assert exempt and undecayed == (set() if decay else exempt), type(module).__name__
 
 
-@pytest.mark.parametrize(("precision", "fused"), [("32-true", True), ("bf16-mixed", True), ("16-mixed", False)])
-def test_every_task_fuses_adamw_unless_lightning_scales_the_gradients(precision: str, fused: bool) -> None:
-    """One fused AdamW kernel on the CPU; under ``16-mixed`` the loop over parameters, since Lightning will not clip
-    the gradients of an optimiser that unscales them itself."""
+@pytest.mark.parametrize(("precision", "fused"), [("32-true", True), ("bf16-mixed", False), ("16-mixed", False)])
+def test_every_task_fuses_adamw_unless_lightning_mixes_precision(precision: str, fused: bool) -> None:
+    """One fused AdamW kernel on the CPU; under ``16-mixed`` and ``bf16-mixed`` the loop over parameters, since
+    Lightning's mixed-precision plugin will not clip the gradients of an optimiser that could unscale them itself."""
     for module in _task_modules(True, precision):
         optimizer = module.configure_optimizers()["optimizer"]
         assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is fused, type(module).__name__
+
+
+class _Regression(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        inputs, targets = batch
+        return torch.nn.functional.mse_loss(self.layer(inputs).float(), targets)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return adamw(self, param_groups(self.layer, lr=1e-2, weight_decay=0.0))
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_adamw_trains_with_gradient_clipping_in_every_cpu_precision(precision: str, tmp_path) -> None:
+    """A real ``Trainer.fit`` with the configs' gradient clipping: a fused optimiser under ``bf16-mixed`` stops
+    the first step (Lightning: "does not allow for gradient clipping")."""
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    trainer = Trainer(max_steps=3, precision=precision, gradient_clip_val=0.1, accelerator="cpu", logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      default_root_dir=tmp_path)
+    module = _Regression()
+    before = module.layer.weight.detach().clone()
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+    assert trainer.global_step == 3 and not torch.equal(module.layer.weight, before)
