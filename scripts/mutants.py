@@ -142,6 +142,7 @@ TRAINING_BUDGET = "tests/lightning/test_budget.py"
 MAL = "tests/heads/test_rtdetr_criterion.py"
 CROP_PROBABILITY = "tests/data/test_transforms.py::test_crop_probability_is_the_share_of_cropped_images"
 AFFINE = "tests/data/test_transforms.py"
+CHANNEL_PERMUTATION = "tests/data/test_transforms.py::test_channel_permutation_reorders_the_colours_and_leaves_the_boxes"
 BENCHMARK_PEAKS = "tests/test_benchmark_gpu_paths.py"
 
 
@@ -777,6 +778,14 @@ MUTANTS = [
            'fill={tv_tensors.Image: FILL, "others": 0}', "fill=0", (AFFINE,)),
     Mutant("transforms: the affine never applied", "vision_tx/data/transforms.py",
            "p=affine_probability)", "p=0.0)", (AFFINE,)),
+    Mutant("transforms: the channel permutation never applied", "vision_tx/data/transforms.py",
+           "p=channel_permutation_probability)", "p=0.0)", (CHANNEL_PERMUTATION,)),
+    Mutant("transforms: the channel permutation before the flip and resize (their draws change)", "vision_tx/data/transforms.py",
+           "                v2.RandomHorizontalFlip(),\n", "                self.channel_permutation,\n                v2.RandomHorizontalFlip(),\n",
+           (CHANNEL_PERMUTATION,)),
+    Mutant("transforms: the switched-off channel permutation applied anyway", "vision_tx/data/transforms.py",
+           "self.channel_permutation = SwitchableRandomApply([v2.RandomChannelPermutation()], p=channel_permutation_probability)",
+           "self.channel_permutation = v2.RandomChannelPermutation()", (CHANNEL_PERMUTATION,)),
     Mutant("mosaic: right-hand quadrants placed left of the centre", "vision_tx/data/mosaic.py",
            "left = centre_x - new_w if quadrant in (0, 2) else centre_x", "left = centre_x - new_w if quadrant in (0, 1) else centre_x", (MOSAIC,)),
     Mutant("mosaic: boxes not shifted with their image", "vision_tx/data/mosaic.py",
@@ -917,6 +926,11 @@ MUTANTS = [
            "not (mosaic and closed)", "not closed", (LONG_RUN_AUGMENTATION,)),
     Mutant("long-run augmentation: a short run given the configured augmentations", "vision_tx/lightning/augmentation.py",
            "wanted = configured if on else 0.0", "wanted = configured", (LONG_RUN_AUGMENTATION,)),
+    Mutant("long-run augmentation: every instance kept under one checkpoint key", "vision_tx/lightning/augmentation.py",
+           "return self._generate_state_key(min_epochs=self.min_epochs, augmentations=self.augmentations)",
+           "return type(self).__qualname__", (LONG_RUN_AUGMENTATION,)),
+    Mutant("long-run augmentation: the augmentations named ignored (mosaics and affine always)", "vision_tx/lightning/augmentation.py",
+           "for name in self.augmentations:", 'for name in ("mosaic", "affine"):', (LONG_RUN_AUGMENTATION,)),
     Mutant("shared probability: kept in the process's own memory (persistent workers never see a change)", "vision_tx/data/shared_probability.py",
            "torch.tensor(value, dtype=torch.float64).share_memory_()", "torch.tensor(value, dtype=torch.float64)", (LONG_RUN_AUGMENTATION,)),
     Mutant("mosaic: a number drawn at probability 0", "vision_tx/data/mosaic.py",

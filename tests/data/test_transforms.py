@@ -194,3 +194,32 @@ def test_no_affine_by_default_none_drawn_when_off_and_its_probability_is_checked
     assert not torch.equal(transform.affine(image, target)[0], image) and not torch.equal(torch.get_rng_state(), state)
     with pytest.raises(ValueError, match="affine_probability"):
         DetrTrainTransform(affine_probability=-0.1)
+
+
+def test_channel_permutation_reorders_the_colours_and_leaves_the_boxes() -> None:
+    """A one-colour image (red 10, green 100, blue 200): each output is one of the six orders of those three
+    values, all six are drawn, and the boxes are those of the same draw without the permutation (which
+    comes after the flip and the resize). Off (the default), it returns its inputs and draws no number."""
+    colour = torch.tensor([10, 100, 200], dtype=torch.uint8)
+    image = tv_tensors.Image(colour[:, None, None].expand(3, 40, 60).clone())
+    target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[5.0, 4.0, 25.0, 30.0]]), format="XYXY", canvas_size=(40, 60)),
+              "labels": torch.tensor([2])}
+    permuting = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0, channel_permutation_probability=1.0)
+    plain = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0)
+    orders = set()
+    for seed in range(40):
+        torch.manual_seed(seed)
+        out_image, out = permuting(image.clone(), {k: v.clone() for k, v in target.items()})
+        torch.manual_seed(seed)
+        _, unpermuted = plain(image.clone(), {k: v.clone() for k, v in target.items()})
+        torch.testing.assert_close(out["boxes"], unpermuted["boxes"], rtol=0, atol=0)
+        pixels = out_image * torch.tensor(IMAGENET_STD)[:, None, None] + torch.tensor(IMAGENET_MEAN)[:, None, None]
+        values = (pixels.flatten(1).mean(1) * 255).round().to(torch.uint8)
+        assert sorted(values.tolist()) == [10, 100, 200] and (pixels.flatten(1).std(1) < 1e-5).all()
+        orders.add(tuple(values.tolist()))
+    assert len(orders) == 6
+    state = torch.get_rng_state()
+    out_image, out = plain.channel_permutation(image, target)
+    assert out_image is image and out is target and torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(ValueError, match="channel_permutation_probability"):
+        DetrTrainTransform(channel_permutation_probability=2.0)

@@ -1,5 +1,6 @@
-"""LongRunAugmentation: the configured mosaics and affine held off in short runs, on in long ones,
-the mosaics closed after the learning-rate drop, every change seen by persistent loader workers."""
+"""LongRunAugmentation: the configured mosaics and affine (or the augmentations named) held off in short
+runs, on in long ones, the mosaics closed after the learning-rate drop, every change seen by persistent
+loader workers; two instances side by side, each with its own threshold and checkpoint entry."""
 
 from __future__ import annotations
 
@@ -16,47 +17,48 @@ from vision_tx.data.transforms import SwitchableRandomApply
 from vision_tx.lightning.augmentation import LongRunAugmentation
 from vision_tx.lightning.budget import TrainingBudget
 
-MOSAIC, AFFINE = 0.5, 1.0
+MOSAIC, AFFINE, PERMUTATION = 0.5, 1.0, 0.25
 BATCHES_PER_EPOCH, DROP_STEP = 2, 8
 
 
 class Probe(Dataset):
-    """Each sample is the (mosaic, affine) probability pair as the process that reads it sees them."""
+    """Each sample is the (mosaic, affine, channel permutation) probabilities as the process that reads it sees them."""
 
     probability = SharedProbability()
 
-    def __init__(self, affine: SwitchableRandomApply) -> None:
+    def __init__(self, transform: SimpleNamespace) -> None:
         self.probability = MOSAIC
-        self.affine = affine
+        self.transform = transform
 
     def __len__(self) -> int:
         return 4 * BATCHES_PER_EPOCH
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.tensor([self.probability, self.affine.p])
+        return torch.tensor([self.probability, self.transform.affine.p, self.transform.channel_permutation.p])
 
 
 class ProbeData(pl.LightningDataModule):
     def __init__(self, workers: int) -> None:
         super().__init__()
         self.workers = workers
-        self.train_transform = SimpleNamespace(affine=SwitchableRandomApply([v2.Identity()], p=AFFINE))
-        self.train_dataset = Probe(self.train_transform.affine)
+        self.train_transform = SimpleNamespace(affine=SwitchableRandomApply([v2.Identity()], p=AFFINE),
+                                               channel_permutation=SwitchableRandomApply([v2.Identity()], p=PERMUTATION))
+        self.train_dataset = Probe(self.train_transform)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_dataset, batch_size=4, num_workers=self.workers, persistent_workers=self.workers > 0)
 
 
 class Recorder(pl.LightningModule):
-    """Records (epoch, mosaic probability, affine probability) of every batch; the rate drops by 10 at ``DROP_STEP``."""
+    """Records (epoch, mosaic, affine and permutation probabilities) of every batch; the rate drops by 10 at ``DROP_STEP``."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.layer = torch.nn.Linear(2, 1)
-        self.seen: list[tuple[int, float, float]] = []
+        self.layer = torch.nn.Linear(3, 1)
+        self.seen: list[tuple[int, float, float, float]] = []
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        self.seen.append((self.current_epoch, float(batch[0, 0]), float(batch[0, 1])))
+        self.seen.append((self.current_epoch, *(float(p) for p in batch[0])))
         return self.layer(batch).square().mean()
 
     def configure_optimizers(self) -> dict:
@@ -65,10 +67,10 @@ class Recorder(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def fit(callback: LongRunAugmentation, max_steps: int, workers: int = 0) -> list[tuple[int, float, float]]:
+def fit(callback: LongRunAugmentation | list[LongRunAugmentation], max_steps: int, workers: int = 0) -> list[tuple[int, float, float, float]]:
     model = Recorder()
     trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[callback])
+                         enable_model_summary=False, callbacks=callback if isinstance(callback, list) else [callback])
     trainer.fit(model, datamodule=ProbeData(workers))
     return model.seen
 
@@ -77,13 +79,13 @@ def test_a_long_run_augments_until_the_drop_then_closes_the_mosaics_in_persisten
     callback = LongRunAugmentation(min_epochs=6)  # 12 steps of 2 per epoch: 6 epochs, long enough
     seen = fit(callback, max_steps=12, workers=1)
     assert callback.on_epoch == 0 and callback.drop_epoch == (DROP_STEP - 1) // BATCHES_PER_EPOCH
-    expected = [(epoch, MOSAIC if epoch <= callback.drop_epoch else 0.0, AFFINE) for epoch in range(6) for _ in range(2)]
+    expected = [(epoch, MOSAIC if epoch <= callback.drop_epoch else 0.0, AFFINE, PERMUTATION) for epoch in range(6) for _ in range(2)]
     assert seen == expected
 
 
 def test_a_short_run_is_not_augmented() -> None:
     callback = LongRunAugmentation(min_epochs=6.5)  # the same 6 epochs, now short of the threshold
-    assert fit(callback, max_steps=12) == [(epoch, 0.0, 0.0) for epoch in range(6) for _ in range(2)]
+    assert fit(callback, max_steps=12) == [(epoch, 0.0, 0.0, PERMUTATION) for epoch in range(6) for _ in range(2)]
     assert callback.on_epoch is None
 
 
@@ -118,3 +120,22 @@ def test_nothing_to_switch_says_what_to_set() -> None:
     trainer = SimpleNamespace(datamodule=SimpleNamespace(train_dataset=[], train_transform=None))
     with pytest.raises(TypeError, match="mosaic_probability.*affine_probability"):
         LongRunAugmentation().on_train_start(trainer, None)
+    with pytest.raises(TypeError, match="no channel permutation to switch; set the train transform's channel_permutation_probability"):
+        LongRunAugmentation(augmentations=["channel_permutation"]).on_train_start(trainer, None)
+
+
+def test_two_instances_switch_their_own_augmentations_at_their_own_lengths() -> None:
+    """The recipe's pair: mosaics and affine from 100 epochs, the channel permutation from 5. A 6-epoch run has
+    the permutation throughout (the mosaics never close: they never opened) and the rest held off; each
+    instance keeps its own checkpoint entry, so a resumed run gives each its decision back."""
+    long_only = LongRunAugmentation(min_epochs=100)
+    permutation = LongRunAugmentation(min_epochs=5, augmentations=["channel_permutation"])
+    assert fit([long_only, permutation], max_steps=12, workers=1) == [(epoch, 0.0, 0.0, PERMUTATION) for epoch in range(6) for _ in range(2)]
+    assert long_only.on_epoch is None and permutation.on_epoch == 0
+    assert long_only.state_key != permutation.state_key
+    assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["channel_permutation"]), max_steps=12)[0] == (0, MOSAIC, AFFINE, 0.0)
+
+
+def test_unknown_augmentations_are_refused() -> None:
+    with pytest.raises(ValueError, match="augmentations must name some of"):
+        LongRunAugmentation(augmentations=["mixup"])

@@ -121,9 +121,11 @@ class DetrTrainTransform(DetectionTransform):
     then, for an ``affine_probability`` share of the images (0: none, the default), YOLO's random
     affine at the same canvas size: zoomed by a factor drawn from ``affine_scale`` and shifted by up
     to ``translate`` of each side, the uncovered area grey (YOLO's letterbox colour; ``self.affine.p``
-    may be changed during training, as :class:`SwitchableRandomApply`'s); then float,
-    ImageNet normalisation, and removal of the boxes (with their labels and masks) that the crop or
-    the shift left smaller than a pixel."""
+    may be changed during training, as :class:`SwitchableRandomApply`'s); then, for a
+    ``channel_permutation_probability`` share of the images (0: none, the default), the colour channels
+    in a random order (each object's colour changes, its shape and box do not: a colour the model
+    has learnt an object by no longer gives it away); then float, ImageNet normalisation, and removal
+    of the boxes (with their labels and masks) that the crop or the shift left smaller than a pixel."""
 
     def __init__(
         self,
@@ -135,13 +137,16 @@ class DetrTrainTransform(DetectionTransform):
         affine_probability: float = 0.0,
         translate: float = 0.1,
         affine_scale: tuple[float, float] = (0.75, 1.25),
+        channel_permutation_probability: float = 0.0,
     ):
-        for name, probability in (("crop_probability", crop_probability), ("affine_probability", affine_probability)):
+        for name, probability in (("crop_probability", crop_probability), ("affine_probability", affine_probability),
+                                  ("channel_permutation_probability", channel_permutation_probability)):
             if not 0.0 <= probability <= 1.0:
                 raise ValueError(f"{__name__}: {name} must be in [0, 1], got {probability}")
         multi_scale = RandomShortestSide(scales, max_size=max_size)
         zoom_and_shift = v2.RandomAffine(0, (translate, translate), tuple(affine_scale), fill={tv_tensors.Image: FILL, "others": 0})
         self.affine = SwitchableRandomApply([zoom_and_shift], p=affine_probability)
+        self.channel_permutation = SwitchableRandomApply([v2.RandomChannelPermutation()], p=channel_permutation_probability)
         super().__init__(
             v2.Compose([
                 v2.RandomHorizontalFlip(),
@@ -154,6 +159,7 @@ class DetrTrainTransform(DetectionTransform):
                     ]),
                 ], p=[1.0 - crop_probability, crop_probability]),
                 self.affine,
+                self.channel_permutation,
                 *_to_normalized_float(),
                 v2.SanitizeBoundingBoxes(),
             ])

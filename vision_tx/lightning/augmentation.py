@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,13 +13,26 @@ from lightning.pytorch.utilities import rank_zero_info
 from vision_tx.lightning.budget import TrainingBudget
 
 
-class LongRunAugmentation(pl.Callback):
-    """Holds the training mosaics and the random affine off in short runs; in long ones they run until
-    the learning rate drops, then the mosaics stop (YOLO's ``close_mosaic``).
+# name: (what messages call it, the datamodule attributes leading to its holder, the holder's probability
+# attribute, the setting that turns it on)
+AUGMENTATIONS = {
+    "mosaic": ("mosaics", ("train_dataset",), "probability", "--data.mosaic_probability"),
+    "affine": ("affine", ("train_transform", "affine"), "p", "the train transform's affine_probability"),
+    "channel_permutation": ("channel permutation", ("train_transform", "channel_permutation"), "p",
+                            "the train transform's channel_permutation_probability"),
+}
 
-    The augmentations are those the config sets: the mosaics of ``--data.mosaic_probability``
-    (:class:`vision_tx.data.mosaic.MosaicDetection`) and the affine of ``DetrTrainTransform``'s
-    ``affine_probability``. They stay off until the run is known to last at least ``min_epochs``
+
+class LongRunAugmentation(pl.Callback):
+    """Holds the training mosaics and the random affine (or the other ``augmentations`` named) off in
+    short runs; in long ones they run until the learning rate drops, then the mosaics stop (YOLO's
+    ``close_mosaic``).
+
+    The augmentations are those the config sets, of those named in ``augmentations``
+    (:data:`AUGMENTATIONS`): the mosaics of ``--data.mosaic_probability``
+    (:class:`vision_tx.data.mosaic.MosaicDetection`), the affine of ``DetrTrainTransform``'s
+    ``affine_probability``, its ``channel_permutation_probability``. Several instances, each with
+    its own names and threshold, may run side by side. They stay off until the run is known to last at least ``min_epochs``
     epochs: from the start for a run of ``trainer.max_steps`` (or ``max_epochs``); for a
     ``--budget.minutes`` run, from the first epoch start at which the budget, at the pace of the epochs
     so far, makes that many. On 160-290 training images they cost AP at 40-70 epochs and add 0.01-0.10
@@ -28,14 +43,24 @@ class LongRunAugmentation(pl.Callback):
     memory); the epochs of both changes are kept in checkpoints, so a resumed run repeats them.
     """
 
-    def __init__(self, min_epochs: float = 100.0) -> None:
+    def __init__(self, min_epochs: float = 100.0, augmentations: Sequence[str] = ("mosaic", "affine")) -> None:
         if min_epochs < 0:
             raise ValueError(f"LongRunAugmentation: min_epochs must be at least 0, got {min_epochs}")
+        unknown = [name for name in augmentations if name not in AUGMENTATIONS]
+        if unknown or not augmentations:
+            raise ValueError(f"LongRunAugmentation: augmentations must name some of {list(AUGMENTATIONS)}, got {list(augmentations)}")
         self.min_epochs = min_epochs
+        self.augmentations = tuple(augmentations)
+        self.names = " and ".join(AUGMENTATIONS[name][0] for name in self.augmentations)
         self.on_epoch: int | None = None  # the epoch from which the augmentations run
         self.drop_epoch: int | None = None  # the epoch in which the learning rate first dropped
         self._switches: list[tuple[Any, str, float, bool]] = []  # (holder, attribute, configured probability, is mosaic)
         self._told_off = False
+
+    @property
+    def state_key(self) -> str:
+        """One checkpoint entry per instance: a resumed run gives each its own decisions back."""
+        return self._generate_state_key(min_epochs=self.min_epochs, augmentations=self.augmentations)
 
     def state_dict(self) -> dict[str, Any]:
         return {"on_epoch": self.on_epoch, "drop_epoch": self.drop_epoch}
@@ -44,17 +69,17 @@ class LongRunAugmentation(pl.Callback):
         self.on_epoch, self.drop_epoch = state_dict["on_epoch"], state_dict["drop_epoch"]
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        datamodule = trainer.datamodule
-        dataset, transform = getattr(datamodule, "train_dataset", None), getattr(datamodule, "train_transform", None)
         self._switches = []
-        if hasattr(dataset, "probability") and dataset.probability > 0:
-            self._switches.append((dataset, "probability", dataset.probability, True))
-        affine = getattr(transform, "affine", None)
-        if affine is not None and affine.p > 0:
-            self._switches.append((affine, "p", affine.p, False))
+        for name in self.augmentations:
+            _, path, attribute, _ = AUGMENTATIONS[name]
+            holder = functools.reduce(lambda parent, child: getattr(parent, child, None), path, trainer.datamodule)
+            if getattr(holder, attribute, 0) > 0:
+                self._switches.append((holder, attribute, getattr(holder, attribute), name == "mosaic"))
         if not self._switches:
-            raise TypeError("LongRunAugmentation: the training data has no mosaics and no affine to switch; set "
-                            "--data.mosaic_probability or the train transform's affine_probability above 0, or leave this callback out")
+            nothing = " and no ".join(AUGMENTATIONS[name][0] for name in self.augmentations)
+            settings = " or ".join(AUGMENTATIONS[name][3] for name in self.augmentations)
+            raise TypeError(f"LongRunAugmentation: the training data has no {nothing} to switch; set {settings} above 0, "
+                            "or leave this callback out")
 
     def planned_epochs(self, trainer: pl.Trainer) -> float:
         """The run's length in epochs as far as it is known at this epoch's start (0 while unknown)."""
@@ -72,12 +97,12 @@ class LongRunAugmentation(pl.Callback):
             planned = self.planned_epochs(trainer)
             if trainer.strategy.reduce_boolean_decision(planned >= self.min_epochs, all=False):
                 self.on_epoch = epoch
-                rank_zero_info(f"LongRunAugmentation: mosaics and affine on from epoch {epoch} (the run makes about "
+                rank_zero_info(f"LongRunAugmentation: {self.names} on from epoch {epoch} (the run makes about "
                                f"{planned:.0f} epochs, at least {self.min_epochs:g})")
             elif not self._told_off:
                 self._told_off = True
                 known = f"about {planned:.0f}" if planned else "not yet known"
-                rank_zero_info(f"LongRunAugmentation: no mosaics or affine while the run's length is under {self.min_epochs:g} "
+                rank_zero_info(f"LongRunAugmentation: no {self.names.replace(' and ', ' or ')} while the run's length is under {self.min_epochs:g} "
                                f"epochs ({known})")
         closed = self.drop_epoch is not None and epoch > self.drop_epoch
         for holder, attribute, configured, mosaic in self._switches:
