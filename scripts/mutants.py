@@ -143,6 +143,7 @@ MAL = "tests/heads/test_rtdetr_criterion.py"
 CROP_PROBABILITY = "tests/data/test_transforms.py::test_crop_probability_is_the_share_of_cropped_images"
 AFFINE = "tests/data/test_transforms.py"
 CHANNEL_PERMUTATION = "tests/data/test_transforms.py::test_channel_permutation_reorders_the_colours_and_leaves_the_boxes"
+VERTICAL_FLIP = "tests/data/test_transforms.py::test_vertical_flip_mirrors_the_image_and_the_boxes_top_to_bottom"
 BENCHMARK_PEAKS = "tests/test_benchmark_gpu_paths.py"
 
 
@@ -786,6 +787,16 @@ MUTANTS = [
     Mutant("transforms: the switched-off channel permutation applied anyway", "vision_tx/data/transforms.py",
            "self.channel_permutation = SwitchableRandomApply([v2.RandomChannelPermutation()], p=channel_permutation_probability)",
            "self.channel_permutation = v2.RandomChannelPermutation()", (CHANNEL_PERMUTATION,)),
+    Mutant("transforms: the vertical flip never applied", "vision_tx/data/transforms.py",
+           "p=vertical_flip_probability)", "p=0.0)", (VERTICAL_FLIP,)),
+    Mutant("transforms: the vertical flip mirrors left to right", "vision_tx/data/transforms.py",
+           "[v2.RandomVerticalFlip(p=1.0)]", "[v2.RandomHorizontalFlip(p=1.0)]", (VERTICAL_FLIP,)),
+    Mutant("transforms: the switched-off vertical flip applied anyway", "vision_tx/data/transforms.py",
+           "self.vertical_flip = SwitchableRandomApply([v2.RandomVerticalFlip(p=1.0)], p=vertical_flip_probability)",
+           "self.vertical_flip = v2.RandomVerticalFlip(p=vertical_flip_probability)", (VERTICAL_FLIP,)),
+    Mutant("long-run augmentation: the vertical flip switched through the channel permutation", "vision_tx/lightning/augmentation.py",
+           '"vertical_flip": ("vertical flip", ("train_transform", "vertical_flip")',
+           '"vertical_flip": ("vertical flip", ("train_transform", "channel_permutation")', (LONG_RUN_AUGMENTATION,)),
     Mutant("mosaic: right-hand quadrants placed left of the centre", "vision_tx/data/mosaic.py",
            "left = centre_x - new_w if quadrant in (0, 2) else centre_x", "left = centre_x - new_w if quadrant in (0, 1) else centre_x", (MOSAIC,)),
     Mutant("mosaic: boxes not shifted with their image", "vision_tx/data/mosaic.py",

@@ -223,3 +223,31 @@ def test_channel_permutation_reorders_the_colours_and_leaves_the_boxes() -> None
     assert out_image is image and out is target and torch.equal(torch.get_rng_state(), state)
     with pytest.raises(ValueError, match="channel_permutation_probability"):
         DetrTrainTransform(channel_permutation_probability=2.0)
+
+
+def test_vertical_flip_mirrors_the_image_and_the_boxes_top_to_bottom() -> None:
+    """An image bright in its top 10 rows and a box that the horizontal flip maps onto itself: flipped, the
+    bright rows are the bottom 10 and the box runs from 40 - 30 to 40 - 4; at 0.5 both outcomes occur;
+    off (the default), it returns its inputs and draws no number."""
+    image = tv_tensors.Image(torch.full((3, 40, 60), 10, dtype=torch.uint8))
+    image[:, :10] = 200
+    target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[20.0, 4.0, 40.0, 30.0]]), format="XYXY", canvas_size=(40, 60)),
+              "labels": torch.tensor([2])}
+    flipping = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0, vertical_flip_probability=0.5)
+    seen = set()
+    for seed in range(20):
+        torch.manual_seed(seed)
+        out_image, out = flipping(image.clone(), {k: v.clone() for k, v in target.items()})
+        flipped = bool(out_image[0, -1, 0] > out_image[0, 0, 0])
+        expected = [20.0, 10.0, 40.0, 36.0] if flipped else [20.0, 4.0, 40.0, 30.0]
+        torch.testing.assert_close(out["boxes"].as_subclass(torch.Tensor), torch.tensor([expected]), rtol=0, atol=1e-5)
+        bright_rows = (out_image[0, :, 0] > out_image[0].mean()).nonzero().flatten().tolist()
+        assert bright_rows == (list(range(30, 40)) if flipped else list(range(10)))
+        seen.add(flipped)
+    assert seen == {True, False}
+    plain = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0)
+    state = torch.get_rng_state()
+    out_image, out = plain.vertical_flip(image, target)
+    assert out_image is image and out is target and torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(ValueError, match="vertical_flip_probability"):
+        DetrTrainTransform(vertical_flip_probability=-1.0)

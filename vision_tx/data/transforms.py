@@ -115,7 +115,8 @@ def _to_normalized_float() -> list[v2.Transform]:
 
 
 class DetrTrainTransform(DetectionTransform):
-    """Horizontal flip, then either a multi-scale resize (shorter side from ``scales``, longer side
+    """Horizontal flip, then a vertical flip on a ``vertical_flip_probability`` share of the images (0: none,
+    the default; for images without an up, such as smears, top views or shapes), then either a multi-scale resize (shorter side from ``scales``, longer side
     at most ``max_size``) or, for a ``crop_probability`` share of the images (DETR's 0.5), [shorter
     side from ``crop_scales``, random crop of ``crop_size`` = (min, max) side, multi-scale resize];
     then, for an ``affine_probability`` share of the images (0: none, the default), YOLO's random
@@ -138,18 +139,22 @@ class DetrTrainTransform(DetectionTransform):
         translate: float = 0.1,
         affine_scale: tuple[float, float] = (0.75, 1.25),
         channel_permutation_probability: float = 0.0,
+        vertical_flip_probability: float = 0.0,
     ):
         for name, probability in (("crop_probability", crop_probability), ("affine_probability", affine_probability),
-                                  ("channel_permutation_probability", channel_permutation_probability)):
+                                  ("channel_permutation_probability", channel_permutation_probability),
+                                  ("vertical_flip_probability", vertical_flip_probability)):
             if not 0.0 <= probability <= 1.0:
                 raise ValueError(f"{__name__}: {name} must be in [0, 1], got {probability}")
         multi_scale = RandomShortestSide(scales, max_size=max_size)
         zoom_and_shift = v2.RandomAffine(0, (translate, translate), tuple(affine_scale), fill={tv_tensors.Image: FILL, "others": 0})
         self.affine = SwitchableRandomApply([zoom_and_shift], p=affine_probability)
         self.channel_permutation = SwitchableRandomApply([v2.RandomChannelPermutation()], p=channel_permutation_probability)
+        self.vertical_flip = SwitchableRandomApply([v2.RandomVerticalFlip(p=1.0)], p=vertical_flip_probability)
         super().__init__(
             v2.Compose([
                 v2.RandomHorizontalFlip(),
+                self.vertical_flip,
                 v2.RandomChoice([
                     multi_scale,
                     v2.Compose([

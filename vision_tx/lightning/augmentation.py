@@ -20,6 +20,7 @@ AUGMENTATIONS = {
     "affine": ("affine", ("train_transform", "affine"), "p", "the train transform's affine_probability"),
     "channel_permutation": ("channel permutation", ("train_transform", "channel_permutation"), "p",
                             "the train transform's channel_permutation_probability"),
+    "vertical_flip": ("vertical flip", ("train_transform", "vertical_flip"), "p", "the train transform's vertical_flip_probability"),
 }
 
 
@@ -31,7 +32,7 @@ class LongRunAugmentation(pl.Callback):
     The augmentations are those the config sets, of those named in ``augmentations``
     (:data:`AUGMENTATIONS`): the mosaics of ``--data.mosaic_probability``
     (:class:`vision_tx.data.mosaic.MosaicDetection`), the affine of ``DetrTrainTransform``'s
-    ``affine_probability``, its ``channel_permutation_probability``. Several instances, each with
+    ``affine_probability``, its ``channel_permutation_probability`` and ``vertical_flip_probability``. Several instances, each with
     its own names and threshold, may run side by side. They stay off until the run is known to last
     at least ``min_epochs`` epochs: from the start for a run of ``trainer.max_steps`` (or ``max_epochs``); for a
     ``--budget.minutes`` run, from the first epoch start at which the budget, at the pace of the epochs
