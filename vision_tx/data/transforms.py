@@ -116,8 +116,9 @@ def _to_normalized_float() -> list[v2.Transform]:
 
 class DetrTrainTransform(DetectionTransform):
     """Horizontal flip, then a vertical flip on a ``vertical_flip_probability`` share of the images (0: none,
-    the default; for images without an up, such as smears, top views or shapes), then either a multi-scale resize (shorter side from ``scales``, longer side
-    at most ``max_size``) or, for a ``crop_probability`` share of the images (DETR's 0.5), [shorter
+    the default; for images without an up, such as smears, top views or shapes), then either a
+    multi-scale resize (shorter side from ``scales``, longer side at most ``max_size``) or, for a
+    ``crop_probability`` share of the images (DETR's 0.5), [shorter
     side from ``crop_scales``, random crop of ``crop_size`` = (min, max) side, multi-scale resize];
     then, for an ``affine_probability`` share of the images (0: none, the default), YOLO's random
     affine at the same canvas size: zoomed by a factor drawn from ``affine_scale`` and shifted by up

@@ -32,8 +32,8 @@ class LongRunAugmentation(pl.Callback):
     The augmentations are those the config sets, of those named in ``augmentations``
     (:data:`AUGMENTATIONS`): the mosaics of ``--data.mosaic_probability``
     (:class:`vision_tx.data.mosaic.MosaicDetection`), the affine of ``DetrTrainTransform``'s
-    ``affine_probability``, its ``channel_permutation_probability`` and ``vertical_flip_probability``. Several instances, each with
-    its own names and threshold, may run side by side. They stay off until the run is known to last
+    ``affine_probability``, its ``channel_permutation_probability`` and ``vertical_flip_probability``.
+    Several instances, each with its own names and threshold, may run side by side. They stay off until the run is known to last
     at least ``min_epochs`` epochs: from the start for a run of ``trainer.max_steps`` (or ``max_epochs``); for a
     ``--budget.minutes`` run, from the first epoch start at which the budget, at the pace of the epochs
     so far, makes that many. On 160-290 training images they cost AP at 40-70 epochs and add 0.01-0.10
