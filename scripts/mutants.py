@@ -1088,7 +1088,8 @@ def run_tests(checkout: Path, tests: tuple[str, ...], timeout: float) -> tuple[b
     env = dict(os.environ, PYTHONPATH=str(checkout), CI="true", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     # the copy sits elsewhere, so point it at this checkout's ../shared/data
     env.setdefault("VISION_TX_SHARED_DATA", str(ROOT.parent / "shared" / "data"))
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    # -n 0: a few tests each, run in --jobs copies at once; pytest-xdist's workers would only add their start-up
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", *tests]
     try:
         result = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

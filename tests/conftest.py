@@ -35,6 +35,16 @@ def require_reference(module: str) -> ModuleType:
         unavailable(f"reference library {module} cannot be imported ({err}); install the test extra: pip install -e '.[test]'")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker takes its share of torch's threads (workers that each take every core slow
+    down), and so do the processes its tests start: a run killed and resumed in another process sums as this one."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, torch.get_num_threads() // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``../shared/data`` beside the project; without it the tests that need it fail under CI, skip elsewhere."""
