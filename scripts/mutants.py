@@ -144,6 +144,7 @@ CROP_PROBABILITY = "tests/data/test_transforms.py::test_crop_probability_is_the_
 AFFINE = "tests/data/test_transforms.py"
 CHANNEL_PERMUTATION = "tests/data/test_transforms.py::test_channel_permutation_reorders_the_colours_and_leaves_the_boxes"
 VERTICAL_FLIP = "tests/data/test_transforms.py::test_vertical_flip_mirrors_the_image_and_the_boxes_top_to_bottom"
+QUARTER_TURN = "tests/data/test_transforms.py::test_quarter_turn_turns_the_image_its_canvas_and_the_boxes_a_quarter_counter_clockwise"
 BENCHMARK_PEAKS = "tests/test_benchmark_gpu_paths.py"
 
 
@@ -797,6 +798,18 @@ MUTANTS = [
     Mutant("long-run augmentation: the vertical flip switched through the channel permutation", "vision_tx/lightning/augmentation.py",
            '"vertical_flip": ("vertical flip", ("train_transform", "vertical_flip")',
            '"vertical_flip": ("vertical flip", ("train_transform", "channel_permutation")', (LONG_RUN_AUGMENTATION,)),
+    Mutant("transforms: the quarter turn never applied", "vision_tx/data/transforms.py",
+           "p=quarter_turn_probability)", "p=0.0)", (QUARTER_TURN,)),
+    Mutant("transforms: the quarter turn clockwise", "vision_tx/data/transforms.py",
+           "v2.RandomRotation(degrees=(90, 90), expand=True)", "v2.RandomRotation(degrees=(-90, -90), expand=True)", (QUARTER_TURN,)),
+    Mutant("transforms: the quarter turn on a canvas of the same size", "vision_tx/data/transforms.py",
+           "v2.RandomRotation(degrees=(90, 90), expand=True)", "v2.RandomRotation(degrees=(90, 90), expand=False)", (QUARTER_TURN,)),
+    Mutant("transforms: the switched-off quarter turn applied anyway", "vision_tx/data/transforms.py",
+           "self.quarter_turn = SwitchableRandomApply([quarter_turn], p=quarter_turn_probability)",
+           "self.quarter_turn = v2.RandomApply([quarter_turn], p=quarter_turn_probability)", (QUARTER_TURN,)),
+    Mutant("long-run augmentation: the quarter turn switched through the vertical flip", "vision_tx/lightning/augmentation.py",
+           '"quarter_turn": ("quarter turn", ("train_transform", "quarter_turn")',
+           '"quarter_turn": ("quarter turn", ("train_transform", "vertical_flip")', (LONG_RUN_AUGMENTATION,)),
     Mutant("mosaic: right-hand quadrants placed left of the centre", "vision_tx/data/mosaic.py",
            "left = centre_x - new_w if quadrant in (0, 2) else centre_x", "left = centre_x - new_w if quadrant in (0, 1) else centre_x", (MOSAIC,)),
     Mutant("mosaic: boxes not shifted with their image", "vision_tx/data/mosaic.py",

@@ -17,12 +17,13 @@ from vision_tx.data.transforms import SwitchableRandomApply
 from vision_tx.lightning.augmentation import LongRunAugmentation
 from vision_tx.lightning.budget import TrainingBudget
 
-MOSAIC, AFFINE, PERMUTATION, VERTICAL_FLIP = 0.5, 1.0, 0.25, 0.75
+MOSAIC, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN = 0.5, 1.0, 0.25, 0.75, 0.625
 BATCHES_PER_EPOCH, DROP_STEP = 2, 8
 
 
 class Probe(Dataset):
-    """Each sample is the (mosaic, affine, channel permutation, vertical flip) probabilities as the process that reads it sees them."""
+    """Each sample is the (mosaic, affine, channel permutation, vertical flip, quarter turn) probabilities as the process that
+    reads it sees them."""
 
     probability = SharedProbability()
 
@@ -35,7 +36,7 @@ class Probe(Dataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return torch.tensor([self.probability, self.transform.affine.p, self.transform.channel_permutation.p,
-                             self.transform.vertical_flip.p])
+                             self.transform.vertical_flip.p, self.transform.quarter_turn.p])
 
 
 class ProbeData(pl.LightningDataModule):
@@ -44,7 +45,8 @@ class ProbeData(pl.LightningDataModule):
         self.workers = workers
         self.train_transform = SimpleNamespace(affine=SwitchableRandomApply([v2.Identity()], p=AFFINE),
                                                channel_permutation=SwitchableRandomApply([v2.Identity()], p=PERMUTATION),
-                                               vertical_flip=SwitchableRandomApply([v2.Identity()], p=VERTICAL_FLIP))
+                                               vertical_flip=SwitchableRandomApply([v2.Identity()], p=VERTICAL_FLIP),
+                                               quarter_turn=SwitchableRandomApply([v2.Identity()], p=QUARTER_TURN))
         self.train_dataset = Probe(self.train_transform)
 
     def train_dataloader(self) -> DataLoader:
@@ -52,12 +54,13 @@ class ProbeData(pl.LightningDataModule):
 
 
 class Recorder(pl.LightningModule):
-    """Records (epoch, mosaic, affine, permutation and vertical flip probabilities) of every batch; the rate drops by 10 at ``DROP_STEP``."""
+    """Records (epoch, mosaic, affine, permutation, vertical flip and quarter turn probabilities) of every batch; the rate
+    drops by 10 at ``DROP_STEP``."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-        self.seen: list[tuple[int, float, float, float, float]] = []
+        self.layer = torch.nn.Linear(5, 1)
+        self.seen: list[tuple[float, ...]] = []
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         self.seen.append((self.current_epoch, *(float(p) for p in batch[0])))
@@ -69,7 +72,7 @@ class Recorder(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def fit(callback: LongRunAugmentation | list[LongRunAugmentation], max_steps: int, workers: int = 0) -> list[tuple[int, float, float, float, float]]:
+def fit(callback: LongRunAugmentation | list[LongRunAugmentation], max_steps: int, workers: int = 0) -> list[tuple[float, ...]]:
     model = Recorder()
     trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=callback if isinstance(callback, list) else [callback])
@@ -81,14 +84,14 @@ def test_a_long_run_augments_until_the_drop_then_closes_the_mosaics_in_persisten
     callback = LongRunAugmentation(min_epochs=6)  # 12 steps of 2 per epoch: 6 epochs, long enough
     seen = fit(callback, max_steps=12, workers=1)
     assert callback.on_epoch == 0 and callback.drop_epoch == (DROP_STEP - 1) // BATCHES_PER_EPOCH
-    expected = [(epoch, MOSAIC if epoch <= callback.drop_epoch else 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP) for epoch in range(6)
+    expected = [(epoch, MOSAIC if epoch <= callback.drop_epoch else 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6)
                 for _ in range(2)]
     assert seen == expected
 
 
 def test_a_short_run_is_not_augmented() -> None:
     callback = LongRunAugmentation(min_epochs=6.5)  # the same 6 epochs, now short of the threshold
-    assert fit(callback, max_steps=12) == [(epoch, 0.0, 0.0, PERMUTATION, VERTICAL_FLIP) for epoch in range(6) for _ in range(2)]
+    assert fit(callback, max_steps=12) == [(epoch, 0.0, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
     assert callback.on_epoch is None
 
 
@@ -127,22 +130,26 @@ def test_nothing_to_switch_says_what_to_set() -> None:
         LongRunAugmentation(augmentations=["channel_permutation"]).on_train_start(trainer, None)
     with pytest.raises(TypeError, match="no vertical flip to switch; set the train transform's vertical_flip_probability"):
         LongRunAugmentation(augmentations=["vertical_flip"]).on_train_start(trainer, None)
+    with pytest.raises(TypeError, match="no quarter turn to switch; set the train transform's quarter_turn_probability"):
+        LongRunAugmentation(augmentations=["quarter_turn"]).on_train_start(trainer, None)
 
 
 def test_two_instances_switch_their_own_augmentations_at_their_own_lengths() -> None:
-    """The recipe's pair: mosaics and affine from 100 epochs, the channel permutation and the vertical flip from
-    5. A 6-epoch run has the latter two throughout (the mosaics never close: they never opened) and the rest held
-    off; each instance keeps its own checkpoint entry, so a resumed run gives each its decision back."""
+    """The recipe's pair: mosaics and affine from 100 epochs, the channel permutation, the vertical flip and the
+    quarter turn from 5. A 6-epoch run has the latter three throughout (the mosaics never close: they never opened)
+    and the rest held off; each instance keeps its own checkpoint entry, so a resumed run gives each its decision back."""
     long_only = LongRunAugmentation(min_epochs=100)
-    colour_and_flip = LongRunAugmentation(min_epochs=5, augmentations=["channel_permutation", "vertical_flip"])
-    assert fit([long_only, colour_and_flip], max_steps=12, workers=1) == [
-        (epoch, 0.0, 0.0, PERMUTATION, VERTICAL_FLIP) for epoch in range(6) for _ in range(2)]
-    assert long_only.on_epoch is None and colour_and_flip.on_epoch == 0
-    assert long_only.state_key != colour_and_flip.state_key
+    colour_and_turns = LongRunAugmentation(min_epochs=5, augmentations=["channel_permutation", "vertical_flip", "quarter_turn"])
+    assert fit([long_only, colour_and_turns], max_steps=12, workers=1) == [
+        (epoch, 0.0, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
+    assert long_only.on_epoch is None and colour_and_turns.on_epoch == 0
+    assert long_only.state_key != colour_and_turns.state_key
     assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["channel_permutation"]), max_steps=12)[0] == (
-        0, MOSAIC, AFFINE, 0.0, VERTICAL_FLIP)
+        0, MOSAIC, AFFINE, 0.0, VERTICAL_FLIP, QUARTER_TURN)
     assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["vertical_flip"]), max_steps=12)[0] == (
-        0, MOSAIC, AFFINE, PERMUTATION, 0.0)
+        0, MOSAIC, AFFINE, PERMUTATION, 0.0, QUARTER_TURN)
+    assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["quarter_turn"]), max_steps=12)[0] == (
+        0, MOSAIC, AFFINE, PERMUTATION, VERTICAL_FLIP, 0.0)
 
 
 def test_unknown_augmentations_are_refused() -> None:

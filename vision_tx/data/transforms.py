@@ -115,8 +115,9 @@ def _to_normalized_float() -> list[v2.Transform]:
 
 
 class DetrTrainTransform(DetectionTransform):
-    """Horizontal flip, then a vertical flip on a ``vertical_flip_probability`` share of the images (0: none,
-    the default; for images without an up, such as smears, top views or shapes), then either a
+    """Horizontal flip, then a vertical flip on a ``vertical_flip_probability`` share of the images and a
+    quarter turn (90 degrees, the canvas turned with it) on a ``quarter_turn_probability`` share (0: none,
+    the defaults; for images without an up, such as smears, top views or shapes), then either a
     multi-scale resize (shorter side from ``scales``, longer side at most ``max_size``) or, for a
     ``crop_probability`` share of the images (DETR's 0.5), [shorter
     side from ``crop_scales``, random crop of ``crop_size`` = (min, max) side, multi-scale resize];
@@ -141,10 +142,12 @@ class DetrTrainTransform(DetectionTransform):
         affine_scale: tuple[float, float] = (0.75, 1.25),
         channel_permutation_probability: float = 0.0,
         vertical_flip_probability: float = 0.0,
+        quarter_turn_probability: float = 0.0,
     ):
         for name, probability in (("crop_probability", crop_probability), ("affine_probability", affine_probability),
                                   ("channel_permutation_probability", channel_permutation_probability),
-                                  ("vertical_flip_probability", vertical_flip_probability)):
+                                  ("vertical_flip_probability", vertical_flip_probability),
+                                  ("quarter_turn_probability", quarter_turn_probability)):
             if not 0.0 <= probability <= 1.0:
                 raise ValueError(f"{__name__}: {name} must be in [0, 1], got {probability}")
         multi_scale = RandomShortestSide(scales, max_size=max_size)
@@ -152,10 +155,13 @@ class DetrTrainTransform(DetectionTransform):
         self.affine = SwitchableRandomApply([zoom_and_shift], p=affine_probability)
         self.channel_permutation = SwitchableRandomApply([v2.RandomChannelPermutation()], p=channel_permutation_probability)
         self.vertical_flip = SwitchableRandomApply([v2.RandomVerticalFlip(p=1.0)], p=vertical_flip_probability)
+        quarter_turn = v2.RandomRotation(degrees=(90, 90), expand=True)
+        self.quarter_turn = SwitchableRandomApply([quarter_turn], p=quarter_turn_probability)
         super().__init__(
             v2.Compose([
                 v2.RandomHorizontalFlip(),
                 self.vertical_flip,
+                self.quarter_turn,
                 v2.RandomChoice([
                     multi_scale,
                     v2.Compose([

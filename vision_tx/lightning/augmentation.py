@@ -21,6 +21,7 @@ AUGMENTATIONS = {
     "channel_permutation": ("channel permutation", ("train_transform", "channel_permutation"), "p",
                             "the train transform's channel_permutation_probability"),
     "vertical_flip": ("vertical flip", ("train_transform", "vertical_flip"), "p", "the train transform's vertical_flip_probability"),
+    "quarter_turn": ("quarter turn", ("train_transform", "quarter_turn"), "p", "the train transform's quarter_turn_probability"),
 }
 
 
@@ -32,7 +33,8 @@ class LongRunAugmentation(pl.Callback):
     The augmentations are those the config sets, of those named in ``augmentations``
     (:data:`AUGMENTATIONS`): the mosaics of ``--data.mosaic_probability``
     (:class:`vision_tx.data.mosaic.MosaicDetection`), the affine of ``DetrTrainTransform``'s
-    ``affine_probability``, its ``channel_permutation_probability`` and ``vertical_flip_probability``.
+    ``affine_probability``, its ``channel_permutation_probability``, ``vertical_flip_probability`` and
+    ``quarter_turn_probability``.
     Several instances, each with its own names and threshold, may run side by side. They stay off until the run is known to last
     at least ``min_epochs`` epochs: from the start for a run of ``trainer.max_steps`` (or ``max_epochs``); for a
     ``--budget.minutes`` run, from the first epoch start at which the budget, at the pace of the epochs
