@@ -143,8 +143,8 @@ MAL = "tests/heads/test_rtdetr_criterion.py"
 CROP_PROBABILITY = "tests/data/test_transforms.py::test_crop_probability_is_the_share_of_cropped_images"
 AFFINE = "tests/data/test_transforms.py"
 CHANNEL_PERMUTATION = "tests/data/test_transforms.py::test_channel_permutation_reorders_the_colours_and_leaves_the_boxes"
-VERTICAL_FLIP = "tests/data/test_transforms.py::test_vertical_flip_mirrors_the_image_and_the_boxes_top_to_bottom"
-QUARTER_TURN = "tests/data/test_transforms.py::test_quarter_turn_turns_the_image_its_canvas_and_the_boxes_a_quarter_counter_clockwise"
+VERTICAL_FLIP = "tests/data/test_transforms.py::test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together[vertical_flip]"
+QUARTER_TURN = "tests/data/test_transforms.py::test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together[quarter_turn]"
 BENCHMARK_PEAKS = "tests/test_benchmark_gpu_paths.py"
 
 

@@ -225,60 +225,40 @@ def test_channel_permutation_reorders_the_colours_and_leaves_the_boxes() -> None
         DetrTrainTransform(channel_permutation_probability=2.0)
 
 
-def test_vertical_flip_mirrors_the_image_and_the_boxes_top_to_bottom() -> None:
-    """An image bright in its top 10 rows and a box that the horizontal flip maps onto itself: flipped, the
-    bright rows are the bottom 10 and the box runs from 40 - 30 to 40 - 4; at 0.5 both outcomes occur;
-    off (the default), it returns its inputs and draws no number."""
+# An outcome: (the image's size, the box, its bright pixels as a function of row and column indices).
+UNMOVED = ((40, 60), [20.0, 4.0, 40.0, 30.0], lambda rows, columns: rows < 10)
+MOVED = {
+    "vertical_flip": ((40, 60), [20.0, 10.0, 40.0, 36.0], lambda rows, columns: rows >= 30),
+    "quarter_turn": ((60, 40), [4.0, 20.0, 30.0, 40.0], lambda rows, columns: columns < 10),
+}
+
+
+@pytest.mark.parametrize("option", list(MOVED))
+def test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together(option: str) -> None:
+    """A 40 x 60 image bright in its top 10 rows and a box that the horizontal flip maps onto itself. Flipped
+    top to bottom, the bright rows are the bottom 10 and the box runs from 40 - 30 to 40 - 4; turned a quarter
+    counter-clockwise, the image is 60 x 40, the bright rows are its left 10 columns and (x, y) goes to
+    (y, 60 - x). At 0.5 both outcomes occur; off (the default), it returns its inputs and draws no number."""
     image = tv_tensors.Image(torch.full((3, 40, 60), 10, dtype=torch.uint8))
     image[:, :10] = 200
     target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[20.0, 4.0, 40.0, 30.0]]), format="XYXY", canvas_size=(40, 60)),
               "labels": torch.tensor([2])}
-    flipping = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0, vertical_flip_probability=0.5)
+    moving = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0, **{f"{option}_probability": 0.5})
     seen = set()
     for seed in range(20):
         torch.manual_seed(seed)
-        out_image, out = flipping(image.clone(), {k: v.clone() for k, v in target.items()})
-        flipped = bool(out_image[0, -1, 0] > out_image[0, 0, 0])
-        expected = [20.0, 10.0, 40.0, 36.0] if flipped else [20.0, 4.0, 40.0, 30.0]
-        torch.testing.assert_close(out["boxes"].as_subclass(torch.Tensor), torch.tensor([expected]), rtol=0, atol=1e-5)
-        bright_rows = (out_image[0, :, 0] > out_image[0].mean()).nonzero().flatten().tolist()
-        assert bright_rows == (list(range(30, 40)) if flipped else list(range(10)))
-        seen.add(flipped)
-    assert seen == {True, False}
-    plain = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0)
-    state = torch.get_rng_state()
-    out_image, out = plain.vertical_flip(image, target)
-    assert out_image is image and out is target and torch.equal(torch.get_rng_state(), state)
-    with pytest.raises(ValueError, match="vertical_flip_probability"):
-        DetrTrainTransform(vertical_flip_probability=-1.0)
-
-
-def test_quarter_turn_turns_the_image_its_canvas_and_the_boxes_a_quarter_counter_clockwise() -> None:
-    """A 40 x 60 image bright in its top 10 rows and a box that the horizontal flip maps onto itself: turned,
-    the image is 60 x 40, the bright rows are its left 10 columns, and (x, y) goes to (y, 60 - x); at 0.5
-    both outcomes occur; off (the default), it returns its inputs and draws no number."""
-    image = tv_tensors.Image(torch.full((3, 40, 60), 10, dtype=torch.uint8))
-    image[:, :10] = 200
-    target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[20.0, 4.0, 40.0, 30.0]]), format="XYXY", canvas_size=(40, 60)),
-              "labels": torch.tensor([2])}
-    turning = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0, quarter_turn_probability=0.5)
-    seen = set()
-    for seed in range(20):
-        torch.manual_seed(seed)
-        out_image, out = turning(image.clone(), {k: v.clone() for k, v in target.items()})
-        turned = out_image.shape[-2:] == (60, 40)
-        assert turned or out_image.shape[-2:] == (40, 60)
-        expected = [4.0, 20.0, 30.0, 40.0] if turned else [20.0, 4.0, 40.0, 30.0]
-        torch.testing.assert_close(out["boxes"].as_subclass(torch.Tensor), torch.tensor([expected]), rtol=0, atol=1e-5)
-        assert tuple(out["boxes"].canvas_size) == tuple(out_image.shape[-2:])
+        out_image, out = moving(image.clone(), {k: v.clone() for k, v in target.items()})
         bright = out_image[0] > out_image[0].mean()
-        assert torch.equal(bright, torch.arange(40)[None, :].expand(60, 40) < 10) if turned else \
-            torch.equal(bright, torch.arange(40)[:, None].expand(40, 60) < 10)
-        seen.add(turned)
-    assert seen == {True, False}
+        rows, columns = torch.arange(bright.shape[0])[:, None], torch.arange(bright.shape[1])[None, :]
+        (size, box, _), = [outcome for outcome in (UNMOVED, MOVED[option])
+                           if outcome[0] == tuple(bright.shape) and torch.equal(bright, outcome[2](rows, columns).expand_as(bright))]
+        torch.testing.assert_close(out["boxes"].as_subclass(torch.Tensor), torch.tensor([box]), rtol=0, atol=1e-5)
+        assert tuple(out["boxes"].canvas_size) == size
+        seen.add(tuple(box))
+    assert len(seen) == 2
     plain = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0)
     state = torch.get_rng_state()
-    out_image, out = plain.quarter_turn(image, target)
+    out_image, out = getattr(plain, option)(image, target)
     assert out_image is image and out is target and torch.equal(torch.get_rng_state(), state)
-    with pytest.raises(ValueError, match="quarter_turn_probability"):
-        DetrTrainTransform(quarter_turn_probability=1.5)
+    with pytest.raises(ValueError, match=f"{option}_probability"):
+        DetrTrainTransform(**{f"{option}_probability": 1.5})
