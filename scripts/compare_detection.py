@@ -3,7 +3,8 @@ scratch on the same COCO-layout set for the same training wall-clock, and scores
 on the set's validation split.
 
 The vision_tx side is ``python tools/train.py --config CONFIG --data.root ROOT`` (run in this process
-through vision_tx's CLI), its training time measured without its validations; each YOLO model
+through vision_tx's CLI; with ``--processes N``, as N processes of Lightning's DDP on the CPU, each with
+1/N of the threads and of the config's batch), its training time measured without its validations; each YOLO model
 (``YOLO("yolov8n.yaml")``: no weights, Ultralytics' default augmentations) then trains for that
 long through Ultralytics' own ``time=`` budget (which fits its learning-rate schedule to it) with
 no validation before the end. ``--budget-seconds`` gives both sides a fixed time instead (vision_tx
@@ -26,6 +27,7 @@ DejaVu Sans, its settings (no hub, no online checks, no TensorBoard) live in OUT
     python scripts/compare_detection.py /tmp/shapes_a                            # rtdetr_convnext_toy, YOLOv8n the same time
     python scripts/compare_detection.py /tmp/shapes_a --yolo yolov8n yolo11n yolo26n   # each of the three, the same time
     python scripts/compare_detection.py /tmp/shapes_a --budget-seconds 180 --seed 1
+    python scripts/compare_detection.py /tmp/shapes_a --budget-seconds 480 --threads 2 --processes 2  # two 1-thread processes
     python scripts/compare_detection.py /tmp/shapes_a --config detr_swin_toy -- --model.lr 2e-4  # after --: vision_tx options
 
 Prints the COCO tables side by side, with AP and AP50 of the same detections with every class merged
@@ -40,7 +42,9 @@ import argparse
 import io
 import json
 import os
+import shlex
 import shutil
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -67,6 +71,7 @@ SPLITS = {"train": "train2017", "val": "val2017"}  # YOLO split -> COCO folder
 MAX_DETECTIONS = 100
 SCORE_FLOOR = 0.001
 ROUND_TRIP_TOLERANCE_PX = 1e-3
+TRAIN_TOOL = Path(__file__).resolve().parents[1] / "tools" / "train.py"
 YOLO_MODELS = {"yolov8n": "YOLOv8n", "yolo11n": "YOLO11n", "yolo26n": "YOLO26n"}  # Ultralytics' YAML name -> display name
 
 
@@ -340,11 +345,50 @@ def predict_yolo(weights: Path, root: Path, args: argparse.Namespace) -> list[di
     return results
 
 
+def train_on_processes(args: argparse.Namespace, out: Path, extra: Sequence[str]) -> tuple[Path, dict[str, Any]]:
+    """vision_tx's side on ``args.processes`` CPU processes of ``args.threads / args.processes`` threads each
+    (Lightning's DDP, started by ``tools/train.py`` in processes of its own), each with that share of the
+    config's batch (unless ``--data.batch_size`` is among ``extra``): the global batches of one process.
+    Returns the run's log folder, with the predictions of its final validation, and its clock."""
+    from vision_tx.lightning.cli import resolve_config
+
+    if args.threads % args.processes:
+        raise SystemExit(f"error: --threads {args.threads} cannot be shared among --processes {args.processes}")
+    batch: list[str] = []
+    if "--data.batch_size" not in extra:
+        config_batch = yaml.safe_load(resolve_config(args.config).read_text())["data"]["init_args"]["batch_size"]
+        if config_batch % args.processes:
+            raise SystemExit(f"error: {args.config}'s batch of {config_batch} cannot be shared among --processes "
+                             f"{args.processes} (give each process's after --: --data.batch_size B)")
+        batch = ["--data.batch_size", str(config_batch // args.processes)]
+    budget = ["--budget.minutes", str(args.budget_seconds / 60)] if args.budget_seconds else []
+    command = [sys.executable, str(TRAIN_TOOL), "--config", args.config, "--data.root", str(args.root),
+               "--seed_everything", str(args.seed), "--data.num_workers", str(args.workers), "--trainer.default_root_dir",
+               str(out), "--trainer.accelerator", "cpu", "--trainer.devices", str(args.processes), "--trainer.strategy", "ddp",
+               *batch, *budget, *extra]
+    print(f"vision_tx: OMP_NUM_THREADS={args.threads // args.processes} {shlex.join(command[1:])}", flush=True)
+    started = time.time()
+    run = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(args.threads // args.processes)})
+    if run.returncode:
+        raise SystemExit(f"error: vision_tx's training failed (exit status {run.returncode})")
+    written = [m for m in out.glob("lightning_logs/version_*/metrics.json") if m.stat().st_mtime >= started]
+    clock = json.loads(written[0].read_text()).get("training") if len(written) == 1 else None
+    if clock is None:
+        raise SystemExit(f"error: {out}: no metrics.json with the run's clock (a logger is needed: leave --trainer.logger alone)")
+    if clock["validated_step"] != clock["steps"]:
+        raise SystemExit(f"error: the run ended at step {clock['steps']} without validating its final weights "
+                         f"(last validation at step {clock['validated_step']}): give --budget-seconds")
+    return written[0].parent, clock
+
+
 def parser() -> argparse.ArgumentParser:
     p = comparison_parser(__doc__, "a COCO-layout set: train2017/, val2017/, annotations/instances_*.json", "rtdetr_convnext_toy",
                           "runs/compare_detection")
     p.add_argument("--imgsz", type=int, default=192, help="YOLO's image size (the longer side)")
     p.add_argument("--yolo-batch", type=int, default=16, help="YOLO's batch size (its default)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="vision_tx's processes (Lightning's DDP on the CPU), --threads shared among them and the config's "
+                        "batch divided among them: the same global batches (default 1: this process)")
     p.add_argument("--yolo", nargs="*", choices=YOLO_MODELS, default=["yolov8n"], metavar="MODEL",
                    help=f"the YOLO models trained after vision_tx, each for the same time ({', '.join(YOLO_MODELS)}; "
                         "none: vision_tx alone)")
@@ -363,14 +407,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     errors = check_round_trip(args.root, out / "yolo_data")
     print(f"COCO -> YOLO labels -> COCO: AP 1.0, boxes back to within {max(errors.values()):.1e} px")
 
-    cli, vtx = train_vision_tx(args.config, args.root, out / "vision_tx", args.seed, args.workers, args.budget_seconds, extra)
-    if vtx["validated_step"] != vtx["steps"]:  # the final weights' predictions, unless the run ended validating
-        cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-    vtx_file = Path(cli.trainer.log_dir or "") / "bbox_results.json"
+    if args.processes > 1:
+        log_dir, vtx = train_on_processes(args, out / "vision_tx", extra)
+    else:
+        cli, vtx = train_vision_tx(args.config, args.root, out / "vision_tx", args.seed, args.workers, args.budget_seconds, extra)
+        if vtx["validated_step"] != vtx["steps"]:  # the final weights' predictions, unless the run ended validating
+            cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+        log_dir = Path(cli.trainer.log_dir or "")
+        del cli
+    vtx_file = log_dir / "bbox_results.json"
     if not vtx_file.is_file():
         raise SystemExit(f"error: {vtx_file}: vision_tx wrote no results (a logger is needed: leave --trainer.logger alone)")
     vtx.update(scored(annotation_file(args.root, SPLITS["val"]), json.loads(vtx_file.read_text())))
-    del cli
 
     budget = args.budget_seconds or vtx["train_seconds"]
     yolos = {}
@@ -385,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "workers": args.workers, "cpu": cpu_description(),
         "versions": versions("torch", "torchvision", "lightning", "pycocotools", "ultralytics"),
         "round_trip_max_error_px": errors, "max_detections": MAX_DETECTIONS, "score_floor": SCORE_FLOOR,
-        "vision_tx": {"config": args.config, "extra_args": extra, **vtx},
+        "vision_tx": {"config": args.config, "extra_args": extra, "processes": args.processes, **vtx},
         "yolo": yolos,
     }
     timing = ("train_seconds", "cpu_seconds", "images_seen", "images_per_second")
@@ -399,7 +447,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     columns = {args.config: column(vtx, vtx["steps"])}
     for name, yolo in yolos.items():
         columns[YOLO_MODELS[name]] = {**column(yolo, yolo["epochs"]), **yolo["ultralytics_val"]}
-    print(side_by_side(f"\nbox detection on {args.root} val2017, training {budget:.0f} s each\n"
+    print(side_by_side(f"\nbox detection on {args.root} val2017, training {budget:.0f} s each (vision_tx on {args.processes} "
+                       f"process{'es' * (args.processes > 1)})\n"
                        f"{machine_line(report['cpu'], args.threads, report['versions'])}",
                        [*STAT_NAMES, *(f"{k} classes merged" for k in merged), *(f"{k} no wrong classes" for k in merged),
                         "wrong classes >= 0.2", *timing, "steps/epochs", "own AP50", "own AP"],

@@ -3,11 +3,15 @@ config's step plan (max_steps, MultiStepLR drops) to the budget's minutes."""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from vision_tx.lightning.budget import TrainingBudget
@@ -103,3 +107,32 @@ def test_another_schedule_runs_as_written_and_stops_at_the_budget() -> None:
 def test_minutes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="minutes must be positive"):
         TrainingBudget(minutes=0)
+
+
+def test_the_summary_goes_to_the_runs_metrics_json(tmp_path: Path) -> None:
+    budget = TrainingBudget()
+    trainer = pl.Trainer(max_steps=3, logger=CSVLogger(tmp_path), limit_val_batches=0, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[budget])
+    trainer.fit(Sleepy(), DataLoader(TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,))), batch_size=4))
+    written = json.loads((Path(trainer.log_dir) / "metrics.json").read_text())["training"]
+    assert written == budget.summary() and written["images_seen"] == 12 and written["steps"] == 3
+
+
+def _fit_on_two_processes(root: Path) -> None:
+    trainer = pl.Trainer(max_steps=3, accelerator="cpu", devices=2, strategy="ddp_fork", logger=CSVLogger(root),
+                         limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[TrainingBudget()])
+    trainer.fit(Sleepy(), DataLoader(TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,))), batch_size=2))
+
+
+def test_under_ddp_the_images_and_cpu_seconds_of_every_process_are_summed(tmp_path: Path) -> None:
+    """Two processes of batch 2 for 3 steps see 12 images; the first process alone saw 6. (In a process of
+    its own, as ``ddp_fork`` cannot fork one whose autograd engine has started its threads.)"""
+    run = multiprocessing.get_context("spawn").Process(target=_fit_on_two_processes, args=(tmp_path,))
+    run.start()
+    run.join(timeout=600)
+    assert run.exitcode == 0
+    written = json.loads(next(tmp_path.rglob("metrics.json")).read_text())["training"]
+    assert written["steps"] == 3 and written["images_seen"] == 2 * 3 * 2
+    assert written["images_per_second"] == pytest.approx(12 / written["train_seconds"])
+    assert written["cpu_seconds"] > 0

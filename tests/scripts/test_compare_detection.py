@@ -231,3 +231,21 @@ def test_a_detection_on_an_object_of_its_own_class_is_never_a_wrong_class(script
     }))
     detection = {"image_id": 1, "category_id": category, "bbox": [0.0, 0.0, 10.0, 10.0], "score": 0.9}
     assert script["wrong_class_flags"](gt_file, [detection]) == [wrong]
+
+
+def test_processes_share_the_threads_and_the_configs_batch(script: dict[str, Any], converted: tuple[Path, Path],
+                                                           tmp_path: Path) -> None:
+    """``--processes 2 --threads 4``: two processes of two threads, batch 4 each (the config's 8), every
+    process's images counted, and the final weights validated."""
+    root, _ = converted
+    args = script["parser"]().parse_args([str(root), "--budget-seconds", "3", "--threads", "4", "--processes", "2"])
+    log_dir, clock = script["train_on_processes"](args, tmp_path, ["--trainer.enable_progress_bar", "false"])
+    assert clock["torch_threads"] == [2]
+    assert clock["steps"] >= 1 and clock["images_seen"] == 8 * clock["steps"]
+    assert clock["validated_step"] == clock["steps"] and (log_dir / "bbox_results.json").is_file()
+
+
+def test_processes_must_share_the_threads(script: dict[str, Any], converted: tuple[Path, Path], tmp_path: Path) -> None:
+    args = script["parser"]().parse_args([str(converted[0]), "--threads", "3", "--processes", "2"])
+    with pytest.raises(SystemExit, match="--threads 3 cannot be shared among --processes 2"):
+        script["train_on_processes"](args, tmp_path, [])

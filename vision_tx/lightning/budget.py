@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim.lr_scheduler import MultiStepLR
+
+from vision_tx.io import merge_metrics_json
 
 
 class TrainingBudget(pl.Callback):
@@ -26,6 +29,8 @@ class TrainingBudget(pl.Callback):
     the run then ends at its own limit if that comes first. Ranks agree under DDP (any rank's clock
     decides). The time spent is kept in checkpoints: a resumed run goes on with the rest of its budget.
     Without ``minutes`` it only counts (:meth:`summary`), and the run is the config's as written.
+    At the end of training the counts of every process are summed, and the summary goes to the
+    ``training`` section of the run's ``metrics.json`` (when the run has a logger).
     """
 
     def __init__(self, minutes: float | None = None) -> None:
@@ -114,6 +119,12 @@ class TrainingBudget(pl.Callback):
         self._pause()
         self._training = False
         self.steps = trainer.global_step
+        # Under DDP each process counted its own images and CPU seconds: the run's are their sums.
+        images, cpu = trainer.strategy.reduce(torch.tensor([self.images, self.cpu], dtype=torch.float64), reduce_op="sum").tolist()
+        self.images, self.cpu = int(images), cpu
+        log_dir = trainer.log_dir  # a broadcast under DDP: every process asks
+        if trainer.is_global_zero and log_dir is not None and trainer.loggers:
+            merge_metrics_json("training", self.summary(), Path(log_dir) / "metrics.json")
 
     def summary(self) -> dict[str, Any]:
         """Training seconds, CPU seconds, images, images per second, steps, the last validated step, threads."""
