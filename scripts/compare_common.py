@@ -73,6 +73,15 @@ def versions(*packages: str) -> dict[str, str]:
     return found
 
 
+def training_args(config: str, data_root: str | Path, out: Path, seed: int, workers: int,
+                  budget_seconds: float | None, extra: Sequence[str]) -> list[str]:
+    """``tools/train.py``'s arguments for a comparison run: the config on ``data_root``, logs in ``out``,
+    with ``--budget.minutes`` when ``budget_seconds`` is given, then ``extra``."""
+    budget = ["--budget.minutes", str(budget_seconds / 60)] if budget_seconds else []
+    return ["--config", config, "--data.root", str(data_root), "--seed_everything", str(seed),
+            "--data.num_workers", str(workers), "--trainer.default_root_dir", str(out), *budget, *extra]
+
+
 def train_vision_tx(config: str, data_root: str, out: Path, seed: int, workers: int,
                     budget_seconds: float | None, extra: Sequence[str]) -> tuple[Any, dict[str, Any]]:
     """Trains ``config`` on ``data_root`` through vision_tx's CLI (``tools/train.py``'s ``fit``), with
@@ -81,9 +90,7 @@ def train_vision_tx(config: str, data_root: str, out: Path, seed: int, workers: 
     from vision_tx.lightning.budget import TrainingBudget
     from vision_tx.lightning.cli import run_cli
 
-    budget = ["--budget.minutes", str(budget_seconds / 60)] if budget_seconds else []
-    args = ["--config", config, "--data.root", str(data_root), "--seed_everything", str(seed),
-            "--data.num_workers", str(workers), "--trainer.default_root_dir", str(out), *budget, *extra]
+    args = training_args(config, data_root, out, seed, workers, budget_seconds, extra)
     print(f"vision_tx: python tools/train.py {shlex.join(args)}", flush=True)
     cli = run_cli("fit", args)
     clock = next(c for c in cli.trainer.callbacks if isinstance(c, TrainingBudget))

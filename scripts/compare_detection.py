@@ -62,8 +62,8 @@ from scipy.optimize import linear_sum_assignment
 from torchvision.ops import box_convert, box_iou
 
 from compare_common import (
-    comparison_parser, cpu_description, machine_line, parse_with_vision_tx_options, side_by_side, train_vision_tx, versions,
-    write_report,
+    comparison_parser, cpu_description, machine_line, parse_with_vision_tx_options, side_by_side, train_vision_tx,
+    training_args, versions, write_report,
 )
 
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
@@ -361,11 +361,9 @@ def train_on_processes(args: argparse.Namespace, out: Path, extra: Sequence[str]
             raise SystemExit(f"error: {args.config}'s batch of {config_batch} cannot be shared among --processes "
                              f"{args.processes} (give each process's after --: --data.batch_size B)")
         batch = ["--data.batch_size", str(config_batch // args.processes)]
-    budget = ["--budget.minutes", str(args.budget_seconds / 60)] if args.budget_seconds else []
-    command = [sys.executable, str(TRAIN_TOOL), "--config", args.config, "--data.root", str(args.root),
-               "--seed_everything", str(args.seed), "--data.num_workers", str(args.workers), "--trainer.default_root_dir",
-               str(out), "--trainer.accelerator", "cpu", "--trainer.devices", str(args.processes), "--trainer.strategy", "ddp",
-               *batch, *budget, *extra]
+    ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", str(args.processes), "--trainer.strategy", "ddp", *batch]
+    command = [sys.executable, str(TRAIN_TOOL),
+               *training_args(args.config, args.root, out, args.seed, args.workers, args.budget_seconds, [*ddp, *extra])]
     print(f"vision_tx: OMP_NUM_THREADS={args.threads // args.processes} {shlex.join(command[1:])}", flush=True)
     started = time.time()
     run = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(args.threads // args.processes)})

@@ -109,11 +109,16 @@ def test_minutes_must_be_positive() -> None:
         TrainingBudget(minutes=0)
 
 
+def random_batches(batch_size: int) -> DataLoader:
+    """40 random samples of Sleepy's shape, in batches of ``batch_size``."""
+    return DataLoader(TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,))), batch_size=batch_size)
+
+
 def test_the_summary_goes_to_the_runs_metrics_json(tmp_path: Path) -> None:
     budget = TrainingBudget()
     trainer = pl.Trainer(max_steps=3, logger=CSVLogger(tmp_path), limit_val_batches=0, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[budget])
-    trainer.fit(Sleepy(), DataLoader(TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,))), batch_size=4))
+    trainer.fit(Sleepy(), random_batches(4))
     written = json.loads((Path(trainer.log_dir) / "metrics.json").read_text())["training"]
     assert written == budget.summary() and written["images_seen"] == 12 and written["steps"] == 3
 
@@ -122,7 +127,7 @@ def _fit_on_two_processes(root: Path) -> None:
     trainer = pl.Trainer(max_steps=3, accelerator="cpu", devices=2, strategy="ddp_fork", logger=CSVLogger(root),
                          limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[TrainingBudget()])
-    trainer.fit(Sleepy(), DataLoader(TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,))), batch_size=2))
+    trainer.fit(Sleepy(), random_batches(2))
 
 
 def test_under_ddp_the_images_and_cpu_seconds_of_every_process_are_summed(tmp_path: Path) -> None:
