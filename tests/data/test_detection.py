@@ -9,6 +9,7 @@ import pytest
 
 from vision_tx.data.coco import CocoFormatError
 from vision_tx.data.detection import CocoDetectionDataModule
+from vision_tx.data.mosaic import MosaicDetection
 from vision_tx.data.transforms import DetrTrainTransform, DetrValTransform
 
 
@@ -43,3 +44,15 @@ def test_toy_datamodule_batches(tmp_path: Path, caplog: pytest.LogCaptureFixture
 def test_wrong_root_names_the_expected_layout(tmp_path: Path) -> None:
     with pytest.raises(CocoFormatError, match=r"not a COCO detection root.*Expected the layout"):
         CocoDetectionDataModule(root=str(tmp_path))
+
+
+@pytest.mark.parametrize(("mosaic", "mixup"), [(0.0, 0.0), (0.0, 0.5), (0.25, 0.0)])
+def test_mosaics_or_mixup_alone_wrap_the_training_split(tmp_path: Path, mosaic: float, mixup: float) -> None:
+    """Either probability above 0 puts the split behind MosaicDetection with both probabilities as given."""
+    data = CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, mosaic_probability=mosaic, mixup_probability=mixup)
+    data.setup("fit")
+    wrapped = isinstance(data.train_dataset, MosaicDetection)
+    assert wrapped is (mosaic > 0 or mixup > 0)
+    if wrapped:
+        assert (data.train_dataset.probability, data.train_dataset.mixup_probability) == (mosaic, mixup)
+        assert data.train_dataset.transform is data.train_transform

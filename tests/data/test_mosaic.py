@@ -1,4 +1,5 @@
-"""Mosaic augmentation: every kept box is where its object's pixels are; cut objects are dropped or clipped."""
+"""Mosaics and mixup: every kept box is where its object's pixels are; cut objects are dropped or clipped; mixup keeps
+both images' objects."""
 
 from __future__ import annotations
 
@@ -90,8 +91,8 @@ def test_boxes_cut_below_the_visible_fraction_are_dropped() -> None:
 def test_probability_zero_is_the_plain_transform_and_draws_nothing() -> None:
     """Also when set to 0 during training: the next transform's random draws stay those of a run without mosaics."""
     plain = RectangleImages()
-    dataset = MosaicDetection(plain, lambda image, target: (image, target), size=64, probability=1.0)
-    dataset.probability = 0.0
+    dataset = MosaicDetection(plain, lambda image, target: (image, target), size=64, probability=1.0, mixup_probability=1.0)
+    dataset.probability = dataset.mixup_probability = 0.0
     state = torch.get_rng_state()
     image, target = dataset[3]
     assert torch.equal(image, plain[3][0]) and torch.equal(target["labels"], plain[3][1]["labels"])
@@ -105,3 +106,55 @@ def test_bad_settings_and_masks_are_refused() -> None:
     target["masks"] = tv_tensors.Mask(torch.zeros(2, *image.shape[-2:], dtype=torch.bool))
     with pytest.raises(ValueError, match="masks"):
         MosaicDetection(RectangleImages(), lambda i, t: (i, t)).mosaic([(image, target)] * 4)
+    with pytest.raises(ValueError, match="mixup of instance masks"):
+        MosaicDetection.mixup(*RectangleImages()[1], image, target)
+    with pytest.raises(ValueError, match="mixup_probability"):
+        MosaicDetection(RectangleImages(), lambda i, t: (i, t), mixup_probability=-0.1)
+
+
+def _labels_of_colour(difference: torch.Tensor) -> torch.Tensor:
+    """[H,W] label of each pixel of a difference ``(1 - w) * [20 L, 250 - 20 L, 200]`` (0 where too faint): the
+    first channel over the third is L / 10 whatever the weight and the resizing's blend with black."""
+    difference = difference.float()
+    labels = (10 * difference[0] / difference[2].clamp(min=1)).round().long()
+    return torch.where(difference[2] > 40, labels, 0)
+
+
+@pytest.mark.parametrize(("first", "second", "seed"), [(0, 1, 0), (2, 3, 1), (4, 0, 2), (1, 2, 3)])
+def test_mixup_moves_the_other_images_boxes_with_its_pixels_and_keeps_both(first: int, second: int, seed: int) -> None:
+    """The other image's contribution is the blend minus the same blend with that image black (same draws): each
+    of its objects must lie where its box was moved to, whatever the two images' shapes."""
+    image, target = RectangleImages()[first]
+    other, other_target = RectangleImages()[second]
+    torch.manual_seed(seed)
+    mixed, mixed_target = MosaicDetection.mixup(image, target, other, other_target)
+    torch.manual_seed(seed)
+    without_other, _ = MosaicDetection.mixup(image, target, tv_tensors.Image(torch.zeros_like(other)), other_target)
+    assert mixed.shape == image.shape and mixed_target["image_id"] == target["image_id"]
+    assert mixed_target["boxes"].canvas_size == tuple(image.shape[-2:])
+    assert mixed_target["labels"].tolist() == target["labels"].tolist() + other_target["labels"].tolist()
+    boxes = mixed_target["boxes"].as_subclass(torch.Tensor)
+    assert torch.equal(boxes[:2], target["boxes"].as_subclass(torch.Tensor).float())  # the image's own stay put
+    labels = _labels_of_colour(mixed.int() - without_other.int())
+    for box, label in zip(boxes[2:].tolist(), other_target["labels"].tolist()):
+        ys, xs = torch.nonzero(labels == label, as_tuple=True)
+        assert len(xs) > 9, f"label {label} not visible"
+        extent = [xs.min().item(), ys.min().item(), xs.max().item() + 1.0, ys.max().item() + 1.0]
+        assert box == pytest.approx(extent, abs=2.0), f"label {label}"
+    # The image's own pixels are kept at the blend's weight: about half (Beta(32, 32)), never all or nothing.
+    torch.manual_seed(seed)
+    grey_only, _ = MosaicDetection.mixup(tv_tensors.Image(torch.zeros_like(image)), target,
+                                         tv_tensors.Image(torch.zeros_like(other)), other_target)
+    x1, y1, x2, y2 = (int(v) for v in boxes[0].tolist())
+    own = (without_other.float() - grey_only.float())[:, y1:y2, x1:x2]
+    share = own.mean() / image[:, y1:y2, x1:x2].float().mean()
+    assert 0.3 < share < 0.7
+
+
+def test_mixup_through_the_dataset_blends_two_images_on_every_sample_at_probability_one() -> None:
+    dataset = MosaicDetection(RectangleImages(), lambda image, target: (image, target), probability=0.0, mixup_probability=1.0)
+    for seed in range(5):
+        torch.manual_seed(seed)
+        image, target = dataset[seed]
+        assert image.shape == RectangleImages()[seed][0].shape and len(target["labels"]) == 4
+        assert target["labels"][:2].tolist() == [2 * seed + 1, 2 * seed + 2]

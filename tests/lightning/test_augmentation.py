@@ -1,5 +1,5 @@
 """LongRunAugmentation: the configured mosaics and affine (or the augmentations named) held off in short
-runs, on in long ones, the mosaics closed after the learning-rate drop, every change seen by persistent
+runs, on in long ones, the mosaics and mixup closed after the learning-rate drop, every change seen by persistent
 loader workers; two instances side by side, each with its own threshold and checkpoint entry."""
 
 from __future__ import annotations
@@ -17,25 +17,27 @@ from vision_tx.data.transforms import SwitchableRandomApply
 from vision_tx.lightning.augmentation import LongRunAugmentation
 from vision_tx.lightning.budget import TrainingBudget
 
-MOSAIC, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN = 0.5, 1.0, 0.25, 0.75, 0.625
+MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN = 0.5, 0.375, 1.0, 0.25, 0.75, 0.625
 BATCHES_PER_EPOCH, DROP_STEP = 2, 8
 
 
 class Probe(Dataset):
-    """Each sample is the (mosaic, affine, channel permutation, vertical flip, quarter turn) probabilities as the process that
-    reads it sees them."""
+    """Each sample is the (mosaic, mixup, affine, channel permutation, vertical flip, quarter turn) probabilities as the
+    process that reads it sees them."""
 
     probability = SharedProbability()
+    mixup_probability = SharedProbability()
 
     def __init__(self, transform: SimpleNamespace) -> None:
         self.probability = MOSAIC
+        self.mixup_probability = MIXUP
         self.transform = transform
 
     def __len__(self) -> int:
         return 4 * BATCHES_PER_EPOCH
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.tensor([self.probability, self.transform.affine.p, self.transform.channel_permutation.p,
+        return torch.tensor([self.probability, self.mixup_probability, self.transform.affine.p, self.transform.channel_permutation.p,
                              self.transform.vertical_flip.p, self.transform.quarter_turn.p])
 
 
@@ -54,12 +56,12 @@ class ProbeData(pl.LightningDataModule):
 
 
 class Recorder(pl.LightningModule):
-    """Records (epoch, mosaic, affine, permutation, vertical flip and quarter turn probabilities) of every batch; the rate
+    """Records (epoch, mosaic, mixup, affine, permutation, vertical flip and quarter turn probabilities) of every batch; the rate
     drops by 10 at ``DROP_STEP``."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.layer = torch.nn.Linear(5, 1)
+        self.layer = torch.nn.Linear(6, 1)
         self.seen: list[tuple[float, ...]] = []
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
@@ -84,14 +86,24 @@ def test_a_long_run_augments_until_the_drop_then_closes_the_mosaics_in_persisten
     callback = LongRunAugmentation(min_epochs=6)  # 12 steps of 2 per epoch: 6 epochs, long enough
     seen = fit(callback, max_steps=12, workers=1)
     assert callback.on_epoch == 0 and callback.drop_epoch == (DROP_STEP - 1) // BATCHES_PER_EPOCH
-    expected = [(epoch, MOSAIC if epoch <= callback.drop_epoch else 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6)
-                for _ in range(2)]
+    expected = [(epoch, MOSAIC if epoch <= callback.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN)
+                for epoch in range(6) for _ in range(2)]
     assert seen == expected
+
+
+def test_mixup_runs_with_the_permutation_and_closes_at_the_drop_as_the_mosaics() -> None:
+    """The recipe's 40-epoch instance: mixup, the permutation and the flip; only mixup stops after the drop."""
+    callback = LongRunAugmentation(min_epochs=6, augmentations=["mixup", "channel_permutation", "vertical_flip"])
+    seen = fit(callback, max_steps=12, workers=1)
+    assert seen == [(epoch, MOSAIC, MIXUP if epoch <= callback.drop_epoch else 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN)
+                    for epoch in range(6) for _ in range(2)]
+    short = fit(LongRunAugmentation(min_epochs=6.5, augmentations=["mixup"]), max_steps=12)
+    assert short == [(epoch, MOSAIC, 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
 
 
 def test_a_short_run_is_not_augmented() -> None:
     callback = LongRunAugmentation(min_epochs=6.5)  # the same 6 epochs, now short of the threshold
-    assert fit(callback, max_steps=12) == [(epoch, 0.0, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
+    assert fit(callback, max_steps=12) == [(epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
     assert callback.on_epoch is None
 
 
@@ -132,6 +144,8 @@ def test_nothing_to_switch_says_what_to_set() -> None:
         LongRunAugmentation(augmentations=["vertical_flip"]).on_train_start(trainer, None)
     with pytest.raises(TypeError, match="no quarter turn to switch; set the train transform's quarter_turn_probability"):
         LongRunAugmentation(augmentations=["quarter_turn"]).on_train_start(trainer, None)
+    with pytest.raises(TypeError, match="no mixup to switch; set --data.mixup_probability"):
+        LongRunAugmentation(augmentations=["mixup"]).on_train_start(trainer, None)
 
 
 def test_two_instances_switch_their_own_augmentations_at_their_own_lengths() -> None:
@@ -141,17 +155,17 @@ def test_two_instances_switch_their_own_augmentations_at_their_own_lengths() -> 
     long_only = LongRunAugmentation(min_epochs=100)
     colour_and_turns = LongRunAugmentation(min_epochs=5, augmentations=["channel_permutation", "vertical_flip", "quarter_turn"])
     assert fit([long_only, colour_and_turns], max_steps=12, workers=1) == [
-        (epoch, 0.0, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
+        (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
     assert long_only.on_epoch is None and colour_and_turns.on_epoch == 0
     assert long_only.state_key != colour_and_turns.state_key
     assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["channel_permutation"]), max_steps=12)[0] == (
-        0, MOSAIC, AFFINE, 0.0, VERTICAL_FLIP, QUARTER_TURN)
+        0, MOSAIC, MIXUP, AFFINE, 0.0, VERTICAL_FLIP, QUARTER_TURN)
     assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["vertical_flip"]), max_steps=12)[0] == (
-        0, MOSAIC, AFFINE, PERMUTATION, 0.0, QUARTER_TURN)
+        0, MOSAIC, MIXUP, AFFINE, PERMUTATION, 0.0, QUARTER_TURN)
     assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["quarter_turn"]), max_steps=12)[0] == (
-        0, MOSAIC, AFFINE, PERMUTATION, VERTICAL_FLIP, 0.0)
+        0, MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, 0.0)
 
 
 def test_unknown_augmentations_are_refused() -> None:
     with pytest.raises(ValueError, match="augmentations must name some of"):
-        LongRunAugmentation(augmentations=["mixup"])
+        LongRunAugmentation(augmentations=["cutmix"])

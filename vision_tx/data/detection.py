@@ -28,7 +28,7 @@ class CocoDetectionDataModule(LightningDataModule):
     to DETR's recipe (``DetrTrainTransform()``, ``DetrValTransform()``); pass smaller ones to train
     at low resolution. ``mosaic_probability`` > 0 tiles that fraction of the training images into
     ``mosaic_size`` mosaics of four (:class:`vision_tx.data.mosaic.MosaicDetection`) before the
-    training transform. Batches come from ``collate_detection``. Another annotation format reuses
+    training transform; ``mixup_probability`` > 0 blends that fraction with another training image. Batches come from ``collate_detection``. Another annotation format reuses
     this class by overriding ``toy_root``, ``split_paths``, ``make_dataset`` and ``val_coco``.
     """
 
@@ -48,6 +48,7 @@ class CocoDetectionDataModule(LightningDataModule):
         skip_invalid: bool = False,
         mosaic_probability: float = 0.0,
         mosaic_size: int = 256,
+        mixup_probability: float = 0.0,
     ):
         super().__init__()
         if root is None:
@@ -66,6 +67,7 @@ class CocoDetectionDataModule(LightningDataModule):
         self.skip_invalid = skip_invalid  # invalid images skipped with a warning instead of an error
         self.mosaic_probability = mosaic_probability
         self.mosaic_size = mosaic_size
+        self.mixup_probability = mixup_probability
         self.collate_fn = functools.partial(collate_detection, size_divisibility=size_divisibility)
         self.val_paths = self.split_paths(val_split)  # checks the layout before training starts
         self.val_image_dir, self.val_ann_file = self.val_paths[:2]
@@ -101,12 +103,13 @@ class CocoDetectionDataModule(LightningDataModule):
         return max(self.category_names) + 1
 
     def make_train_dataset(self) -> Dataset:
-        """The training split, through mosaics when ``mosaic_probability`` > 0."""
+        """The training split, through mosaics and mixup when ``mosaic_probability`` or ``mixup_probability`` > 0."""
         paths = self.split_paths(self.train_split)
-        if self.mosaic_probability == 0:
+        if self.mosaic_probability == 0 and self.mixup_probability == 0:
             return self.make_dataset(paths, self.train_transform)
         return MosaicDetection(
-            self.make_dataset(paths, None), self.train_transform, self.mosaic_size, self.mosaic_probability
+            self.make_dataset(paths, None), self.train_transform, self.mosaic_size, self.mosaic_probability,
+            mixup_probability=self.mixup_probability,
         )
 
     def label_extent(self) -> tuple[str, int, str]:

@@ -1,9 +1,11 @@
-"""Mosaic augmentation (YOLOv4's): four training images tiled around a random point into one.
+"""The augmentations that need several training images at once: mosaics (YOLOv4's) and mixup (YOLO's).
 
 A mosaic shows four times the objects of one image at about half their size, each image cut at a
 random place and seen beside unrelated context, which gives a detector trained for a few hundred
-steps more, and more varied, supervision per step. torchvision's ``transforms.v2`` has no mosaic (it
-needs several dataset items at once), so it wraps the dataset rather than being a transform.
+steps more, and more varied, supervision per step. Mixup blends a second image, whole, into the
+first at about half strength and keeps the objects of both: every object is seen over another
+picture, never cut. torchvision's ``transforms.v2`` has neither (each needs several dataset items at
+once), so they wrap the dataset rather than being transforms.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from vision_tx.data.shared_probability import SharedProbability
 Target = dict[str, Any]
 Transform = Callable[[tv_tensors.Image, Target], tuple[torch.Tensor, Target]]
 FILL = 114  # the grey of the canvas where no image falls (YOLO's letterbox colour)
+MIXUP_BETA = 32.0  # the blend's weight is drawn from Beta(32, 32): 0.5 +- 0.06 (YOLO's)
 
 
 class MosaicDetection(Dataset):
-    """Yields ``transform(mosaic, target)`` with probability ``probability``, else ``transform(image, target)``.
+    """Yields ``transform(mosaic, target)`` with probability ``probability``, else ``transform(image, target)``;
+    with probability ``mixup_probability`` that image (or mosaic) is first mixed with another.
 
     ``dataset`` yields untransformed ``(tv_tensors.Image [3,H,W] uint8, target)`` pairs with
     ``target["boxes"]`` (``tv_tensors.BoundingBoxes`` xyxy pixels) and ``target["labels"]`` [K], as
@@ -32,11 +36,15 @@ class MosaicDetection(Dataset):
     and placed in the four quadrants around a point drawn uniformly in the canvas's middle half, on a
     ``2 size x 2 size`` canvas whose central ``size x size`` window is kept. Boxes are clipped to the
     window; a box left with less than ``min_visible`` of its area, or under 2 pixels a side, is dropped.
-    ``probability`` may be changed during training (loader workers read it from shared memory); at 0
-    no random number is drawn, so the images are those of the wrapped dataset and transform alone.
+    Mixup (:meth:`mixup`) scales another item drawn at random to fit inside the image, keeping its shape,
+    places it at a random position on grey, blends the two with a weight ``w ~ Beta(32, 32)`` (the
+    image's share) and keeps the boxes and labels of both. Both probabilities may be changed during
+    training (loader workers read them from shared memory); at 0 no random number is drawn, so the
+    images are those of the wrapped dataset and transform alone.
     """
 
     probability = SharedProbability()
+    mixup_probability = SharedProbability()
 
     def __init__(
         self,
@@ -45,6 +53,7 @@ class MosaicDetection(Dataset):
         size: int = 256,
         probability: float = 1.0,
         min_visible: float = 0.25,
+        mixup_probability: float = 0.0,
     ) -> None:
         if size < 2:
             raise ValueError(f"MosaicDetection: size must be at least 2 pixels, got {size}")
@@ -53,6 +62,7 @@ class MosaicDetection(Dataset):
         self.size = size
         self.probability = probability
         self.min_visible = min_visible
+        self.mixup_probability = mixup_probability
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -63,7 +73,34 @@ class MosaicDetection(Dataset):
         if probability > 0 and float(torch.rand(())) < probability:
             others = torch.randint(len(self), (3,)).tolist()
             image, target = self.mosaic([(image, target)] + [self.dataset[i] for i in others])
+        mixup_probability = self.mixup_probability
+        if mixup_probability > 0 and float(torch.rand(())) < mixup_probability:
+            image, target = self.mixup(image, target, *self.dataset[int(torch.randint(len(self), ()))])
         return self.transform(image, target)
+
+    @staticmethod
+    def mixup(image: tv_tensors.Image, target: Target, other: tv_tensors.Image, other_target: Target) -> tuple[tv_tensors.Image, Target]:
+        """``image`` [3,H,W] blended with ``other`` (scaled to fit inside it, at a random place on grey); the
+        target is ``target`` with ``other_target``'s boxes (moved with their pixels) and labels added."""
+        if "masks" in target or "masks" in other_target:
+            raise ValueError("MosaicDetection: mixup of instance masks is not supported; set mixup_probability to 0")
+        height, width = image.shape[-2:]
+        other_h, other_w = other.shape[-2:]
+        scale = min(height / other_h, width / other_w)
+        new_h, new_w = max(1, round(other_h * scale)), max(1, round(other_w * scale))
+        canvas = torch.full((3, height, width), FILL, dtype=torch.uint8)
+        top, left = int(torch.randint(height - new_h + 1, ())), int(torch.randint(width - new_w + 1, ()))
+        canvas[:, top:top + new_h, left:left + new_w] = F.resize(other, [new_h, new_w], antialias=True)
+        weight = float(torch.distributions.Beta(MIXUP_BETA, MIXUP_BETA).sample())
+        mixed = (image.float() * weight + canvas.float() * (1 - weight)).round().to(torch.uint8)
+        moved = other_target["boxes"].as_subclass(torch.Tensor).float() * torch.tensor([new_w / other_w, new_h / other_h] * 2)
+        moved = moved + torch.tensor([left, top, left, top], dtype=torch.float32)
+        boxes = torch.cat([target["boxes"].as_subclass(torch.Tensor).float(), moved])
+        return tv_tensors.Image(mixed), {
+            **{k: v for k, v in target.items() if k not in ("boxes", "labels")},
+            "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(height, width)),
+            "labels": torch.cat([target["labels"], other_target["labels"]]),
+        }
 
     def mosaic(self, items: list[tuple[tv_tensors.Image, Target]]) -> tuple[tv_tensors.Image, Target]:
         """Four ``(image, target)`` pairs -> one ``size x size`` mosaic and its target (``image_id`` of the first)."""

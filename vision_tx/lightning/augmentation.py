@@ -17,22 +17,24 @@ from vision_tx.lightning.budget import TrainingBudget
 # attribute, the setting that turns it on)
 AUGMENTATIONS = {
     "mosaic": ("mosaics", ("train_dataset",), "probability", "--data.mosaic_probability"),
+    "mixup": ("mixup", ("train_dataset",), "mixup_probability", "--data.mixup_probability"),
     "affine": ("affine", ("train_transform", "affine"), "p", "the train transform's affine_probability"),
     "channel_permutation": ("channel permutation", ("train_transform", "channel_permutation"), "p",
                             "the train transform's channel_permutation_probability"),
     "vertical_flip": ("vertical flip", ("train_transform", "vertical_flip"), "p", "the train transform's vertical_flip_probability"),
     "quarter_turn": ("quarter turn", ("train_transform", "quarter_turn"), "p", "the train transform's quarter_turn_probability"),
 }
+CLOSED_AT_DROP = ("mosaic", "mixup")  # YOLO's last stretch: the images as they are, for the boxes to settle
 
 
 class LongRunAugmentation(pl.Callback):
     """Holds the training mosaics and the random affine (or the other ``augmentations`` named) off in
-    short runs; in long ones they run until the learning rate drops, then the mosaics stop (YOLO's
-    ``close_mosaic``).
+    short runs; in long ones they run until the learning rate drops, then the mosaics and mixup stop
+    (YOLO's ``close_mosaic``).
 
     The augmentations are those the config sets, of those named in ``augmentations``
     (:data:`AUGMENTATIONS`): the mosaics of ``--data.mosaic_probability``
-    (:class:`vision_tx.data.mosaic.MosaicDetection`), the affine of ``DetrTrainTransform``'s
+    (:class:`vision_tx.data.mosaic.MosaicDetection`), its mixup of ``--data.mixup_probability``, the affine of ``DetrTrainTransform``'s
     ``affine_probability``, its ``channel_permutation_probability``, ``vertical_flip_probability`` and
     ``quarter_turn_probability``.
     Several instances, each with its own names and threshold, may run side by side. They stay off until the run is known to last
@@ -40,9 +42,9 @@ class LongRunAugmentation(pl.Callback):
     ``--budget.minutes`` run, from the first epoch start at which the budget, at the pace of the epochs
     so far, makes that many. On 160-290 training images they cost AP at 40-70 epochs and add 0.01-0.10
     at 110-170, where the images would otherwise be learnt by heart (docs/LEARNING.md, session 53).
-    The mosaics stop from the epoch after any optimiser group's ``lr`` first falls below its
+    The mosaics and mixup stop from the epoch after any optimiser group's ``lr`` first falls below its
     ``initial_lr``. ``min_epochs=0`` keeps the configured augmentations from the start and only closes
-    the mosaics. Changes reach loader workers at their next sample (the probabilities are in shared
+    the mosaics and mixup. Changes reach loader workers at their next sample (the probabilities are in shared
     memory); the epochs of both changes are kept in checkpoints, so a resumed run repeats them.
     """
 
@@ -57,7 +59,7 @@ class LongRunAugmentation(pl.Callback):
         self.names = " and ".join(AUGMENTATIONS[name][0] for name in self.augmentations)
         self.on_epoch: int | None = None  # the epoch from which the augmentations run
         self.drop_epoch: int | None = None  # the epoch in which the learning rate first dropped
-        self._switches: list[tuple[Any, str, float, bool]] = []  # (holder, attribute, configured probability, is mosaic)
+        self._switches: list[tuple[str, Any, str, float]] = []  # (name, holder, attribute, configured probability)
         self._told_off = False
 
     @property
@@ -77,7 +79,7 @@ class LongRunAugmentation(pl.Callback):
             _, path, attribute, _ = AUGMENTATIONS[name]
             holder = functools.reduce(lambda parent, child: getattr(parent, child, None), path, trainer.datamodule)
             if getattr(holder, attribute, 0) > 0:
-                self._switches.append((holder, attribute, getattr(holder, attribute), name == "mosaic"))
+                self._switches.append((name, holder, attribute, getattr(holder, attribute)))
         if not self._switches:
             nothing = " and no ".join(AUGMENTATIONS[name][0] for name in self.augmentations)
             settings = " or ".join(AUGMENTATIONS[name][3] for name in self.augmentations)
@@ -108,13 +110,15 @@ class LongRunAugmentation(pl.Callback):
                 rank_zero_info(f"LongRunAugmentation: no {self.names.replace(' and ', ' or ')} while the run's length is under {self.min_epochs:g} "
                                f"epochs ({known})")
         closed = self.drop_epoch is not None and epoch > self.drop_epoch
-        for holder, attribute, configured, mosaic in self._switches:
-            on = self.on_epoch is not None and epoch >= self.on_epoch and not (mosaic and closed)
+        for name, holder, attribute, configured in self._switches:
+            closes = name in CLOSED_AT_DROP and closed
+            on = self.on_epoch is not None and epoch >= self.on_epoch and not closes
             wanted = configured if on else 0.0
             if getattr(holder, attribute) != wanted:
                 setattr(holder, attribute, wanted)
-                if mosaic and closed:
-                    rank_zero_info(f"LongRunAugmentation: mosaics off from epoch {epoch} (the learning rate dropped in epoch {self.drop_epoch})")
+                if closes:
+                    rank_zero_info(f"LongRunAugmentation: {AUGMENTATIONS[name][0]} off from epoch {epoch} "
+                                   f"(the learning rate dropped in epoch {self.drop_epoch})")
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.drop_epoch is None and any(
