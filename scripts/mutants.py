@@ -948,6 +948,8 @@ MUTANTS = [
            "trainer.current_epoch * 60 * budget.minutes / seconds", "60 * budget.minutes / seconds", (LONG_RUN_AUGMENTATION,)),
     Mutant("long-run augmentation: the affine closed with the mosaics", "vision_tx/lightning/augmentation.py",
            "closes = name in CLOSED_AT_DROP and closed", "closes = closed", (LONG_RUN_AUGMENTATION,)),
+    Mutant("long-run augmentation: the messages name augmentations the config leaves at 0", "vision_tx/lightning/augmentation.py",
+           'self.names = " and ".join(AUGMENTATIONS[name][0] for name, *_ in self._switches)', "pass", (LONG_RUN_AUGMENTATION,)),
     Mutant("long-run augmentation: mixup not closed at the drop", "vision_tx/lightning/augmentation.py",
            'CLOSED_AT_DROP = ("mosaic", "mixup")', 'CLOSED_AT_DROP = ("mosaic",)', (LONG_RUN_AUGMENTATION,)),
     Mutant("long-run augmentation: mixup switched through the mosaics' probability", "vision_tx/lightning/augmentation.py",

@@ -97,6 +97,12 @@ def test_mixup_runs_with_the_permutation_and_closes_at_the_drop_as_the_mosaics()
     seen = fit(callback, max_steps=12, workers=1)
     assert seen == [(epoch, MOSAIC, MIXUP if epoch <= callback.drop_epoch else 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN)
                     for epoch in range(6) for _ in range(2)]
+    assert callback.names == "mixup and channel permutation and vertical flip"
+    data = ProbeData(0)
+    data.train_dataset.mixup_probability = 0.0  # named but not configured: not switched, and not in the messages
+    unconfigured = LongRunAugmentation(augmentations=["mixup", "channel_permutation"])
+    unconfigured.on_train_start(SimpleNamespace(datamodule=data), None)
+    assert unconfigured.names == "channel permutation"
     short = fit(LongRunAugmentation(min_epochs=6.5, augmentations=["mixup"]), max_steps=12)
     assert short == [(epoch, MOSAIC, 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
 

@@ -85,6 +85,7 @@ class LongRunAugmentation(pl.Callback):
             settings = " or ".join(AUGMENTATIONS[name][3] for name in self.augmentations)
             raise TypeError(f"LongRunAugmentation: the training data has no {nothing} to switch; set {settings} above 0, "
                             "or leave this callback out")
+        self.names = " and ".join(AUGMENTATIONS[name][0] for name, *_ in self._switches)  # the messages name only these
 
     def planned_epochs(self, trainer: pl.Trainer) -> float:
         """The run's length in epochs as far as it is known at this epoch's start (0 while unknown)."""
