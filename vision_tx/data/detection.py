@@ -28,8 +28,9 @@ class CocoDetectionDataModule(LightningDataModule):
     to DETR's recipe (``DetrTrainTransform()``, ``DetrValTransform()``); pass smaller ones to train
     at low resolution. ``mosaic_probability`` > 0 tiles that fraction of the training images into
     ``mosaic_size`` mosaics of four (:class:`vision_tx.data.mosaic.MosaicDetection`) before the
-    training transform; ``mixup_probability`` > 0 blends that fraction with another training image. Batches come from ``collate_detection``. Another annotation format reuses
-    this class by overriding ``toy_root``, ``split_paths``, ``make_dataset`` and ``val_coco``.
+    training transform; ``mixup_probability`` > 0 blends that fraction with another training image.
+    Batches come from ``collate_detection``. Another annotation format reuses this class by
+    overriding ``toy_root``, ``split_paths``, ``make_dataset`` and ``val_coco``.
     """
 
     annotation_files = "annotations/instances_*.json"  # named in the log line of the toy fallback
