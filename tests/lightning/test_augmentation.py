@@ -1,15 +1,19 @@
 """LongRunAugmentation: the configured mosaics and affine (or the augmentations named) held off in short
 runs, on in long ones, the mosaics and mixup closed after the learning-rate drop, every change seen by persistent
-loader workers; two instances side by side, each with its own threshold and checkpoint entry."""
+loader workers, the first batches too (a worker starts drawing before ``on_train_start``); two instances side by
+side, each with its own threshold and checkpoint entry; a run resumed mid-epoch drawn as the run it continues."""
 
 from __future__ import annotations
 
+import multiprocessing
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.transforms import v2
 
 from vision_tx.data.shared_probability import SharedProbability
@@ -18,7 +22,7 @@ from vision_tx.lightning.augmentation import LongRunAugmentation
 from vision_tx.lightning.budget import TrainingBudget
 
 MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN = 0.5, 0.375, 1.0, 0.25, 0.75, 0.625
-BATCHES_PER_EPOCH, DROP_STEP = 2, 8
+BATCHES_PER_EPOCH, DROP_STEP = 2, 7  # the rate drops after the first batch of epoch 3
 
 
 class Probe(Dataset):
@@ -32,13 +36,16 @@ class Probe(Dataset):
         self.probability = MOSAIC
         self.mixup_probability = MIXUP
         self.transform = transform
+        self.drawn = multiprocessing.Event()  # set once a sample is drawn, in whichever process
 
     def __len__(self) -> int:
         return 4 * BATCHES_PER_EPOCH
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.tensor([self.probability, self.mixup_probability, self.transform.affine.p, self.transform.channel_permutation.p,
-                             self.transform.vertical_flip.p, self.transform.quarter_turn.p])
+        sample = torch.tensor([self.probability, self.mixup_probability, self.transform.affine.p, self.transform.channel_permutation.p,
+                               self.transform.vertical_flip.p, self.transform.quarter_turn.p])
+        self.drawn.set()
+        return sample
 
 
 class ProbeData(pl.LightningDataModule):
@@ -57,12 +64,18 @@ class ProbeData(pl.LightningDataModule):
 
 class Recorder(pl.LightningModule):
     """Records (epoch, mosaic, mixup, affine, permutation, vertical flip and quarter turn probabilities) of every batch; the rate
-    drops by 10 at ``DROP_STEP``."""
+    drops by 10 at ``DROP_STEP``. With ``first_draw``, training starts only once a loader worker has drawn a sample: the
+    race a fast worker wins, made certain."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_draw: Any = None) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(6, 1)
         self.seen: list[tuple[float, ...]] = []
+        self.first_draw = first_draw
+
+    def on_train_start(self) -> None:
+        if self.first_draw is not None:
+            assert self.first_draw.wait(timeout=60), "the loader worker drew nothing before training started"
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         self.seen.append((self.current_epoch, *(float(p) for p in batch[0])))
@@ -74,12 +87,25 @@ class Recorder(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def fit(callback: LongRunAugmentation | list[LongRunAugmentation], max_steps: int, workers: int = 0) -> list[tuple[float, ...]]:
-    model = Recorder()
-    trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=callback if isinstance(callback, list) else [callback])
-    trainer.fit(model, datamodule=ProbeData(workers))
+def fit(callback: LongRunAugmentation | list[LongRunAugmentation], max_steps: int, workers: int = 0, save_to: Path | None = None,
+        resume_from: Path | None = None) -> list[tuple[float, ...]]:
+    """Trains ``max_steps``; ``save_to`` keeps a checkpoint after every step (``step=N.ckpt``), ``resume_from`` resumes one."""
+    data = ProbeData(workers)
+    model = Recorder(data.train_dataset.drawn if workers else None)
+    callbacks = callback if isinstance(callback, list) else [callback]
+    if save_to is not None:
+        callbacks = [*callbacks, pl.callbacks.ModelCheckpoint(save_to, "{step}", every_n_train_steps=1, save_top_k=-1)]
+    trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=save_to is not None, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=callbacks)
+    trainer.fit(model, datamodule=data, ckpt_path=resume_from)
     return model.seen
+
+
+def planned_trainer(data: ProbeData, max_steps: int = 12, **fields: Any) -> SimpleNamespace:
+    """The trainer fields ``setup`` reads, for a ``max_steps`` run of one process on ``data``."""
+    return SimpleNamespace(**{"datamodule": data, "callbacks": [], "max_steps": max_steps, "accumulate_grad_batches": 1,
+                              "world_size": 1, "limit_train_batches": 1.0, "max_epochs": -1,
+                              "strategy": SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision), **fields})
 
 
 def test_a_long_run_augments_until_the_drop_then_closes_the_mosaics_in_persistent_workers() -> None:
@@ -101,7 +127,7 @@ def test_mixup_runs_with_the_permutation_and_closes_at_the_drop_as_the_mosaics()
     data = ProbeData(0)
     data.train_dataset.mixup_probability = 0.0  # named but not configured: not switched, and not in the messages
     unconfigured = LongRunAugmentation(augmentations=["mixup", "channel_permutation"])
-    unconfigured.on_train_start(SimpleNamespace(datamodule=data), None)
+    unconfigured.setup(planned_trainer(data), None, "fit")
     assert unconfigured.names == "channel permutation"
     short = fit(LongRunAugmentation(min_epochs=6.5, augmentations=["mixup"]), max_steps=12)
     assert short == [(epoch, MOSAIC, 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
@@ -127,31 +153,45 @@ def test_a_budget_run_is_long_when_its_pace_makes_min_epochs(min_epochs: float, 
     assert LongRunAugmentation().planned_epochs(trainer) == 0.0
 
 
-@pytest.mark.parametrize("epoch", [3, 4])  # the drop came in epoch 3
-def test_a_resumed_run_repeats_both_changes(epoch: int) -> None:
-    first = LongRunAugmentation(min_epochs=6)
-    fit(first, max_steps=12)
-    resumed = LongRunAugmentation(min_epochs=1000)  # the restored decision stands, whatever the length now
-    resumed.load_state_dict(first.state_dict())
-    data = ProbeData(0)
-    trainer = SimpleNamespace(datamodule=data, current_epoch=epoch)
-    resumed.on_train_start(trainer, None)
-    resumed.on_train_epoch_start(trainer, None)
-    assert (data.train_dataset.probability, data.train_transform.affine.p) == ((MOSAIC if epoch == 3 else 0.0), AFFINE)
+@pytest.mark.parametrize("step", [7, 9])  # mid-epoch, in the epoch of the drop (3) and in the next
+def test_a_run_resumed_mid_epoch_draws_as_the_run_it_continues(tmp_path: Path, step: int) -> None:
+    """A mid-epoch resume gets no epoch start: the checkpoint's epoch (mosaics closed after the drop) is set before the
+    worker draws, and a short run stays held off."""
+    long_run, short_run = LongRunAugmentation(min_epochs=6), LongRunAugmentation(min_epochs=6.5)
+    fit(long_run, max_steps=12, save_to=tmp_path / "long")
+    fit(short_run, max_steps=12, save_to=tmp_path / "short")
+    resumed = fit(LongRunAugmentation(min_epochs=6), max_steps=12, workers=1, resume_from=tmp_path / "long" / f"step={step}.ckpt")
+    assert resumed and resumed[0][0] == (step - 1) // BATCHES_PER_EPOCH
+    assert resumed == [(epoch, MOSAIC if epoch <= long_run.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN)
+                       for epoch, *_ in resumed]
+    resumed_short = fit(LongRunAugmentation(min_epochs=6.5), max_steps=12, workers=1, resume_from=tmp_path / "short" / f"step={step}.ckpt")
+    assert resumed_short and all(seen[1:] == (0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for seen in resumed_short)
+
+
+@pytest.mark.parametrize(("world_size", "limit", "distributed", "batches"),
+                         [(1, 1.0, False, 5), (2, 1.0, False, 3), (2, 1.0, True, 5), (1, 4, False, 4), (1, 0.5, False, 2)])
+def test_batches_per_epoch_read_before_lightning_iterates(world_size: int, limit: float, distributed: bool, batches: int) -> None:
+    """A plain sampler is split over the processes (5 batches: 3 each on 2), a DistributedSampler is already the process's
+    share; ``limit_train_batches`` caps by count or fraction."""
+    dataset = list(range(10))
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0) if distributed else None
+    data = SimpleNamespace(train_dataloader=lambda: DataLoader(dataset, batch_size=2, sampler=sampler))
+    trainer = planned_trainer(data, world_size=world_size, limit_train_batches=limit)
+    assert LongRunAugmentation.batches_per_epoch(trainer) == batches
 
 
 def test_nothing_to_switch_says_what_to_set() -> None:
-    trainer = SimpleNamespace(datamodule=SimpleNamespace(train_dataset=[], train_transform=None))
+    trainer = planned_trainer(SimpleNamespace(train_dataset=[], train_transform=None))
     with pytest.raises(TypeError, match="mosaic_probability.*affine_probability"):
-        LongRunAugmentation().on_train_start(trainer, None)
+        LongRunAugmentation().setup(trainer, None, "fit")
     with pytest.raises(TypeError, match="no channel permutation to switch; set the train transform's channel_permutation_probability"):
-        LongRunAugmentation(augmentations=["channel_permutation"]).on_train_start(trainer, None)
+        LongRunAugmentation(augmentations=["channel_permutation"]).setup(trainer, None, "fit")
     with pytest.raises(TypeError, match="no vertical flip to switch; set the train transform's vertical_flip_probability"):
-        LongRunAugmentation(augmentations=["vertical_flip"]).on_train_start(trainer, None)
+        LongRunAugmentation(augmentations=["vertical_flip"]).setup(trainer, None, "fit")
     with pytest.raises(TypeError, match="no quarter turn to switch; set the train transform's quarter_turn_probability"):
-        LongRunAugmentation(augmentations=["quarter_turn"]).on_train_start(trainer, None)
+        LongRunAugmentation(augmentations=["quarter_turn"]).setup(trainer, None, "fit")
     with pytest.raises(TypeError, match="no mixup to switch; set --data.mixup_probability"):
-        LongRunAugmentation(augmentations=["mixup"]).on_train_start(trainer, None)
+        LongRunAugmentation(augmentations=["mixup"]).setup(trainer, None, "fit")
 
 
 def test_two_instances_switch_their_own_augmentations_at_their_own_lengths() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DistributedSampler
 
 from vision_tx.lightning.budget import TrainingBudget
 
@@ -45,7 +46,9 @@ class LongRunAugmentation(pl.Callback):
     The mosaics and mixup stop from the epoch after any optimiser group's ``lr`` first falls below its
     ``initial_lr``. ``min_epochs=0`` keeps the configured augmentations from the start and only closes
     the mosaics and mixup. Changes reach loader workers at their next sample (the probabilities are in shared
-    memory); the epochs of both changes are kept in checkpoints, so a resumed run repeats them.
+    memory). Epoch 0's are set in ``setup``, before Lightning starts the training iterator (and with it the workers'
+    first batches); the epochs of both changes and the epoch in progress are kept in checkpoints, so a resumed run
+    repeats them, from its first batch even when it resumes mid-epoch (where Lightning calls no epoch start).
     """
 
     def __init__(self, min_epochs: float = 100.0, augmentations: Sequence[str] = ("mosaic", "affine")) -> None:
@@ -61,6 +64,7 @@ class LongRunAugmentation(pl.Callback):
         self.drop_epoch: int | None = None  # the epoch in which the learning rate first dropped
         self._switches: list[tuple[str, Any, str, float]] = []  # (name, holder, attribute, configured probability)
         self._told_off = False
+        self._epoch: int | None = None  # the epoch whose augmentations are set
 
     @property
     def state_key(self) -> str:
@@ -68,12 +72,19 @@ class LongRunAugmentation(pl.Callback):
         return self._generate_state_key(min_epochs=self.min_epochs, augmentations=self.augmentations)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"on_epoch": self.on_epoch, "drop_epoch": self.drop_epoch}
+        return {"on_epoch": self.on_epoch, "drop_epoch": self.drop_epoch, "epoch": self._epoch}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.on_epoch, self.drop_epoch = state_dict["on_epoch"], state_dict["drop_epoch"]
+        if state_dict.get("epoch") is not None:  # a run resumed mid-epoch gets no epoch start: set that epoch's now
+            self._apply(state_dict["epoch"])
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Finds the configured augmentations and sets them for epoch 0 before any loader worker draws a sample
+        (Lightning starts the training iterator before ``on_train_start``). A run of ``max_steps`` or
+        ``max_epochs`` is decided here; a budget run's length is known only at a later epoch's start."""
+        if stage != "fit":
+            return
         self._switches = []
         for name in self.augmentations:
             _, path, attribute, _ = AUGMENTATIONS[name]
@@ -86,30 +97,51 @@ class LongRunAugmentation(pl.Callback):
             raise TypeError(f"LongRunAugmentation: the training data has no {nothing} to switch; set {settings} above 0, "
                             "or leave this callback out")
         self.names = " and ".join(AUGMENTATIONS[name][0] for name, *_ in self._switches)  # the messages name only these
+        if self._budget(trainer) is None:
+            self._decide(trainer, epoch=0)
+        self._apply(0)
+
+    @staticmethod
+    def _budget(trainer: pl.Trainer) -> TrainingBudget | None:
+        return next((c for c in trainer.callbacks if isinstance(c, TrainingBudget) and c.minutes), None)
+
+    @staticmethod
+    def batches_per_epoch(trainer: pl.Trainer) -> int:
+        """Training batches a process makes in an epoch, from the datamodule's loader before Lightning iterates it:
+        a plain sampler is split over the processes by Lightning, a ``DistributedSampler`` is the process's own."""
+        loader = trainer.datamodule.train_dataloader()
+        batches = len(loader)
+        if not isinstance(getattr(loader, "sampler", None), DistributedSampler):
+            batches = math.ceil(batches / trainer.world_size)
+        limit = trainer.limit_train_batches
+        return max(min(batches, limit) if isinstance(limit, int) else int(batches * limit), 1)
 
     def planned_epochs(self, trainer: pl.Trainer) -> float:
         """The run's length in epochs as far as it is known at this epoch's start (0 while unknown)."""
-        budget = next((c for c in trainer.callbacks if isinstance(c, TrainingBudget) and c.minutes), None)
+        budget = self._budget(trainer)
         if budget is not None:
             seconds = budget.elapsed()
             return trainer.current_epoch * 60 * budget.minutes / seconds if trainer.current_epoch and seconds > 0 else 0.0
         if trainer.max_steps > 0:
-            return trainer.max_steps * trainer.accumulate_grad_batches / max(trainer.num_training_batches, 1)
+            return trainer.max_steps * trainer.accumulate_grad_batches / self.batches_per_epoch(trainer)
         return math.inf if trainer.max_epochs in (None, -1) else float(trainer.max_epochs)
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        epoch = trainer.current_epoch
-        if self.on_epoch is None and self.drop_epoch is None:
-            planned = self.planned_epochs(trainer)
-            if trainer.strategy.reduce_boolean_decision(planned >= self.min_epochs, all=False):
-                self.on_epoch = epoch
-                rank_zero_info(f"LongRunAugmentation: {self.names} on from epoch {epoch} (the run makes about "
-                               f"{planned:.0f} epochs, at least {self.min_epochs:g})")
-            elif not self._told_off:
-                self._told_off = True
-                known = f"about {planned:.0f}" if planned else "not yet known"
-                rank_zero_info(f"LongRunAugmentation: no {self.names.replace(' and ', ' or ')} while the run's length is under {self.min_epochs:g} "
-                               f"epochs ({known})")
+    def _decide(self, trainer: pl.Trainer, epoch: int) -> None:
+        """Turns the augmentations on from ``epoch`` once the run is known to make ``min_epochs``."""
+        planned = self.planned_epochs(trainer)
+        if trainer.strategy.reduce_boolean_decision(planned >= self.min_epochs, all=False):
+            self.on_epoch = epoch
+            rank_zero_info(f"LongRunAugmentation: {self.names} on from epoch {epoch} (the run makes about "
+                           f"{planned:.0f} epochs, at least {self.min_epochs:g})")
+        elif not self._told_off:
+            self._told_off = True
+            known = f"about {planned:.0f}" if planned else "not yet known"
+            rank_zero_info(f"LongRunAugmentation: no {self.names.replace(' and ', ' or ')} while the run's length is under {self.min_epochs:g} "
+                           f"epochs ({known})")
+
+    def _apply(self, epoch: int) -> None:
+        """Sets every switched probability for ``epoch``: as configured while on and not closed, else 0."""
+        self._epoch = epoch
         closed = self.drop_epoch is not None and epoch > self.drop_epoch
         for name, holder, attribute, configured in self._switches:
             closes = name in CLOSED_AT_DROP and closed
@@ -120,6 +152,11 @@ class LongRunAugmentation(pl.Callback):
                 if closes:
                     rank_zero_info(f"LongRunAugmentation: {AUGMENTATIONS[name][0]} off from epoch {epoch} "
                                    f"(the learning rate dropped in epoch {self.drop_epoch})")
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.on_epoch is None and self.drop_epoch is None and self._budget(trainer) is not None:
+            self._decide(trainer, trainer.current_epoch)
+        self._apply(trainer.current_epoch)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.drop_epoch is None and any(
