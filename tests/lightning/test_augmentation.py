@@ -1,7 +1,7 @@
 """LongRunAugmentation: the configured mosaics and affine (or the augmentations named) held off in short
 runs, on in long ones, the mosaics and mixup closed after the learning-rate drop, every change seen by persistent
 loader workers, the first batches too (a worker starts drawing before ``on_train_start``); two instances side by
-side, each with its own threshold and checkpoint entry; a run resumed mid-epoch drawn as the run it continues."""
+side, each with its own threshold and checkpoint entry; a resumed run drawn as the run it continues from its first batch."""
 
 from __future__ import annotations
 
@@ -153,15 +153,16 @@ def test_a_budget_run_is_long_when_its_pace_makes_min_epochs(min_epochs: float, 
     assert LongRunAugmentation().planned_epochs(trainer) == 0.0
 
 
-@pytest.mark.parametrize("step", [7, 9])  # mid-epoch, in the epoch of the drop (3) and in the next
-def test_a_run_resumed_mid_epoch_draws_as_the_run_it_continues(tmp_path: Path, step: int) -> None:
-    """A mid-epoch resume gets no epoch start: the checkpoint's epoch (mosaics closed after the drop) is set before the
-    worker draws, and a short run stays held off."""
+@pytest.mark.parametrize("step", [7, 8, 9])  # in the epoch of the drop (3): mid-epoch and at its end; mid-epoch in the next
+def test_a_resumed_run_draws_its_first_batches_as_the_run_it_continues(tmp_path: Path, step: int) -> None:
+    """The resumed run's first batches are drawn before any epoch start (mid-epoch, Lightning calls none): the
+    checkpoint's next epoch is set before the worker draws, so the mosaics stay closed after the drop and a short run
+    stays held off."""
     long_run, short_run = LongRunAugmentation(min_epochs=6), LongRunAugmentation(min_epochs=6.5)
     fit(long_run, max_steps=12, save_to=tmp_path / "long")
     fit(short_run, max_steps=12, save_to=tmp_path / "short")
     resumed = fit(LongRunAugmentation(min_epochs=6), max_steps=12, workers=1, resume_from=tmp_path / "long" / f"step={step}.ckpt")
-    assert resumed and resumed[0][0] == (step - 1) // BATCHES_PER_EPOCH
+    assert resumed and resumed[0][0] == step // BATCHES_PER_EPOCH  # the epoch of the next batch
     assert resumed == [(epoch, MOSAIC if epoch <= long_run.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN)
                        for epoch, *_ in resumed]
     resumed_short = fit(LongRunAugmentation(min_epochs=6.5), max_steps=12, workers=1, resume_from=tmp_path / "short" / f"step={step}.ckpt")

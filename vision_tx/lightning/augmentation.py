@@ -47,8 +47,8 @@ class LongRunAugmentation(pl.Callback):
     ``initial_lr``. ``min_epochs=0`` keeps the configured augmentations from the start and only closes
     the mosaics and mixup. Changes reach loader workers at their next sample (the probabilities are in shared
     memory). Epoch 0's are set in ``setup``, before Lightning starts the training iterator (and with it the workers'
-    first batches); the epochs of both changes and the epoch in progress are kept in checkpoints, so a resumed run
-    repeats them, from its first batch even when it resumes mid-epoch (where Lightning calls no epoch start).
+    first batches); the epochs of both changes and the epoch of the next batch are kept in checkpoints, so a resumed
+    run repeats them from its first batch (Lightning draws it before the epoch start, and calls none mid-epoch).
     """
 
     def __init__(self, min_epochs: float = 100.0, augmentations: Sequence[str] = ("mosaic", "affine")) -> None:
@@ -64,7 +64,7 @@ class LongRunAugmentation(pl.Callback):
         self.drop_epoch: int | None = None  # the epoch in which the learning rate first dropped
         self._switches: list[tuple[str, Any, str, float]] = []  # (name, holder, attribute, configured probability)
         self._told_off = False
-        self._epoch: int | None = None  # the epoch whose augmentations are set
+        self._next_epoch: int | None = None  # the epoch of the next batch, once a batch is done
 
     @property
     def state_key(self) -> str:
@@ -72,12 +72,13 @@ class LongRunAugmentation(pl.Callback):
         return self._generate_state_key(min_epochs=self.min_epochs, augmentations=self.augmentations)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"on_epoch": self.on_epoch, "drop_epoch": self.drop_epoch, "epoch": self._epoch}
+        return {"on_epoch": self.on_epoch, "drop_epoch": self.drop_epoch, "next_epoch": self._next_epoch}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.on_epoch, self.drop_epoch = state_dict["on_epoch"], state_dict["drop_epoch"]
-        if state_dict.get("epoch") is not None:  # a run resumed mid-epoch gets no epoch start: set that epoch's now
-            self._apply(state_dict["epoch"])
+        # Lightning draws the resumed run's first batches before any epoch start (mid-epoch, it calls none): set them now
+        if state_dict.get("next_epoch") is not None:
+            self._apply(state_dict["next_epoch"])
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Finds the configured augmentations and sets them for epoch 0 before any loader worker draws a sample
@@ -141,7 +142,6 @@ class LongRunAugmentation(pl.Callback):
 
     def _apply(self, epoch: int) -> None:
         """Sets every switched probability for ``epoch``: as configured while on and not closed, else 0."""
-        self._epoch = epoch
         closed = self.drop_epoch is not None and epoch > self.drop_epoch
         for name, holder, attribute, configured in self._switches:
             closes = name in CLOSED_AT_DROP and closed
@@ -163,3 +163,4 @@ class LongRunAugmentation(pl.Callback):
             group["lr"] < group.get("initial_lr", group["lr"]) for optimizer in trainer.optimizers for group in optimizer.param_groups
         ):
             self.drop_epoch = trainer.current_epoch
+        self._next_epoch = trainer.current_epoch + (batch_idx + 1 >= trainer.num_training_batches)
