@@ -118,7 +118,7 @@ class LongRunAugmentation(pl.Callback):
         return max(min(batches, limit) if isinstance(limit, int) else int(batches * limit), 1)
 
     def planned_epochs(self, trainer: pl.Trainer) -> float:
-        """The run's length in epochs as far as it is known at this epoch's start (0 while unknown)."""
+        """The run's length in epochs as far as it is known now, in ``setup`` or at an epoch's start (0 while unknown)."""
         budget = self._budget(trainer)
         if budget is not None:
             seconds = budget.elapsed()
