@@ -87,6 +87,7 @@ DFINE_OFFICIAL = "tests/models/test_dfine_official.py"
 PROTOCOL_KWARGS = "tests/models/test_detectors.py::test_class_attributes_and_kwargs_reach_the_matcher_and_criterion"
 PROTOCOL_TARGETS = "tests/models/test_detectors.py::test_training_reads_the_pipelines_targets"
 PROTOCOL_OUTPUTS = "tests/models/test_detectors.py::test_postprocessing_and_cross_attention"
+PROTOCOL_SHARE = "tests/models/test_detectors.py::test_share_scores_reach_the_post_processing"
 VIT = "tests/backbones/test_vit.py::test_timm_weights_give_timm_logits"
 VIT_WEIGHTS = "tests/backbones/test_vit.py::test_attention_weights_are_the_ones_the_forward_uses"
 VIT_RESIZE = "tests/backbones/test_vit.py::test_resize_pos_embed_is_timms_bicubic_resampling"
@@ -109,6 +110,8 @@ SPLAT = "tests/test_attention.py::test_splat_is_the_adjoint_of_grid_sample"
 DINO_ATTN = "tests/test_attention.py::test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query"
 DINO_POSTPROCESS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detections_match_transformers_deformable_detr"
 DINO_NMS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detections_nms_drops_same_class_duplicates_above_the_threshold_only"
+SHARED_SCORES = "tests/heads/test_detr_postprocess.py::test_shared_scores_are_each_class_probability_times_its_share_of_the_query"
+SHARED_TORN = "tests/heads/test_detr_postprocess.py::test_shared_scores_keep_a_confident_query_and_lower_a_torn_one"
 CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotools_precision_per_category"
 IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
@@ -116,6 +119,7 @@ EXPORT = "tests/test_export.py::test_exported_model_in_onnxruntime_gives_the_eag
 EXPORT_NMS = "tests/test_export.py::test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class"
 EXPORT_EVERY = "tests/scripts/test_export_every_config.py"
 EXPORT_NO_OBJECT = "tests/test_export.py::test_exported_detr_never_labels_a_query_no_object"
+EXPORT_SHARED = "tests/test_export.py::test_exported_shared_scores_are_the_eager_ones"
 EXPORT_TOOL_PANOPTIC = "tests/lightning/test_panoptic.py::test_export_tool_writes_the_trained_panoptic_model_with_the_datamodules_things"
 EXPORT_DETR_PANOPTIC = "tests/test_export.py::test_exported_detr_panoptic_drops_small_segments_as_the_eager_loop"
 NO_DECAY = "tests/backbones/test_no_weight_decay.py::test_every_backbone_and_classifier_names_its_exempt_parameters"
@@ -357,7 +361,15 @@ MUTANTS = [
     Mutant("multiscale neck: extra level from the projected map", "vision_tx/necks/multiscale.py",
            "source = maps[-1]", "source = levels[len(maps) - 1]", (DINO_TX,)),
     Mutant("dino postprocess: softmax for sigmoid", "vision_tx/heads/detr/postprocess.py",
-           "scores, index = logits.sigmoid().flatten(1)", "scores, index = logits.softmax(-1).flatten(1)", (DINO_POSTPROCESS,)),
+           "probabilities = logits.sigmoid()", "probabilities = logits.softmax(-1)", (DINO_POSTPROCESS,)),
+    Mutant("shared scores: each class's share alone (p / sum)", "vision_tx/heads/detr/postprocess.py",
+           "return probabilities * probabilities / probabilities.sum(-1, keepdim=True)",
+           "return probabilities / probabilities.sum(-1, keepdim=True)", (SHARED_SCORES, SHARED_TORN)),
+    Mutant("shared scores: the share over the whole image's queries", "vision_tx/heads/detr/postprocess.py",
+           "return probabilities * probabilities / probabilities.sum(-1, keepdim=True)",
+           "return probabilities * probabilities / probabilities.sum((-2, -1), keepdim=True)", (SHARED_SCORES, SHARED_TORN)),
+    Mutant("shared scores: the per-query pictures keep the plain scores", "vision_tx/heads/detr/postprocess.py",
+           "scores, labels = sigmoid_scores(logits, share_scores).max(-1)", "scores, labels = logits.sigmoid().max(-1)", (SHARED_SCORES,)),
     Mutant("dino postprocess: query of a (query, class) pair by modulo", "vision_tx/heads/detr/postprocess.py",
            'queries = torch.div(index, num_classes, rounding_mode="floor")', "queries = index % logits.shape[1]", (DINO_POSTPROCESS,)),
     Mutant("dino postprocess: NMS across classes", "vision_tx/heads/detr/postprocess.py",
@@ -598,8 +610,11 @@ MUTANTS = [
            "targets = normalize_targets(targets) if self.training and targets is not None else None",
            "targets = targets if self.training else None", (PROTOCOL_TARGETS,)),
     Mutant("detector protocol: DINO's and RT-DETR's per-query detections ranked by score", "vision_tx/models/query_detector.py",
-           "return postprocess_sigmoid_per_query(outputs, image_sizes)",
+           "return postprocess_sigmoid_per_query(outputs, image_sizes, self.share_scores)",
            "return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)", (PROTOCOL_OUTPUTS,)),
+    Mutant("detector protocol: share_scores not passed to the detections", "vision_tx/models/query_detector.py",
+           "image_sizes, self.num_detections, self.nms_threshold, self.share_scores)",
+           "image_sizes, self.num_detections, self.nms_threshold)", (PROTOCOL_SHARE,)),
     # Named sizes (vision_tx/models/__init__.py: named_sizes) and the tables keyed by a detector's class
     Mutant("named sizes: a size's settings dropped (rtdetr_toy builds RT-DETR-R50)", "vision_tx/models/__init__.py",
            "table[name] = functools.partial(cls, **config)", "table[name] = functools.partial(cls)",
@@ -1072,6 +1087,9 @@ MUTANTS = [
     Mutant("export: NMS suppressed-first (the lower-scoring of two overlapping boxes kept)", "vision_tx/export.py",
            "kept = nms((boxes + offsets).flatten(0, 1), scores.flatten(), threshold)",
            "kept = nms((boxes + offsets).flatten(0, 1), -scores.flatten(), threshold)", (EXPORT_NMS,)),
+    Mutant("export: share_scores ignored (the plain sigmoid scores)", "vision_tx/export.py",
+           "sigmoid_candidates(outputs, candidates, self.network.share_scores)", "sigmoid_candidates(outputs, candidates)",
+           (EXPORT_SHARED,)),
     Mutant("export: DETR no-object wins (its class in the argmax)", "vision_tx/export.py",
            'scores, labels = outputs["pred_logits"].softmax(-1)[..., :-1].max(-1)',
            'scores, labels = outputs["pred_logits"].softmax(-1).max(-1)', (EXPORT_NO_OBJECT,)),

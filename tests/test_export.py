@@ -328,10 +328,10 @@ class _FixedDetector(torch.nn.Module):
     """A detector whose ``pred_logits [1,Q,C']`` and ``pred_boxes [1,Q,4]`` are given (tied to the input by
     ``+ 0 * images.mean()``, so the export keeps them a computation): the post-processing's own test bench."""
 
-    def __init__(self, logits: torch.Tensor, boxes: torch.Tensor, nms_threshold: float | None = None) -> None:
+    def __init__(self, logits: torch.Tensor, boxes: torch.Tensor, nms_threshold: float | None = None, share_scores: bool = False) -> None:
         super().__init__()
         self.logits, self.boxes = torch.nn.Parameter(logits), torch.nn.Parameter(boxes)
-        self.num_detections, self.nms_threshold = logits.shape[1], nms_threshold
+        self.num_detections, self.nms_threshold, self.share_scores = logits.shape[1], nms_threshold, share_scores
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         tie = 0 * images.mean()
@@ -349,7 +349,8 @@ def exported_detections(network: _FixedDetector, export_class: type, tmp_path: P
     outputs, sizes = network(images), torch.tensor([[32, 48]])
     if network.nms_threshold is None and export_class is SoftmaxDetectionExport:
         return run_onnx(info["path"], images), postprocess_detections(outputs, sizes)
-    return run_onnx(info["path"], images), postprocess_sigmoid_detections(outputs, sizes, network.num_detections, network.nms_threshold)
+    eager = postprocess_sigmoid_detections(outputs, sizes, network.num_detections, network.nms_threshold, network.share_scores)
+    return run_onnx(info["path"], images), eager
 
 
 def test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class(tmp_path: Path) -> None:
@@ -362,6 +363,20 @@ def test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class(tmp_p
     kept = len(expected["scores"])
     assert kept < 8 and [round(s, 2) for s in expected["scores"].tolist()[:4]] == [0.9, 0.7, 0.5, 0.04]
     assert got_labels[0, :kept].tolist() == expected["labels"].tolist() and (got_labels[0, kept:] == -1).all()
+    torch.testing.assert_close(got_scores[0, :kept], expected["scores"], rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(got_boxes[0, :kept], expected["boxes"], rtol=0, atol=TOLERANCE)
+
+
+def test_exported_shared_scores_are_the_eager_ones(tmp_path: Path) -> None:
+    """``share_scores``: query 1 is torn between classes 0 and 1 (0.8, 0.7), so its class 0 falls below query 2's
+    surer 0.6 (0.8 * 0.8 / 1.5 = 0.43 against 0.6 * 0.6 / 0.61 = 0.59); the exported order and scores are the eager ones."""
+    boxes = torch.tensor([[[0.2, 0.2, 0.1, 0.1], [0.5, 0.5, 0.1, 0.1], [0.8, 0.8, 0.1, 0.1]]])
+    probabilities = torch.tensor([[[0.01, 0.02], [0.8, 0.7], [0.6, 0.01]]])
+    network = _FixedDetector(probabilities.logit(), boxes, nms_threshold=0.5, share_scores=True)
+    (got_boxes, got_scores, got_labels), [expected] = exported_detections(network, SigmoidDetectionExport, tmp_path)
+    assert [round(s, 2) for s in expected["scores"].tolist()[:3]] == [0.59, 0.43, 0.33]
+    kept = len(expected["scores"])
+    assert got_labels[0, :kept].tolist() == expected["labels"].tolist()
     torch.testing.assert_close(got_scores[0, :kept], expected["scores"], rtol=0, atol=TOLERANCE)
     torch.testing.assert_close(got_boxes[0, :kept], expected["boxes"], rtol=0, atol=TOLERANCE)
 

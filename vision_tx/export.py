@@ -120,7 +120,8 @@ class SigmoidDetectionExport(Deployable):
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         outputs = self.network(self.normalize(images))
         count, threshold = self.network.num_detections, self.network.nms_threshold
-        scores, labels, boxes = sigmoid_candidates(outputs, count if threshold is None else max(count, NMS_CANDIDATES))
+        candidates = count if threshold is None else max(count, NMS_CANDIDATES)
+        scores, labels, boxes = sigmoid_candidates(outputs, candidates, self.network.share_scores)
         boxes = pixel_boxes(boxes, image_sizes(images))
         if threshold is None:
             return boxes, scores, labels

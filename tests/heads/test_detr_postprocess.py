@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
-from vision_tx.heads.detr import normalize_targets, postprocess_detections, postprocess_panoptic, postprocess_sigmoid_detections
+from vision_tx.heads.detr import (
+    normalize_targets, postprocess_detections, postprocess_panoptic, postprocess_sigmoid_detections, postprocess_sigmoid_per_query,
+)
 
 
 def test_boxes_in_original_pixels_and_best_real_class() -> None:
@@ -146,3 +148,37 @@ def test_sigmoid_detections_nms_drops_same_class_duplicates_above_the_threshold_
     assert kept(0.8) == [(1, 10.0), (1, 12.0), (2, 10.0)]  # 0.818 > 0.8: the box at 11 goes, 12 stays (0.667)
     assert kept(0.6) == [(1, 10.0), (2, 10.0)]  # 0.667 > 0.6 as well; the other class stays
     assert kept(0.6, count=1) == [(1, 10.0)]
+
+
+def test_shared_scores_are_each_class_probability_times_its_share_of_the_query() -> None:
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 30, 4, generator=generator) * 3
+    boxes = 0.2 + 0.6 * torch.rand(2, 30, 4, generator=generator)
+    outputs, sizes = {"pred_logits": logits, "pred_boxes": boxes}, torch.tensor([[60, 80], [90, 40]])
+    found = postprocess_sigmoid_detections(outputs, sizes, num_detections=50, share_scores=True)
+    per_query = postprocess_sigmoid_per_query(outputs, sizes, share_scores=True)
+    for image in range(2):
+        # Brute force: every (query, class) pair's score written out one at a time, then the best 50.
+        pairs = []
+        for query in range(30):
+            probabilities = [1 / (1 + math.exp(-float(logit))) for logit in logits[image, query]]
+            for label, probability in enumerate(probabilities):
+                pairs.append((probability * probability / sum(probabilities), query, label))
+        pairs.sort(reverse=True)
+        expected = torch.tensor([score for score, _, _ in pairs[:50]])
+        torch.testing.assert_close(found[image]["scores"], expected.to(found[image]["scores"]))
+        assert found[image]["labels"].tolist() == [label for _, _, label in pairs[:50]]
+        best = [max((s, label) for s, q, label in pairs if q == query) for query in range(30)]
+        torch.testing.assert_close(per_query[image]["scores"], torch.tensor([s for s, _ in best]).to(per_query[image]["scores"]))
+        assert per_query[image]["labels"].tolist() == [label for _, label in best]
+
+
+def test_shared_scores_keep_a_confident_query_and_lower_a_torn_one() -> None:
+    # Query 0 is sure of class 0 (0.9 against 0.01); query 1 is torn between classes 0 and 1 (0.9 and 0.8).
+    probabilities = torch.tensor([[[0.9, 0.01], [0.9, 0.8]]])
+    logits = torch.log(probabilities / (1 - probabilities))
+    outputs = {"pred_logits": logits, "pred_boxes": torch.full((1, 2, 4), 0.5)}
+    plain = postprocess_sigmoid_detections(outputs, torch.tensor([[10, 10]]), num_detections=4)[0]
+    shared = postprocess_sigmoid_detections(outputs, torch.tensor([[10, 10]]), num_detections=4, share_scores=True)[0]
+    torch.testing.assert_close(plain["scores"], torch.tensor([0.9, 0.9, 0.8, 0.01]))
+    torch.testing.assert_close(shared["scores"], torch.tensor([0.9 * 0.9 / 0.91, 0.9 * 0.9 / 1.7, 0.8 * 0.8 / 1.7, 0.01 * 0.01 / 0.91]))

@@ -119,6 +119,23 @@ def test_postprocessing_and_cross_attention(name: str) -> None:
     assert attention.dim() == 4 and attention.shape[:2] == (2, queries) and (attention >= 0).all()
 
 
+@pytest.mark.parametrize("name", [name for name in OFFICIAL if "share_scores" in DETECTORS[name].func.__init__.__code__.co_varnames])
+def test_share_scores_reach_the_post_processing(name: str) -> None:
+    """The sigmoid detectors' ``share_scores``: both post-processings score as
+    :func:`~vision_tx.heads.detr.postprocess.sigmoid_scores` does with it."""
+    from vision_tx.heads.detr.postprocess import sigmoid_scores
+
+    model = build(name, share_scores=True).eval()
+    images, pixel_mask, _, _ = batch()
+    with torch.no_grad():
+        outputs = model(images, pixel_mask)
+    expected = sigmoid_scores(outputs["pred_logits"], share_scores=True)
+    detections, per_query = model.postprocess(outputs, SIZES), model.postprocess_per_query(outputs, SIZES)
+    for image in range(len(SIZES)):
+        torch.testing.assert_close(per_query[image]["scores"], expected[image].max(-1).values)
+        assert detections[image]["scores"][0] == expected[image].max()
+
+
 @pytest.mark.parametrize("name", OFFICIAL)
 def test_for_conversion_and_native_keys_pass(name: str) -> None:
     cls = DETECTORS[name].func

@@ -45,7 +45,7 @@ TABLES: dict[str, tuple[Callable[..., Any], dict[str, tuple[Any, str]]]] = {
         "num_points": (4, RT_DECODER), "learn_query_content": (False, RT_DECODER), "num_denoising": (100, RT_YML),
         "label_noise_ratio": (0.5, RT_DECODER), "box_noise_scale": (1.0, RT_DECODER),
         "look_forward_twice": (True, f"{RT_DECODER}: each layer's box loss reads the previous layer's refined box"),
-        "num_detections": (300, f"{RT_YML}: RTDETRPostProcessor.num_top_queries"), "nms_threshold": (None, OWN),
+        "num_detections": (300, f"{RT_YML}: RTDETRPostProcessor.num_top_queries"), "nms_threshold": (None, OWN), "share_scores": (False, OWN),
     }),
     "RTDETRCriterion": (RTDETRCriterion, {
         "weight_vfl": (1.0, RT_YML), "weight_bbox": (5.0, RT_YML), "weight_giou": (2.0, RT_YML), "vfl_alpha": (0.75, RT_YML),
@@ -60,7 +60,7 @@ TABLES: dict[str, tuple[Callable[..., Any], dict[str, tuple[Any, str]]]] = {
         "up": (0.5, f"{DF_DECODER}: self.up = nn.Parameter(torch.tensor([0.5]))"), "lqe_top_k": (4, DF_LQE),
         "lqe_hidden_dim": (64, DF_LQE), "lqe_layers": (2, DF_LQE), "learn_query_content": (False, DF_DECODER),
         "num_denoising": (100, DF_YML), "label_noise_ratio": (0.5, DF_YML), "box_noise_scale": (1.0, DF_YML),
-        "num_detections": (300, f"{DF_YML}: DFINEPostProcessor.num_top_queries"), "nms_threshold": (None, OWN),
+        "num_detections": (300, f"{DF_YML}: DFINEPostProcessor.num_top_queries"), "nms_threshold": (None, OWN), "share_scores": (False, OWN),
     }),
     "DFINECriterion": (DFINECriterion, {
         "weight_vfl": (1.0, DF_YML), "weight_bbox": (5.0, DF_YML), "weight_giou": (2.0, DF_YML), "weight_fgl": (0.15, DF_YML),

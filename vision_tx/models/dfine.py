@@ -29,7 +29,8 @@ class DFINE(HybridEncoderDetector):
     layers; the encoder's fusion blocks are GELAN blocks (:class:`~vision_tx.heads.dfine.encoder.GELANHybridEncoder`,
     ``expansion`` 1 and ``num_blocks`` 3 for D-FINE-L's ``depth_mult`` 1). The encoder's maps enter the decoder
     unprojected (its extra levels, beyond 3, are RT-DETR's strided convolutions). Every decoder layer is
-    evaluated (``eval_idx`` -1, ``layer_scale`` 1, the official defaults).
+    evaluated (``eval_idx`` -1, ``layer_scale`` 1, the official defaults). ``nms_threshold`` and ``share_scores``
+    as RT-DETR's.
     """
 
     encoder_class = GELANHybridEncoder
@@ -69,11 +70,12 @@ class DFINE(HybridEncoderDetector):
         criterion_kwargs: dict[str, Any] | None = None,
         num_detections: int = 300,
         nms_threshold: float | None = None,
+        share_scores: bool = False,
     ) -> None:
         points = [num_points] * num_levels if isinstance(num_points, int) else list(num_points)
         if len(points) != num_levels:
             raise ValueError(f"{__name__}: num_points {points} must give one count per level ({num_levels})")
-        super().__init__(backbone, num_classes, num_queries, False, num_detections, nms_threshold)
+        super().__init__(backbone, num_classes, num_queries, False, num_detections, nms_threshold, share_scores)
         self.build_encoder(hidden_dim, num_heads, num_encoder_layers, encoder_feedforward, expansion, num_blocks, dropout, num_levels)
         for level in range(len(backbone.out_channels)):  # the encoder's maps are the decoder's levels as they are
             self.decoder_input_proj[level] = nn.Identity()

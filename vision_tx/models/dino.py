@@ -47,7 +47,7 @@ class DINO(DeformableQueryDetector):
     ``position_offset`` 0), the decoder's final LayerNorm (``decoder_norm``) and ``inverse_sigmoid_eps``
     1e-3; Deformable DETR's are 10000, -0.5, no norm and 1e-5. ``nms_threshold`` (off by default,
     as in the paper) adds per-class non-maximum suppression to :meth:`postprocess`, for short trainings
-    whose queries still duplicate each other. :meth:`loss` computes ``DINOCriterion(num_classes,
+    whose queries still duplicate each other; ``share_scores`` as RT-DETR's. :meth:`loss` computes ``DINOCriterion(num_classes,
     HungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` (DINO's matcher and weights when not given).
     """
 
@@ -86,12 +86,13 @@ class DINO(DeformableQueryDetector):
         criterion_kwargs: dict[str, Any] | None = None,
         num_detections: int = 100,
         nms_threshold: float | None = None,
+        share_scores: bool = False,
     ) -> None:
         if query_selection not in QUERY_SELECTIONS:
             raise ValueError(f"{__name__}: query_selection must be one of {QUERY_SELECTIONS}, got {query_selection!r}")
         if query_selection == "two_stage" and num_denoising:
             raise ValueError(f"{__name__}: denoising needs query_selection='mixed' (set num_denoising=0)")
-        super().__init__(backbone, num_classes, num_queries, look_forward_twice, num_detections, nms_threshold)
+        super().__init__(backbone, num_classes, num_queries, look_forward_twice, num_detections, nms_threshold, share_scores)
         self.query_selection = query_selection
         self.neck = MultiScaleProjection(
             backbone.out_channels, hidden_dim, num_levels, temperature=position_temperature, offset=position_offset

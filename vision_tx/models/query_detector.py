@@ -44,13 +44,14 @@ def checked_pixel_mask(images: torch.Tensor, pixel_mask: torch.Tensor | None, wh
 class DeformableQueryDetector(nn.Module):
     """What DINO and RT-DETR share past their encoders: the protocol methods of a detector whose refining
     deformable decoder (``self.decoder``) scores every query with sigmoid logits, trained by
-    ``self.criterion``; ``self.num_detections`` and ``self.nms_threshold`` set its post-processing."""
+    ``self.criterion``; ``self.num_detections``, ``self.nms_threshold`` and ``self.share_scores`` set its
+    post-processing (:func:`~vision_tx.heads.detr.postprocess.postprocess_sigmoid_detections`)."""
 
     class_keys = (r"^class_embed\.", r"^denoising\.label_embed\.")  # a row per class (fine-tuning: load_weights)
 
     def __init__(
         self, backbone: nn.Module, num_classes: int, num_queries: int, look_forward_twice: bool, num_detections: int,
-        nms_threshold: float | None,
+        nms_threshold: float | None, share_scores: bool,
     ) -> None:
         """The constructors' common start: the settings every query detector reads (see DINO's and RT-DETR's)."""
         super().__init__()
@@ -60,6 +61,7 @@ class DeformableQueryDetector(nn.Module):
         self.look_forward_twice = look_forward_twice
         self.num_detections = num_detections
         self.nms_threshold = nms_threshold
+        self.share_scores = share_scores
 
     def build_training_parts(
         self, hidden_dim: int, num_denoising: int, label_noise_ratio: float, box_noise_scale: float, eps: float,
@@ -85,11 +87,11 @@ class DeformableQueryDetector(nn.Module):
 
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
-        return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold)
+        return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold, self.share_scores)
 
     def postprocess_per_query(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Every query's best class, its score and box, in query order (for per-query pictures)."""
-        return postprocess_sigmoid_per_query(outputs, image_sizes)
+        return postprocess_sigmoid_per_query(outputs, image_sizes, self.share_scores)
 
     def cross_attention(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
         """The outputs for ``images [B,3,H,W]`` and each query's map ``attention [B, queries, h, w]`` of the last

@@ -29,7 +29,9 @@ class RTDETR(HybridEncoderDetector):
     decoder's query position is an MLP of each layer's reference box. In training ``num_denoising``
     denoising queries (at most) reconstruct noised targets, and with ``look_forward_twice`` (the
     official code's; transformers' port has it off) each layer's box loss also trains the previous
-    layer's box head. Defaults: RT-DETR-R50's. ``nms_threshold`` adds per-class NMS to :meth:`postprocess`.
+    layer's box head. Defaults: RT-DETR-R50's. ``nms_threshold`` adds per-class NMS to :meth:`postprocess`;
+    ``share_scores`` scores each class by its share of the query's class probabilities (off: the paper's scores; see
+    :func:`~vision_tx.heads.detr.postprocess.sigmoid_scores`).
     :meth:`loss` computes ``RTDETRCriterion(num_classes, HungarianMatcher(**matcher_kwargs), **criterion_kwargs)``
     (RT-DETR's matcher and weights when not given).
     """
@@ -66,8 +68,9 @@ class RTDETR(HybridEncoderDetector):
         criterion_kwargs: dict[str, Any] | None = None,
         num_detections: int = 300,
         nms_threshold: float | None = None,
+        share_scores: bool = False,
     ) -> None:
-        super().__init__(backbone, num_classes, num_queries, look_forward_twice, num_detections, nms_threshold)
+        super().__init__(backbone, num_classes, num_queries, look_forward_twice, num_detections, nms_threshold, share_scores)
         self.build_encoder(hidden_dim, num_heads, num_encoder_layers, encoder_feedforward, expansion, num_blocks, dropout, num_levels)
         self.decoder = DeformableDecoder(
             DeformableDecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout),

@@ -48,19 +48,31 @@ def _detections(scores: torch.Tensor, labels: torch.Tensor, boxes: torch.Tensor,
     return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]
 
 
-def sigmoid_candidates(outputs: dict, candidates: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sigmoid_scores(logits: torch.Tensor, share_scores: bool = False) -> torch.Tensor:
+    """Each (query, class) pair's score from sigmoid ``logits [B,Q,C]``: its probability ``p``, or with
+    ``share_scores`` ``p`` times the class's share of the query's summed probabilities (``p_c * p_c / sum(p)``):
+    a query torn between two classes scores both lower, a confident one keeps its score. ``[B,Q,C]``."""
+    probabilities = logits.sigmoid()
+    if not share_scores:
+        return probabilities
+    return probabilities * probabilities / probabilities.sum(-1, keepdim=True).clamp(min=torch.finfo(probabilities.dtype).tiny)
+
+
+def sigmoid_candidates(outputs: dict, candidates: int, share_scores: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``candidates`` best (query, class) pairs of sigmoid ``pred_logits [B,Q,C]``, best first: their
-    ``scores [B,K]``, ``labels [B,K]`` and normalised cxcywh ``boxes [B,K,4]`` (``K = min(candidates, Q*C)``)."""
+    ``scores [B,K]`` (:func:`sigmoid_scores`), ``labels [B,K]`` and normalised cxcywh ``boxes [B,K,4]``
+    (``K = min(candidates, Q*C)``)."""
     logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
     num_classes = logits.shape[-1]
-    scores, index = logits.sigmoid().flatten(1).topk(min(candidates, logits.shape[1] * num_classes), dim=1)
+    scores, index = sigmoid_scores(logits, share_scores).flatten(1).topk(min(candidates, logits.shape[1] * num_classes), dim=1)
     queries = torch.div(index, num_classes, rounding_mode="floor")
     return scores, index % num_classes, torch.gather(boxes, 1, queries[..., None].expand(-1, -1, 4))
 
 
 @torch.no_grad()
 def postprocess_sigmoid_detections(
-    outputs: dict, orig_sizes: torch.Tensor, num_detections: int = 100, nms_threshold: float | None = None
+    outputs: dict, orig_sizes: torch.Tensor, num_detections: int = 100, nms_threshold: float | None = None,
+    share_scores: bool = False,
 ) -> list[dict[str, torch.Tensor]]:
     """The ``num_detections`` best (query, class) pairs of each image, for sigmoid classifiers (Deformable
     DETR, DINO): ``pred_logits [B,Q,C]`` hold one independent logit per category id, no no-object class.
@@ -69,12 +81,12 @@ def postprocess_sigmoid_detections(
     With ``nms_threshold``, the best ``NMS_CANDIDATES`` pairs go through per-class non-maximum
     suppression at that IoU first (as the official DINO's optional post-processing selects 300 and
     suppresses): a detector trained briefly still gives duplicates that one-to-one matching has not
-    yet learnt to silence. ``pred_boxes`` and ``orig_sizes`` as in :func:`postprocess_detections`;
-    returns the same keys, best score first.
+    yet learnt to silence. ``share_scores``: see :func:`sigmoid_scores`. ``pred_boxes`` and ``orig_sizes``
+    as in :func:`postprocess_detections`; returns the same keys, best score first.
     """
     _check_sizes(orig_sizes, len(outputs["pred_logits"]))
     candidates = num_detections if nms_threshold is None else max(num_detections, NMS_CANDIDATES)
-    detections = _detections(*sigmoid_candidates(outputs, candidates), orig_sizes)
+    detections = _detections(*sigmoid_candidates(outputs, candidates, share_scores), orig_sizes)
     if nms_threshold is None:
         return detections
     kept = []
@@ -84,12 +96,12 @@ def postprocess_sigmoid_detections(
     return kept
 
 
-def postprocess_sigmoid_per_query(outputs: dict, orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-    """One detection per query for sigmoid classifiers (DINO): its most probable category id and that
-    probability, in the layout of :func:`postprocess_detections` (``[Q]`` entries in query order)."""
+def postprocess_sigmoid_per_query(outputs: dict, orig_sizes: torch.Tensor, share_scores: bool = False) -> list[dict[str, torch.Tensor]]:
+    """One detection per query for sigmoid classifiers (DINO): its best category id and that score
+    (:func:`sigmoid_scores`), in the layout of :func:`postprocess_detections` (``[Q]`` entries in query order)."""
     logits = outputs["pred_logits"]
     _check_sizes(orig_sizes, len(logits))
-    scores, labels = logits.sigmoid().max(-1)
+    scores, labels = sigmoid_scores(logits, share_scores).max(-1)
     return _detections(scores, labels, outputs["pred_boxes"], orig_sizes)
 
 
