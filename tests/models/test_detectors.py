@@ -12,6 +12,7 @@ from torchvision.ops import box_convert
 
 from vision_tx.backbones import build_backbone
 from vision_tx.models import DETECTORS, named_sizes
+from vision_tx.models.query_detector import DeformableQueryDetector
 
 SWIN = dict(embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8))
 # The official sizes' names (the constructors' defaults); a new detector fails here until it has a ``_toy`` size.
@@ -119,7 +120,7 @@ def test_postprocessing_and_cross_attention(name: str) -> None:
     assert attention.dim() == 4 and attention.shape[:2] == (2, queries) and (attention >= 0).all()
 
 
-@pytest.mark.parametrize("name", [name for name in OFFICIAL if "share_scores" in DETECTORS[name].func.__init__.__code__.co_varnames])
+@pytest.mark.parametrize("name", [name for name in OFFICIAL if issubclass(DETECTORS[name].func, DeformableQueryDetector)])
 def test_share_scores_reach_the_post_processing(name: str) -> None:
     """The sigmoid detectors' ``share_scores``: both post-processings score as
     :func:`~vision_tx.heads.detr.postprocess.sigmoid_scores` does with it."""
