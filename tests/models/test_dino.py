@@ -239,7 +239,9 @@ DINO_4SCALE = dict(
     num_queries=900, hidden_dim=256, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, dim_feedforward=2048,
     dropout=0.0, num_levels=4, num_points=4, query_selection="mixed", num_denoising=100, label_noise_ratio=0.5,
     box_noise_scale=1.0, position_temperature=20.0, position_offset=0.0, decoder_norm=True, inverse_sigmoid_eps=1e-3,
+    num_detections=300,  # num_select, the boxes PostProcess keeps
 )
+DINO_OWN = dict(nms_threshold=None, share_scores=False)  # vision_tx's options, no official counterpart
 DINO_4SCALE_LOSS = dict(weight_ce=1.0, weight_bbox=5.0, weight_giou=2.0, focal_alpha=0.25, focal_gamma=2.0)
 DINO_4SCALE_MATCHER = dict(cost_class=2.0, cost_bbox=5.0, cost_giou=2.0, focal_alpha=0.25, focal_gamma=2.0)
 
@@ -247,9 +249,11 @@ DINO_4SCALE_MATCHER = dict(cost_class=2.0, cost_bbox=5.0, cost_giou=2.0, focal_a
 def test_defaults_are_the_official_dino_4scale_config() -> None:
     from vision_tx.heads.dino import ContrastiveDenoising
 
-    defaults = {k: p.default for k, p in inspect.signature(DINO).parameters.items()}
+    defaults = {k: p.default for k, p in inspect.signature(DINO).parameters.items() if p.default is not inspect.Parameter.empty}
     assert {k: defaults[k] for k in DINO_4SCALE} == DINO_4SCALE
+    assert {k: defaults[k] for k in DINO_OWN} == DINO_OWN
     assert defaults["look_forward_twice"] is True
+    assert set(defaults) == {*DINO_4SCALE, *DINO_OWN, "look_forward_twice", "matcher_kwargs", "criterion_kwargs"}  # each has its row
     denoising = {k: p.default for k, p in inspect.signature(ContrastiveDenoising).parameters.items()}
     assert (denoising["num_queries"], denoising["label_noise_ratio"], denoising["box_noise_scale"], denoising["eps"]) == (100, 0.5, 1.0, 1e-3)
     criterion = DINOCriterion(NUM_CLASSES)
