@@ -59,6 +59,7 @@ DN_CLAMP = "tests/heads/test_dino_denoising.py::test_noised_boxes_are_clamped_an
 DN_RT_DETR = "tests/heads/test_dino_denoising.py::test_queries_are_transformers_rt_detr_contrastive_denoising_groups"
 DN_MASK_BOTH = "tests/heads/test_dino_denoising.py::test_attention_mask_in_both_directions"
 DINO_DEFAULTS = "tests/models/test_dino.py::test_defaults_are_the_official_dino_4scale_config"
+COPY_PASTE_DATA = "tests/data/test_detection.py::test_copy_paste_reads_the_masks_and_is_off_with_a_warning_when_an_object_has_none"
 DINO_ALL_LOSSES = "tests/models/test_dino.py::test_every_loss_term_of_mixed_selection_by_hand"
 FINETUNE_DETR = "tests/lightning/test_finetuning.py::test_detr_weights_of_another_class_count"
 FINETUNE_DINO = "tests/lightning/test_finetuning.py::test_dino_weights_of_another_class_count"
@@ -970,7 +971,9 @@ MUTANTS = [
     Mutant("long-run augmentation: the messages name augmentations the config leaves at 0", "vision_tx/lightning/augmentation.py",
            'self.names = " and ".join(AUGMENTATIONS[name][0] for name, *_ in self._switches)', "pass", (LONG_RUN_AUGMENTATION,)),
     Mutant("long-run augmentation: mixup not closed at the drop", "vision_tx/lightning/augmentation.py",
-           'CLOSED_AT_DROP = ("mosaic", "mixup")', 'CLOSED_AT_DROP = ("mosaic",)', (LONG_RUN_AUGMENTATION,)),
+           'CLOSED_AT_DROP = ("mosaic", "mixup", "copy_paste")', 'CLOSED_AT_DROP = ("mosaic", "copy_paste")', (LONG_RUN_AUGMENTATION,)),
+    Mutant("long-run augmentation: copy-paste not closed at the drop", "vision_tx/lightning/augmentation.py",
+           'CLOSED_AT_DROP = ("mosaic", "mixup", "copy_paste")', 'CLOSED_AT_DROP = ("mosaic", "mixup")', (LONG_RUN_AUGMENTATION,)),
     Mutant("long-run augmentation: mixup switched through the mosaics' probability", "vision_tx/lightning/augmentation.py",
            '("train_dataset",), "mixup_probability"', '("train_dataset",), "probability"', (LONG_RUN_AUGMENTATION,)),
     Mutant("long-run augmentation: a short run given the configured augmentations", "vision_tx/lightning/augmentation.py",
@@ -1010,8 +1013,23 @@ MUTANTS = [
     Mutant("mixup: the image kept at nine tenths", "vision_tx/data/mosaic.py",
            "weight = float(torch.distributions.Beta(MIXUP_BETA, MIXUP_BETA).sample())", "weight = 0.9", (MOSAIC,)),
     Mutant("detection data: mixup alone leaves the split unwrapped", "vision_tx/data/detection.py",
-           "if self.mosaic_probability == 0 and self.mixup_probability == 0:", "if self.mosaic_probability == 0:",
+           "if self.mosaic_probability == 0 and self.mixup_probability == 0 and self.copy_paste_probability == 0:",
+           "if self.mosaic_probability == 0 and self.copy_paste_probability == 0:",
            ("tests/data/test_detection.py::test_mosaics_or_mixup_alone_wrap_the_training_split",)),
+    Mutant("detection data: copy-paste on where an object has no mask", "vision_tx/data/detection.py",
+           "        if missing:\n            logger.warning(", "        if False:\n            logger.warning(", (COPY_PASTE_DATA,)),
+    Mutant("copy-paste: the object's whole box pasted, not its mask", "vision_tx/data/mosaic.py",
+           "image[:, top:top + patch_h, left:left + patch_w][:, shape] = patch[:, shape]",
+           "image[:, top:top + patch_h, left:left + patch_w] = patch", (MOSAIC,)),
+    Mutant("copy-paste: pasted over the objects already there", "vision_tx/data/mosaic.py",
+           "                if not overlaps.any():", "                if True:", (MOSAIC,)),
+    Mutant("copy-paste: never flipped", "vision_tx/data/mosaic.py",
+           "            if float(torch.rand(())) < 0.5:\n                patch, shape", "            if float(torch.rand(())) < 0.0:\n                patch, shape", (MOSAIC,)),
+    Mutant("copy-paste: the masks passed on in the targets", "vision_tx/data/mosaic.py",
+           'k != "masks" or not self.drops_masks}', 'True}', (MOSAIC,)),
+    Mutant("copy-paste: a number drawn at probability 0", "vision_tx/data/mosaic.py",
+           "if copy_paste_probability > 0 and float(torch.rand(())) < copy_paste_probability:",
+           "if float(torch.rand(())) < copy_paste_probability:", (MOSAIC,)),
     Mutant("transforms: the switched-off affine draws a number", "vision_tx/data/transforms.py",
            "        if self.p == 0:\n            return inputs", "        if False:\n            return inputs", (AFFINE,)),
     Mutant("budget: the training clock counts the validations", "vision_tx/lightning/budget.py",

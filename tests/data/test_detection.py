@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -56,3 +57,40 @@ def test_mosaics_or_mixup_alone_wrap_the_training_split(tmp_path: Path, mosaic: 
     if wrapped:
         assert (data.train_dataset.probability, data.train_dataset.mixup_probability) == (mosaic, mixup)
         assert data.train_dataset.transform is data.train_transform
+
+
+def test_copy_paste_reads_the_masks_and_is_off_with_a_warning_when_an_object_has_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from vision_tx.data.coco_instances import CocoInstances
+
+    data = CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, batch_size=4, copy_paste_probability=0.5)
+    data.setup("fit")
+    assert isinstance(data.train_dataset, MosaicDetection) and isinstance(data.train_dataset.dataset, CocoInstances)
+    assert data.train_dataset.copy_paste_probability == 0.5 and data.train_dataset.probability == 0.0
+    batch = next(iter(data.train_dataloader()))
+    assert all("masks" not in target for target in batch["targets"])
+
+    boxes_only = tmp_path / "boxes_only"
+    (boxes_only / "annotations").mkdir(parents=True)
+    for split in ("train2017", "val2017"):
+        (boxes_only / split).symlink_to(data.root / split)
+        dataset = json.loads((data.root / "annotations" / f"instances_{split}.json").read_text())
+        for annotation in dataset["annotations"][::2]:
+            del annotation["segmentation"]
+        (boxes_only / "annotations" / f"instances_{split}.json").write_text(json.dumps(dataset))
+    with caplog.at_level(logging.WARNING, logger="vision_tx.data.detection"):
+        boxes = CocoDetectionDataModule(root=str(boxes_only), num_workers=0, copy_paste_probability=0.5, mixup_probability=0.5)
+        boxes.setup("fit")
+    assert "have no 'segmentation'; copy-paste needs each object's mask, so it is off" in caplog.text
+    assert "instances_train2017.json" in caplog.text
+    assert boxes.train_dataset.copy_paste_probability == 0.0 and boxes.train_dataset.mixup_probability == 0.5
+    assert type(boxes.train_dataset.dataset).__name__ == "CocoDetection"
+
+
+def test_copy_paste_is_refused_where_the_targets_are_not_detection_targets(tmp_path: Path) -> None:
+    from vision_tx.data.coco_instances import CocoInstanceDataModule
+
+    data = CocoInstanceDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, copy_paste_probability=0.5)
+    with pytest.raises(ValueError, match="CocoInstanceDataModule: copy-paste yields detection targets"):
+        data.setup("fit")

@@ -91,8 +91,9 @@ def test_boxes_cut_below_the_visible_fraction_are_dropped() -> None:
 def test_probability_zero_is_the_plain_transform_and_draws_nothing() -> None:
     """Also when set to 0 during training: the next transform's random draws stay those of a run without mosaics."""
     plain = RectangleImages()
-    dataset = MosaicDetection(plain, lambda image, target: (image, target), size=64, probability=1.0, mixup_probability=1.0)
-    dataset.probability = dataset.mixup_probability = 0.0
+    dataset = MosaicDetection(plain, lambda image, target: (image, target), size=64, probability=1.0, mixup_probability=1.0,
+                              copy_paste_probability=1.0)
+    dataset.probability = dataset.mixup_probability = dataset.copy_paste_probability = 0.0
     state = torch.get_rng_state()
     image, target = dataset[3]
     assert torch.equal(image, plain[3][0]) and torch.equal(target["labels"], plain[3][1]["labels"])
@@ -158,3 +159,101 @@ def test_mixup_through_the_dataset_blends_two_images_on_every_sample_at_probabil
         image, target = dataset[seed]
         assert image.shape == RectangleImages()[seed][0].shape and len(target["labels"]) == 4
         assert target["labels"][:2].tolist() == [2 * seed + 1, 2 * seed + 2]
+
+
+class MaskedShapes(torch.utils.data.Dataset):
+    """Images of a grey of their own, each with one L-shaped object (a square missing its top-right quarter, so
+    that a flip shows) of a colour no other uses, its mask in the target as CocoInstances gives it."""
+
+    sizes = [(120, 160), (90, 110), (140, 70)]
+    sides = [30, 24, 20]
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, index: int) -> tuple[tv_tensors.Image, dict]:
+        height, width = self.sizes[index]
+        side, top, left = self.sides[index], 10 + index, 12 + 2 * index
+        mask = torch.zeros(height, width, dtype=torch.bool)
+        mask[top:top + side, left:left + side] = True
+        mask[top:top + side // 2, left + side // 2:left + side] = False
+        image = torch.full((3, height, width), 5 + 10 * index, dtype=torch.uint8)
+        image[:, mask] = torch.tensor([60 + 60 * index, 200 - 50 * index, 90], dtype=torch.uint8).view(3, 1)
+        box = torch.tensor([[left, top, left + side, top + side]], dtype=torch.float32)
+        size = torch.tensor([height, width])
+        target = {
+            "boxes": tv_tensors.BoundingBoxes(box, format="XYXY", canvas_size=(height, width)),
+            "labels": torch.tensor([index + 1]),
+            "masks": tv_tensors.Mask(mask[None]),
+            "image_id": index,
+            "orig_size": size,
+            "size": size.clone(),
+        }
+        return tv_tensors.Image(image), target
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_copy_paste_puts_only_the_objects_pixels_inside_its_new_box_on_a_free_place(seed: int) -> None:
+    torch.manual_seed(seed)
+    shapes = MaskedShapes()
+    image, target = shapes[0]
+    other, other_target = shapes[1 + seed % 2]
+    pasted, pasted_target = MosaicDetection.copy_paste(image, target, other, other_target)
+    assert "masks" not in pasted_target and pasted_target["boxes"].canvas_size == image.shape[-2:]
+    assert pasted_target["labels"].tolist() == [1, other_target["labels"].item()]
+    kept, new = pasted_target["boxes"].tolist()
+    assert kept == target["boxes"].tolist()[0]
+    assert new[2] <= kept[0] or new[0] >= kept[2] or new[3] <= kept[1] or new[1] >= kept[3]  # no overlap
+    x1, y1, x2, y2 = (int(v) for v in new)
+    changed = (pasted != image).any(0)
+    assert changed.sum() == other_target["masks"].sum()  # the mask's pixels, not its box's
+    assert changed[y1:y2, x1:x2].sum() == changed.sum()
+    shape = changed[y1:y2, x1:x2]
+    source = other_target["masks"][0][other_target["masks"][0].any(1)][:, other_target["masks"][0].any(0)]
+    assert torch.equal(shape, source) or torch.equal(shape, source.flip(-1))
+    colour = other[:, other_target["masks"][0]][:, 0]
+    assert (pasted[:, y1:y2, x1:x2][:, shape] == colour.view(3, 1)).all()
+
+
+def test_copy_paste_flips_about_half_the_objects_and_leaves_out_those_without_room() -> None:
+    shapes = MaskedShapes()
+    image, target = shapes[0]
+    other, other_target = shapes[1]
+    flipped = 0
+    for seed in range(40):
+        torch.manual_seed(seed)
+        pasted, pasted_target = MosaicDetection.copy_paste(image, target, other, other_target)
+        x1, y1, x2, y2 = (int(v) for v in pasted_target["boxes"][1].tolist())
+        flipped += bool((pasted != image).any(0)[y1, x2 - 1])  # the missing quarter moves to the left
+    assert 10 <= flipped <= 30
+    tiny = tv_tensors.Image(torch.zeros(3, 20, 20, dtype=torch.uint8))
+    tiny_target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(20, 20)),
+                   "labels": torch.zeros(0, dtype=torch.int64)}
+    unchanged, unchanged_target = MosaicDetection.copy_paste(tiny, tiny_target, other, other_target)  # 24 px: too large
+    assert torch.equal(unchanged, tiny) and len(unchanged_target["labels"]) == 0
+    full = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[0.0, 0.0, 160.0, 120.0]]), format="XYXY", canvas_size=(120, 160)),
+            "labels": torch.tensor([1])}
+    covered, covered_target = MosaicDetection.copy_paste(image, full, other, other_target)  # no free place
+    assert torch.equal(covered, image) and covered_target["labels"].tolist() == [1]
+
+
+def test_copy_paste_needs_masks_and_the_dataset_drops_them() -> None:
+    image, target = RectangleImages()[0]
+    with pytest.raises(ValueError, match="copy-paste needs instance masks"):
+        MosaicDetection.copy_paste(image, target, *RectangleImages()[1])
+    with pytest.raises(ValueError, match="copy_paste_probability"):
+        MosaicDetection(MaskedShapes(), lambda i, t: (i, t), copy_paste_probability=1.5)
+    pasting = MosaicDetection(MaskedShapes(), lambda i, t: (i, t), probability=0.0, copy_paste_probability=1.0)
+    counts = []
+    for seed in range(6):
+        torch.manual_seed(seed)
+        image, target = pasting[0]
+        assert "masks" not in target
+        counts.append(len(target["labels"]))
+    assert counts == [2] * 6  # each draw's other image has one object, with room for it in the 120x160 image
+    pasting.copy_paste_probability = 0.0  # switched off (the long-run callback): the plain item, without its masks
+    image, target = pasting[0]
+    plain_image, plain_target = MaskedShapes()[0]
+    assert torch.equal(image, plain_image) and "masks" not in target and target["labels"].tolist() == [1]
+    keeping = MosaicDetection(MaskedShapes(), lambda i, t: (i, t), probability=0.0)  # no copy-paste: masks pass through
+    assert "masks" in keeping[0][1]

@@ -1,5 +1,5 @@
 """LongRunAugmentation: the configured mosaics and affine (or the augmentations named) held off in short
-runs, on in long ones, the mosaics and mixup closed after the learning-rate drop, every change seen by persistent
+runs, on in long ones, the mosaics, mixup and copy-paste closed after the learning-rate drop, every change seen by persistent
 loader workers, the first batches too (a worker starts drawing before ``on_train_start``); two instances side by
 side, each with its own threshold and checkpoint entry; a resumed run drawn as the run it continues from its first batch."""
 
@@ -21,20 +21,22 @@ from vision_tx.data.transforms import SwitchableRandomApply
 from vision_tx.lightning.augmentation import LongRunAugmentation
 from vision_tx.lightning.budget import TrainingBudget
 
-MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN = 0.5, 0.375, 1.0, 0.25, 0.75, 0.625
+MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE = 0.5, 0.375, 1.0, 0.25, 0.75, 0.625, 0.875
 BATCHES_PER_EPOCH, DROP_STEP = 2, 7  # the rate drops after the first batch of epoch 3
 
 
 class Probe(Dataset):
-    """Each sample is the (mosaic, mixup, affine, channel permutation, vertical flip, quarter turn) probabilities as the
-    process that reads it sees them."""
+    """Each sample is the (mosaic, mixup, affine, channel permutation, vertical flip, quarter turn, copy-paste)
+    probabilities as the process that reads it sees them."""
 
     probability = SharedProbability()
     mixup_probability = SharedProbability()
+    copy_paste_probability = SharedProbability()
 
     def __init__(self, transform: SimpleNamespace) -> None:
         self.probability = MOSAIC
         self.mixup_probability = MIXUP
+        self.copy_paste_probability = COPY_PASTE
         self.transform = transform
         self.drawn = multiprocessing.Event()  # set once a sample is drawn, in whichever process
 
@@ -43,7 +45,7 @@ class Probe(Dataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         sample = torch.tensor([self.probability, self.mixup_probability, self.transform.affine.p, self.transform.channel_permutation.p,
-                               self.transform.vertical_flip.p, self.transform.quarter_turn.p])
+                               self.transform.vertical_flip.p, self.transform.quarter_turn.p, self.copy_paste_probability])
         self.drawn.set()
         return sample
 
@@ -63,13 +65,13 @@ class ProbeData(pl.LightningDataModule):
 
 
 class Recorder(pl.LightningModule):
-    """Records (epoch, mosaic, mixup, affine, permutation, vertical flip and quarter turn probabilities) of every batch; the rate
+    """Records (epoch, mosaic, mixup, affine, permutation, vertical flip, quarter turn and copy-paste probabilities) of every batch; the rate
     drops by 10 at ``DROP_STEP``. With ``first_draw``, training starts only once a loader worker has drawn a sample: the
     race a fast worker wins, made certain."""
 
     def __init__(self, first_draw: Any = None) -> None:
         super().__init__()
-        self.layer = torch.nn.Linear(6, 1)
+        self.layer = torch.nn.Linear(7, 1)
         self.seen: list[tuple[float, ...]] = []
         self.first_draw = first_draw
 
@@ -112,30 +114,32 @@ def test_a_long_run_augments_until_the_drop_then_closes_the_mosaics_in_persisten
     callback = LongRunAugmentation(min_epochs=6)  # 12 steps of 2 per epoch: 6 epochs, long enough
     seen = fit(callback, max_steps=12, workers=1)
     assert callback.on_epoch == 0 and callback.drop_epoch == (DROP_STEP - 1) // BATCHES_PER_EPOCH
-    expected = [(epoch, MOSAIC if epoch <= callback.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN)
+    expected = [(epoch, MOSAIC if epoch <= callback.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
                 for epoch in range(6) for _ in range(2)]
     assert seen == expected
 
 
-def test_mixup_runs_with_the_permutation_and_closes_at_the_drop_as_the_mosaics() -> None:
-    """The recipe's 40-epoch instance: mixup, the permutation and the flip; only mixup stops after the drop."""
-    callback = LongRunAugmentation(min_epochs=6, augmentations=["mixup", "channel_permutation", "vertical_flip"])
+def test_mixup_and_copy_paste_run_with_the_permutation_and_close_at_the_drop_as_the_mosaics() -> None:
+    """The recipe's 40-epoch instance: mixup, copy-paste, the permutation and the flip; only mixup and copy-paste
+    stop after the drop."""
+    callback = LongRunAugmentation(min_epochs=6, augmentations=["mixup", "copy_paste", "channel_permutation", "vertical_flip"])
     seen = fit(callback, max_steps=12, workers=1)
-    assert seen == [(epoch, MOSAIC, MIXUP if epoch <= callback.drop_epoch else 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN)
-                    for epoch in range(6) for _ in range(2)]
-    assert callback.names == "mixup and channel permutation and vertical flip"
+    open_ = [epoch <= callback.drop_epoch for epoch in range(6)]
+    assert seen == [(epoch, MOSAIC, MIXUP if open_[epoch] else 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN,
+                     COPY_PASTE if open_[epoch] else 0.0) for epoch in range(6) for _ in range(2)]
+    assert callback.names == "mixup and copy-paste and channel permutation and vertical flip"
     data = ProbeData(0)
     data.train_dataset.mixup_probability = 0.0  # named but not configured: not switched, and not in the messages
     unconfigured = LongRunAugmentation(augmentations=["mixup", "channel_permutation"])
     unconfigured.setup(planned_trainer(data), None, "fit")
     assert unconfigured.names == "channel permutation"
     short = fit(LongRunAugmentation(min_epochs=6.5, augmentations=["mixup"]), max_steps=12)
-    assert short == [(epoch, MOSAIC, 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
+    assert short == [(epoch, MOSAIC, 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for epoch in range(6) for _ in range(2)]
 
 
 def test_a_short_run_is_not_augmented() -> None:
     callback = LongRunAugmentation(min_epochs=6.5)  # the same 6 epochs, now short of the threshold
-    assert fit(callback, max_steps=12) == [(epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
+    assert fit(callback, max_steps=12) == [(epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for epoch in range(6) for _ in range(2)]
     assert callback.on_epoch is None
 
 
@@ -163,10 +167,10 @@ def test_a_resumed_run_draws_its_first_batches_as_the_run_it_continues(tmp_path:
     fit(short_run, max_steps=12, save_to=tmp_path / "short")
     resumed = fit(LongRunAugmentation(min_epochs=6), max_steps=12, workers=1, resume_from=tmp_path / "long" / f"step={step}.ckpt")
     assert resumed and resumed[0][0] == step // BATCHES_PER_EPOCH  # the epoch of the next batch
-    assert resumed == [(epoch, MOSAIC if epoch <= long_run.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN)
+    assert resumed == [(epoch, MOSAIC if epoch <= long_run.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
                        for epoch, *_ in resumed]
     resumed_short = fit(LongRunAugmentation(min_epochs=6.5), max_steps=12, workers=1, resume_from=tmp_path / "short" / f"step={step}.ckpt")
-    assert resumed_short and all(seen[1:] == (0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for seen in resumed_short)
+    assert resumed_short and all(seen[1:] == (0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for seen in resumed_short)
 
 
 @pytest.mark.parametrize(("world_size", "limit", "distributed", "batches"),
@@ -193,6 +197,8 @@ def test_nothing_to_switch_says_what_to_set() -> None:
         LongRunAugmentation(augmentations=["quarter_turn"]).setup(trainer, None, "fit")
     with pytest.raises(TypeError, match="no mixup to switch; set --data.mixup_probability"):
         LongRunAugmentation(augmentations=["mixup"]).setup(trainer, None, "fit")
+    with pytest.raises(TypeError, match="no copy-paste to switch; set --data.copy_paste_probability"):
+        LongRunAugmentation(augmentations=["copy_paste"]).setup(trainer, None, "fit")
 
 
 def test_two_instances_switch_their_own_augmentations_at_their_own_lengths() -> None:
@@ -202,15 +208,15 @@ def test_two_instances_switch_their_own_augmentations_at_their_own_lengths() -> 
     long_only = LongRunAugmentation(min_epochs=100)
     colour_and_turns = LongRunAugmentation(min_epochs=5, augmentations=["channel_permutation", "vertical_flip", "quarter_turn"])
     assert fit([long_only, colour_and_turns], max_steps=12, workers=1) == [
-        (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN) for epoch in range(6) for _ in range(2)]
+        (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for epoch in range(6) for _ in range(2)]
     assert long_only.on_epoch is None and colour_and_turns.on_epoch == 0
     assert long_only.state_key != colour_and_turns.state_key
     assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["channel_permutation"]), max_steps=12)[0] == (
-        0, MOSAIC, MIXUP, AFFINE, 0.0, VERTICAL_FLIP, QUARTER_TURN)
+        0, MOSAIC, MIXUP, AFFINE, 0.0, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
     assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["vertical_flip"]), max_steps=12)[0] == (
-        0, MOSAIC, MIXUP, AFFINE, PERMUTATION, 0.0, QUARTER_TURN)
+        0, MOSAIC, MIXUP, AFFINE, PERMUTATION, 0.0, QUARTER_TURN, COPY_PASTE)
     assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["quarter_turn"]), max_steps=12)[0] == (
-        0, MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, 0.0)
+        0, MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, 0.0, COPY_PASTE)
 
 
 def test_unknown_augmentations_are_refused() -> None:

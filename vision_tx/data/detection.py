@@ -28,7 +28,9 @@ class CocoDetectionDataModule(LightningDataModule):
     to DETR's recipe (``DetrTrainTransform()``, ``DetrValTransform()``); pass smaller ones to train
     at low resolution. ``mosaic_probability`` > 0 tiles that fraction of the training images into
     ``mosaic_size`` mosaics of four (:class:`vision_tx.data.mosaic.MosaicDetection`) before the
-    training transform; ``mixup_probability`` > 0 blends that fraction with another training image.
+    training transform; ``mixup_probability`` > 0 blends that fraction with another training image, and
+    ``copy_paste_probability`` > 0 pastes the objects of another training image into that fraction, cut out
+    along their masks (off, with a warning, when an annotation has no ``segmentation``).
     Batches come from ``collate_detection``. Another annotation format reuses this class by
     overriding ``toy_root``, ``split_paths``, ``make_dataset`` and ``val_coco``.
     """
@@ -50,6 +52,7 @@ class CocoDetectionDataModule(LightningDataModule):
         mosaic_probability: float = 0.0,
         mosaic_size: int = 256,
         mixup_probability: float = 0.0,
+        copy_paste_probability: float = 0.0,
     ):
         super().__init__()
         if root is None:
@@ -69,6 +72,7 @@ class CocoDetectionDataModule(LightningDataModule):
         self.mosaic_probability = mosaic_probability
         self.mosaic_size = mosaic_size
         self.mixup_probability = mixup_probability
+        self.copy_paste_probability = copy_paste_probability
         self.collate_fn = functools.partial(collate_detection, size_divisibility=size_divisibility)
         self.val_paths = self.split_paths(val_split)  # checks the layout before training starts
         self.val_image_dir, self.val_ann_file = self.val_paths[:2]
@@ -104,14 +108,34 @@ class CocoDetectionDataModule(LightningDataModule):
         return max(self.category_names) + 1
 
     def make_train_dataset(self) -> Dataset:
-        """The training split, through mosaics and mixup when ``mosaic_probability`` or ``mixup_probability`` > 0."""
+        """The training split, through mosaics, mixup and copy-paste when their probabilities are above 0."""
         paths = self.split_paths(self.train_split)
-        if self.mosaic_probability == 0 and self.mixup_probability == 0:
+        if self.mosaic_probability == 0 and self.mixup_probability == 0 and self.copy_paste_probability == 0:
             return self.make_dataset(paths, self.train_transform)
+        copy_paste = self.copy_paste_probability
+        dataset = self.with_masks(paths) if copy_paste > 0 else None
+        if dataset is None:
+            dataset, copy_paste = self.make_dataset(paths, None), 0.0
         return MosaicDetection(
-            self.make_dataset(paths, None), self.train_transform, self.mosaic_size, self.mosaic_probability,
-            mixup_probability=self.mixup_probability,
+            dataset, self.train_transform, self.mosaic_size, self.mosaic_probability,
+            mixup_probability=self.mixup_probability, copy_paste_probability=copy_paste,
         )
+
+    def with_masks(self, paths: tuple[Path, ...]) -> Dataset | None:
+        """The training split with each object's mask, for copy-paste; None (with a warning) when an
+        annotation has no ``segmentation``."""
+        from vision_tx.data.coco_instances import CocoInstances  # it builds on this module
+
+        if type(self).make_dataset is not CocoDetectionDataModule.make_dataset:
+            raise ValueError(f"{type(self).__name__}: copy-paste yields detection targets and reads COCO instance "
+                             "masks; it is not supported for this data (set copy_paste_probability to 0)")
+        instances = CocoInstances(*paths, skip_invalid=self.skip_invalid)
+        missing = sum(1 for segmentation in instances.segmentations if not segmentation)
+        if missing:
+            logger.warning("%s: %d of %d objects have no 'segmentation'; copy-paste needs each object's mask, so it is off",
+                           instances.ann_file, missing, len(instances.segmentations))
+            return None
+        return instances
 
     def label_extent(self) -> tuple[str, int, str]:
         """The annotation file with the largest category id (of the validation file and, once built,

@@ -1,11 +1,14 @@
-"""The augmentations that need several training images at once: mosaics (YOLOv4's) and mixup (YOLO's).
+"""The augmentations that need several training images at once: mosaics (YOLOv4's), mixup (YOLO's) and
+copy-paste (Ghiasi et al.'s Simple Copy-Paste).
 
 A mosaic shows four times the objects of one image at about half their size, each image cut at a
 random place and seen beside unrelated context, which gives a detector trained for a few hundred
 steps more, and more varied, supervision per step. Mixup blends a second image, whole, into the
 first at about half strength and keeps the objects of both: every object is seen over another
-picture, never cut. torchvision's ``transforms.v2`` has neither (each needs several dataset items at
-once), so they wrap the dataset rather than being transforms.
+picture, never cut. Copy-paste puts the objects of another image, cut out along their masks, onto free
+places of the first: more objects an image, each on a background it never had. torchvision's
+``transforms.v2`` has none of them (each needs several dataset items at once), so they wrap the dataset
+rather than being transforms.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ Target = dict[str, Any]
 Transform = Callable[[tv_tensors.Image, Target], tuple[torch.Tensor, Target]]
 FILL = 114  # the grey of the canvas where no image falls (YOLO's letterbox colour)
 MIXUP_BETA = 32.0  # the blend's weight is drawn from Beta(32, 32): 0.5 +- 0.06 (YOLO's)
+PASTE_ATTEMPTS = 20  # random places tried for each pasted object before it is left out
 
 
 class MosaicDetection(Dataset):
     """Yields ``transform(mosaic, target)`` with probability ``probability``, else ``transform(image, target)``;
-    with probability ``mixup_probability`` that image (or mosaic) is first mixed with another.
+    with probability ``copy_paste_probability`` the objects of another image are first pasted into the image,
+    and with probability ``mixup_probability`` that image (or mosaic) is then mixed with another.
 
     ``dataset`` yields untransformed ``(tv_tensors.Image [3,H,W] uint8, target)`` pairs with
     ``target["boxes"]`` (``tv_tensors.BoundingBoxes`` xyxy pixels) and ``target["labels"]`` [K], as
@@ -38,13 +43,17 @@ class MosaicDetection(Dataset):
     window; a box left with less than ``min_visible`` of its area, or under 2 pixels a side, is dropped.
     Mixup (:meth:`mixup`) scales another item drawn at random to fit inside the image, keeping its shape,
     places it at a random position on grey, blends the two with a weight ``w ~ Beta(32, 32)`` (the
-    image's share) and keeps the boxes and labels of both. Both probabilities may be changed during
-    training (loader workers read them from shared memory); at 0 no random number is drawn, so the
-    images are those of the wrapped dataset and transform alone.
+    image's share) and keeps the boxes and labels of both. Copy-paste (:meth:`copy_paste`) needs each
+    object's pixels: the wrapped dataset's targets then also hold ``masks`` (``[K, H, W]`` bool, as
+    :class:`vision_tx.data.coco_instances.CocoInstances` gives them), which it reads and, when constructed with
+    ``copy_paste_probability`` above 0, drops from every target: the targets it yields are detection targets. The probabilities may be changed during training (loader
+    workers read them from shared memory); at 0 no random number is drawn, so the images are those of the
+    wrapped dataset and transform alone.
     """
 
     probability = SharedProbability()
     mixup_probability = SharedProbability()
+    copy_paste_probability = SharedProbability()
 
     def __init__(
         self,
@@ -54,6 +63,7 @@ class MosaicDetection(Dataset):
         probability: float = 1.0,
         min_visible: float = 0.25,
         mixup_probability: float = 0.0,
+        copy_paste_probability: float = 0.0,
     ) -> None:
         if size < 2:
             raise ValueError(f"MosaicDetection: size must be at least 2 pixels, got {size}")
@@ -63,20 +73,74 @@ class MosaicDetection(Dataset):
         self.probability = probability
         self.min_visible = min_visible
         self.mixup_probability = mixup_probability
+        self.copy_paste_probability = copy_paste_probability
+        self.drops_masks = copy_paste_probability > 0  # the masks are there for copy-paste only
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
-        image, target = self.dataset[index]
+        image, target = self.item(index)
+        copy_paste_probability = self.copy_paste_probability
+        if copy_paste_probability > 0 and float(torch.rand(())) < copy_paste_probability:
+            image, target = self.copy_paste(image, target, *self.dataset[int(torch.randint(len(self), ()))])
         probability = self.probability
         if probability > 0 and float(torch.rand(())) < probability:
             others = torch.randint(len(self), (3,)).tolist()
-            image, target = self.mosaic([(image, target)] + [self.dataset[i] for i in others])
+            image, target = self.mosaic([(image, target)] + [self.item(i) for i in others])
         mixup_probability = self.mixup_probability
         if mixup_probability > 0 and float(torch.rand(())) < mixup_probability:
-            image, target = self.mixup(image, target, *self.dataset[int(torch.randint(len(self), ()))])
+            image, target = self.mixup(image, target, *self.item(int(torch.randint(len(self), ()))))
         return self.transform(image, target)
+
+    def item(self, index: int) -> tuple[tv_tensors.Image, Target]:
+        """The wrapped dataset's item ``index``, without the ``masks`` that copy-paste reads."""
+        image, target = self.dataset[index]
+        return image, {k: v for k, v in target.items() if k != "masks" or not self.drops_masks}
+
+    @staticmethod
+    def copy_paste(image: tv_tensors.Image, target: Target, other: tv_tensors.Image, other_target: Target) -> tuple[tv_tensors.Image, Target]:
+        """``image`` [3,H,W] with each object of ``other`` pasted in: its pixels under ``other_target["masks"]``
+        ``[K, h, w]``, flipped left to right half the time, at a random place where its box overlaps no box of
+        ``target`` nor of an object pasted before (the boxes already there stay the tight boxes of their
+        objects). An object larger than the image, or without a free place in ``PASTE_ATTEMPTS`` draws, is
+        left out. The target gains the pasted objects' boxes and labels, and has no ``masks``."""
+        if "masks" not in other_target:
+            raise ValueError("MosaicDetection: copy-paste needs instance masks (a dataset whose targets hold 'masks', "
+                             "such as CocoInstances); set copy_paste_probability to 0")
+        height, width = image.shape[-2:]
+        taken = target["boxes"].as_subclass(torch.Tensor).float()
+        image = image.clone()
+        pasted_boxes, pasted_labels = [], []
+        for mask, label in zip(other_target["masks"].as_subclass(torch.Tensor).bool(), other_target["labels"].tolist()):
+            ys, xs = torch.nonzero(mask, as_tuple=True)
+            if len(ys) == 0:
+                continue
+            y0, y1, x0, x1 = int(ys.min()), int(ys.max()) + 1, int(xs.min()), int(xs.max()) + 1
+            patch, shape = other[:, y0:y1, x0:x1], mask[y0:y1, x0:x1]
+            if float(torch.rand(())) < 0.5:
+                patch, shape = patch.flip(-1), shape.flip(-1)
+            patch_h, patch_w = shape.shape
+            if patch_h > height or patch_w > width:
+                continue
+            for _ in range(PASTE_ATTEMPTS):
+                top, left = int(torch.randint(height - patch_h + 1, ())), int(torch.randint(width - patch_w + 1, ()))
+                box = torch.tensor([left, top, left + patch_w, top + patch_h], dtype=torch.float32)
+                overlaps = (box[0] < taken[:, 2]) & (box[2] > taken[:, 0]) & (box[1] < taken[:, 3]) & (box[3] > taken[:, 1])
+                if not overlaps.any():
+                    image[:, top:top + patch_h, left:left + patch_w][:, shape] = patch[:, shape]
+                    taken = torch.cat([taken, box[None]])
+                    pasted_boxes.append(box)
+                    pasted_labels.append(label)
+                    break
+        target = {k: v for k, v in target.items() if k != "masks"}
+        if not pasted_boxes:
+            return image, target
+        return image, {
+            **target,
+            "boxes": tv_tensors.BoundingBoxes(taken, format="XYXY", canvas_size=(height, width)),
+            "labels": torch.cat([target["labels"], torch.tensor(pasted_labels, dtype=target["labels"].dtype)]),
+        }
 
     @staticmethod
     def mixup(image: tv_tensors.Image, target: Target, other: tv_tensors.Image, other_target: Target) -> tuple[tv_tensors.Image, Target]:

@@ -19,23 +19,25 @@ from vision_tx.lightning.budget import TrainingBudget
 AUGMENTATIONS = {
     "mosaic": ("mosaics", ("train_dataset",), "probability", "--data.mosaic_probability"),
     "mixup": ("mixup", ("train_dataset",), "mixup_probability", "--data.mixup_probability"),
+    "copy_paste": ("copy-paste", ("train_dataset",), "copy_paste_probability", "--data.copy_paste_probability"),
     "affine": ("affine", ("train_transform", "affine"), "p", "the train transform's affine_probability"),
     "channel_permutation": ("channel permutation", ("train_transform", "channel_permutation"), "p",
                             "the train transform's channel_permutation_probability"),
     "vertical_flip": ("vertical flip", ("train_transform", "vertical_flip"), "p", "the train transform's vertical_flip_probability"),
     "quarter_turn": ("quarter turn", ("train_transform", "quarter_turn"), "p", "the train transform's quarter_turn_probability"),
 }
-CLOSED_AT_DROP = ("mosaic", "mixup")  # YOLO's last stretch: the images as they are, for the boxes to settle
+CLOSED_AT_DROP = ("mosaic", "mixup", "copy_paste")  # YOLO's last stretch: the images as they are, for the boxes to settle
 
 
 class LongRunAugmentation(pl.Callback):
     """Holds the training mosaics and the random affine (or the other ``augmentations`` named) off in
-    short runs; in long ones they run until the learning rate drops, then the mosaics and mixup stop
+    short runs; in long ones they run until the learning rate drops, then the mosaics, mixup and copy-paste stop
     (YOLO's ``close_mosaic``).
 
     The augmentations are those the config sets, of those named in ``augmentations``
     (:data:`AUGMENTATIONS`): the mosaics of ``--data.mosaic_probability``
-    (:class:`vision_tx.data.mosaic.MosaicDetection`), its mixup of ``--data.mixup_probability``, the affine of ``DetrTrainTransform``'s
+    (:class:`vision_tx.data.mosaic.MosaicDetection`), its mixup of ``--data.mixup_probability`` and copy-paste of
+    ``--data.copy_paste_probability``, the affine of ``DetrTrainTransform``'s
     ``affine_probability``, its ``channel_permutation_probability``, ``vertical_flip_probability`` and
     ``quarter_turn_probability``.
     Several instances, each with its own names and threshold, may run side by side. They stay off until the run is known to last
@@ -43,9 +45,9 @@ class LongRunAugmentation(pl.Callback):
     ``--budget.minutes`` run, from the first epoch start at which the budget, at the pace of the epochs
     so far, makes that many. On 160-290 training images they cost AP at 40-70 epochs and add 0.01-0.10
     at 110-170, where the images would otherwise be learnt by heart (docs/LEARNING.md, session 53).
-    The mosaics and mixup stop from the epoch after any optimiser group's ``lr`` first falls below its
+    The mosaics, mixup and copy-paste stop from the epoch after any optimiser group's ``lr`` first falls below its
     ``initial_lr``. ``min_epochs=0`` keeps the configured augmentations from the start and only closes
-    the mosaics and mixup. Changes reach loader workers at their next sample (the probabilities are in shared
+    the mosaics, mixup and copy-paste. Changes reach loader workers at their next sample (the probabilities are in shared
     memory). Epoch 0's are set in ``setup``, before Lightning starts the training iterator (and with it the workers'
     first batches); the epochs of both changes and the epoch of the next batch are kept in checkpoints, so a resumed
     run repeats them from its first batch (Lightning draws it before the epoch start, and calls none mid-epoch).
