@@ -132,8 +132,8 @@ class CocoDetectionDataModule(LightningDataModule):
         instances = CocoInstances(*paths, skip_invalid=self.skip_invalid)
         missing = sum(1 for segmentation in instances.segmentations if not segmentation)
         if missing:
-            logger.warning("%s: %d of %d objects have no 'segmentation'; copy-paste needs each object's mask, so it is off",
-                           instances.ann_file, missing, len(instances.segmentations))
+            logger.warning("%s: %d of %d objects have no 'segmentation'; copy-paste needs each object's mask, so it is off "
+                           "(--data.copy_paste_probability 0 silences this)", instances.ann_file, missing, len(instances.segmentations))
             return None
         return instances
 
