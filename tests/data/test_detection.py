@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from vision_tx.data.coco import CocoFormatError
-from vision_tx.data.detection import CocoDetectionDataModule
+from vision_tx.data.coco_instances import CocoInstances
+from vision_tx.data.detection import CocoDetectionDataModule, CocoInstanceDataModule
 from vision_tx.data.mosaic import MosaicDetection
 from vision_tx.data.transforms import DetrTrainTransform, DetrValTransform
 
@@ -62,8 +63,6 @@ def test_mosaics_or_mixup_alone_wrap_the_training_split(tmp_path: Path, mosaic: 
 def test_copy_paste_reads_the_masks_and_is_off_with_a_warning_when_an_object_has_none(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from vision_tx.data.coco_instances import CocoInstances
-
     data = CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, batch_size=4, copy_paste_probability=0.5)
     data.setup("fit")
     assert isinstance(data.train_dataset, MosaicDetection) and isinstance(data.train_dataset.dataset, CocoInstances)
@@ -89,8 +88,6 @@ def test_copy_paste_reads_the_masks_and_is_off_with_a_warning_when_an_object_has
 
 
 def test_copy_paste_is_refused_where_the_targets_are_not_detection_targets(tmp_path: Path) -> None:
-    from vision_tx.data.coco_instances import CocoInstanceDataModule
-
     data = CocoInstanceDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, copy_paste_probability=0.5)
     with pytest.raises(ValueError, match="CocoInstanceDataModule: copy-paste yields detection targets"):
         data.setup("fit")

@@ -1,21 +1,17 @@
 """COCO instance segmentation: the detection dataset plus each instance's mask, decoded from the polygons
-or run-length encodings of ``instances_*.json``, and its LightningDataModule."""
+or run-length encodings of ``instances_*.json`` (its LightningDataModule: ``vision_tx.data.detection``)."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from pycocotools import mask as mask_utils
-from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
 from vision_tx.data.coco import CocoDetection, CocoFormatError, Target
-from vision_tx.data.detection import CocoDetectionDataModule
-from vision_tx.data.transforms import DetectionTransform
 
 
 def annotation_mask(segmentation: Any, height: int, width: int) -> np.ndarray:
@@ -69,12 +65,3 @@ class CocoInstances(CocoDetection):
         if self.instance_transforms is not None:
             return self.instance_transforms(image, target)
         return image, target
-
-
-class CocoInstanceDataModule(CocoDetectionDataModule):
-    """COCO instance segmentation from ``root`` (the layout of :class:`CocoDetectionDataModule`); ``root=None``
-    uses the built-in toy detection set, whose annotations carry RLE masks. Batches are detection batches
-    whose targets also hold ``masks``."""
-
-    def make_dataset(self, paths: tuple[Path, ...], transform: DetectionTransform) -> Dataset:
-        return CocoInstances(*paths, transform, skip_invalid=self.skip_invalid)

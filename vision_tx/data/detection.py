@@ -1,4 +1,4 @@
-"""The COCO detection LightningDataModule (the built-in toy dataset when no root is given)."""
+"""The COCO detection and instance-segmentation LightningDataModules (the built-in toy dataset when no root is given)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pycocotools.coco import COCO
 from torch.utils.data import DataLoader, Dataset
 
 from vision_tx.data.coco import CocoDetection, coco_split_paths, load_coco
+from vision_tx.data.coco_instances import CocoInstances
 from vision_tx.data.collate import collate_detection
 from vision_tx.data.mosaic import MosaicDetection
 from vision_tx.data.sampling import ResumableLoader
@@ -124,8 +125,6 @@ class CocoDetectionDataModule(LightningDataModule):
     def with_masks(self, paths: tuple[Path, ...]) -> Dataset | None:
         """The training split with each object's mask, for copy-paste; None (with a warning) when an
         annotation has no ``segmentation``."""
-        from vision_tx.data.coco_instances import CocoInstances  # it builds on this module
-
         if type(self).make_dataset is not CocoDetectionDataModule.make_dataset:
             raise ValueError(f"{type(self).__name__}: copy-paste yields detection targets and reads COCO instance "
                              "masks; it is not supported for this data (set copy_paste_probability to 0)")
@@ -175,3 +174,12 @@ class CocoDetectionDataModule(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.val_dataset, train=False)
+
+
+class CocoInstanceDataModule(CocoDetectionDataModule):
+    """COCO instance segmentation from ``root`` (the layout of :class:`CocoDetectionDataModule`); ``root=None``
+    uses the built-in toy detection set, whose annotations carry RLE masks. Batches are detection batches
+    whose targets also hold ``masks``."""
+
+    def make_dataset(self, paths: tuple[Path, ...], transform: DetectionTransform) -> Dataset:
+        return CocoInstances(*paths, transform, skip_invalid=self.skip_invalid)
