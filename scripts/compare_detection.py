@@ -29,6 +29,14 @@ DejaVu Sans, its settings (no hub, no online checks, no TensorBoard) live in OUT
     python scripts/compare_detection.py /tmp/shapes_a --budget-seconds 180 --seed 1
     python scripts/compare_detection.py /tmp/shapes_a --budget-seconds 480 --threads 2 --processes 2  # two 1-thread processes
     python scripts/compare_detection.py /tmp/shapes_a --config detr_swin_toy -- --model.lr 2e-4  # after --: vision_tx options
+    python scripts/compare_detection.py BCCD --accelerator gpu --budget-seconds 300 --workers 8 --imgsz 640 \
+        -- --data.batch_size 16 --data.val_transform.init_args.size 480 --data.val_transform.init_args.max_size 640
+    python scripts/compare_detection.py BCCD --no-vision-tx --budget-seconds 300 --yolo yolo26n   # a YOLO side alone
+
+``--accelerator gpu`` trains and predicts both sides on the first GPU: vision_tx in ``bf16-mixed``, YOLO with
+Ultralytics' own mixed precision (``amp=True``, fp16 with loss scaling). ``--no-vision-tx`` trains only the YOLO
+models, for ``--budget-seconds``: with two commands side by side (each pinned to its share of the cores with
+``taskset``), the sides can train at the same time on one machine.
 
 Prints the COCO tables side by side, with AP and AP50 of the same detections with every class merged
 into one and without the detections of a wrong class (TIDE's classification errors: which part of a gap
@@ -71,6 +79,7 @@ SPLITS = {"train": "train2017", "val": "val2017"}  # YOLO split -> COCO folder
 MAX_DETECTIONS = 100
 SCORE_FLOOR = 0.001
 ROUND_TRIP_TOLERANCE_PX = 1e-3
+GPU_PRECISION = "bf16-mixed"  # vision_tx's on a GPU; Ultralytics' own mixed precision (amp=True) is fp16 with loss scaling
 TRAIN_TOOL = Path(__file__).resolve().parents[1] / "tools" / "train.py"
 YOLO_MODELS = {"yolov8n": "YOLOv8n", "yolo11n": "YOLO11n", "yolo26n": "YOLO26n"}  # Ultralytics' YAML name -> display name
 
@@ -311,6 +320,18 @@ class YoloClock:
                 "torch_threads": sorted(self.seen_threads)}
 
 
+def accelerator_args(accelerator: str) -> list[str]:
+    """vision_tx's trainer options for ``--accelerator``: the CPU in fp32, or one GPU in bf16 mixed precision."""
+    if accelerator == "gpu":
+        return ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--trainer.precision", GPU_PRECISION]
+    return ["--trainer.accelerator", "cpu"]
+
+
+def yolo_device(accelerator: str) -> str | int:
+    """Ultralytics' ``device`` for ``--accelerator``: ``"cpu"``, or the first GPU."""
+    return 0 if accelerator == "gpu" else "cpu"
+
+
 def train_yolo(name: str, data_yaml: Path, out: Path, seconds: float, args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     """Trains the YOLO model ``name`` (e.g. ``yolov8n``) from its YAML for ``seconds`` of training;
     returns its last weights and its clock."""
@@ -322,7 +343,8 @@ def train_yolo(name: str, data_yaml: Path, out: Path, seconds: float, args: argp
     for event in ("on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_train_epoch_end"):
         model.add_callback(event, getattr(clock, event))
     model.train(data=str(data_yaml), imgsz=args.imgsz, batch=args.yolo_batch, time=seconds / 3600, workers=args.workers,
-                seed=args.seed, device="cpu", pretrained=False, amp=False, val=False, plots=False,
+                seed=args.seed, device=yolo_device(args.accelerator), pretrained=False, amp=args.accelerator == "gpu",
+                val=False, plots=False,
                 project=str(out.resolve()), name=name, exist_ok=True)
     # Ultralytics' own validation of the same weights (best.pt is the last epoch's: the only one validated), a cross-check
     own = {"own AP50": model.trainer.metrics.get("metrics/mAP50(B)"), "own AP": model.trainer.metrics.get("metrics/mAP50-95(B)")}
@@ -338,7 +360,7 @@ def predict_yolo(weights: Path, root: Path, args: argparse.Namespace) -> list[di
     paths = [str(Path(root) / SPLITS["val"] / image["file_name"]) for image in dataset["images"]]
     results: list[dict[str, Any]] = []
     for found in YOLO(str(weights)).predict(paths, imgsz=args.imgsz, conf=SCORE_FLOOR, iou=0.7, max_det=MAX_DETECTIONS,
-                                            device="cpu", stream=True, verbose=False):
+                                            device=yolo_device(args.accelerator), stream=True, verbose=False):
         boxes = found.boxes
         results += coco_results(ids[Path(found.path).name], boxes.xyxy.tolist(), boxes.cls.tolist(), boxes.conf.tolist(),
                                 category_ids(dataset))
@@ -379,6 +401,25 @@ def train_on_processes(args: argparse.Namespace, out: Path, extra: Sequence[str]
     return written[0].parent, clock
 
 
+def run_vision_tx(args: argparse.Namespace, out: Path, extra: Sequence[str]) -> dict[str, Any]:
+    """Trains the vision_tx side (in this process, or on ``--processes``) and scores its final weights'
+    predictions; returns its clock and scores."""
+    if args.processes > 1:
+        log_dir, vtx = train_on_processes(args, out / "vision_tx", extra)
+    else:
+        cli, vtx = train_vision_tx(args.config, args.root, out / "vision_tx", args.seed, args.workers, args.budget_seconds,
+                                   [*accelerator_args(args.accelerator), *extra])
+        if vtx["validated_step"] != vtx["steps"]:  # the final weights' predictions, unless the run ended validating
+            cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+        log_dir = Path(cli.trainer.log_dir or "")
+        del cli
+    vtx_file = log_dir / "bbox_results.json"
+    if not vtx_file.is_file():
+        raise SystemExit(f"error: {vtx_file}: vision_tx wrote no results (a logger is needed: leave --trainer.logger alone)")
+    vtx.update(scored(annotation_file(args.root, SPLITS["val"]), json.loads(vtx_file.read_text())))
+    return vtx
+
+
 def parser() -> argparse.ArgumentParser:
     p = comparison_parser(__doc__, "a COCO-layout set: train2017/, val2017/, annotations/instances_*.json", "rtdetr_convnext_toy",
                           "runs/compare_detection")
@@ -390,11 +431,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--yolo", nargs="*", choices=YOLO_MODELS, default=["yolov8n"], metavar="MODEL",
                    help=f"the YOLO models trained after vision_tx, each for the same time ({', '.join(YOLO_MODELS)}; "
                         "none: vision_tx alone)")
+    p.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu",
+                   help=f"where both sides train and predict: the CPU in fp32, or one GPU in mixed precision (vision_tx "
+                        f"{GPU_PRECISION}, Ultralytics' own AMP)")
+    p.add_argument("--vision-tx", action=argparse.BooleanOptionalAction, default=True,
+                   help="train the vision_tx side (--no-vision-tx: the YOLO models alone, for --budget-seconds, e.g. to "
+                        "run the two sides at once on one machine)")
     return p
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuses the combinations of options that cannot run."""
+    if args.processes > 1 and args.accelerator != "cpu":
+        raise SystemExit("error: --processes N is vision_tx's DDP on the CPU; on a GPU give --processes 1")
+    if not args.vision_tx and (args.budget_seconds is None or not args.yolo):
+        raise SystemExit("error: --no-vision-tx needs --budget-seconds (no vision_tx run to time) and a --yolo model")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args, extra = parse_with_vision_tx_options(parser(), sys.argv[1:] if argv is None else argv)
+    check_options(args)
     for folder in SPLITS.values():
         if not annotation_file(args.root, folder).is_file():
             raise SystemExit(f"error: {annotation_file(args.root, folder)}: no such file (expected a COCO-layout set)")
@@ -405,19 +461,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     errors = check_round_trip(args.root, out / "yolo_data")
     print(f"COCO -> YOLO labels -> COCO: AP 1.0, boxes back to within {max(errors.values()):.1e} px")
 
-    if args.processes > 1:
-        log_dir, vtx = train_on_processes(args, out / "vision_tx", extra)
-    else:
-        cli, vtx = train_vision_tx(args.config, args.root, out / "vision_tx", args.seed, args.workers, args.budget_seconds, extra)
-        if vtx["validated_step"] != vtx["steps"]:  # the final weights' predictions, unless the run ended validating
-            cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-        log_dir = Path(cli.trainer.log_dir or "")
-        del cli
-    vtx_file = log_dir / "bbox_results.json"
-    if not vtx_file.is_file():
-        raise SystemExit(f"error: {vtx_file}: vision_tx wrote no results (a logger is needed: leave --trainer.logger alone)")
-    vtx.update(scored(annotation_file(args.root, SPLITS["val"]), json.loads(vtx_file.read_text())))
-
+    vtx = run_vision_tx(args, out, extra) if args.vision_tx else None
     budget = args.budget_seconds or vtx["train_seconds"]
     yolos = {}
     for name in args.yolo:
@@ -428,10 +472,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     report = {
         "data": str(Path(args.root).resolve()), "budget_seconds": budget, "threads": args.threads, "seed": args.seed,
-        "workers": args.workers, "cpu": cpu_description(),
+        "workers": args.workers, "cpu": cpu_description(), "accelerator": args.accelerator,
+        "gpu": torch.cuda.get_device_name(0) if args.accelerator == "gpu" else None,
         "versions": versions("torch", "torchvision", "lightning", "pycocotools", "ultralytics"),
         "round_trip_max_error_px": errors, "max_detections": MAX_DETECTIONS, "score_floor": SCORE_FLOOR,
-        "vision_tx": {"config": args.config, "extra_args": extra, "processes": args.processes, **vtx},
+        "vision_tx": vtx and {"config": args.config, "extra_args": extra, "processes": args.processes, **vtx},
         "yolo": yolos,
     }
     timing = ("train_seconds", "cpu_seconds", "images_seen", "images_per_second")
@@ -442,12 +487,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 **{f"{k} no wrong classes": run["coco_without_wrong_classes"][k] for k in merged},
                 "wrong classes >= 0.2": run["wrong_class_detections"], **{k: run[k] for k in timing}, "steps/epochs": steps}
 
-    columns = {args.config: column(vtx, vtx["steps"])}
+    columns = {args.config: column(vtx, vtx["steps"])} if vtx else {}
     for name, yolo in yolos.items():
         columns[YOLO_MODELS[name]] = {**column(yolo, yolo["epochs"]), **yolo["ultralytics_val"]}
+    where = f"{report['gpu']} (vision_tx {GPU_PRECISION}, Ultralytics AMP), " if report["gpu"] else ""
     print(side_by_side(f"\nbox detection on {args.root} val2017, training {budget:.0f} s each (vision_tx on {args.processes} "
                        f"process{'es' * (args.processes > 1)})\n"
-                       f"{machine_line(report['cpu'], args.threads, report['versions'])}",
+                       f"{where}{machine_line(report['cpu'], args.threads, report['versions'])}",
                        [*STAT_NAMES, *(f"{k} classes merged" for k in merged), *(f"{k} no wrong classes" for k in merged),
                         "wrong classes >= 0.2", *timing, "steps/epochs", "own AP50", "own AP"],
                        columns))

@@ -249,3 +249,29 @@ def test_processes_must_share_the_threads(script: dict[str, Any], converted: tup
     args = script["parser"]().parse_args([str(converted[0]), "--threads", "3", "--processes", "2"])
     with pytest.raises(SystemExit, match="--threads 3 cannot be shared among --processes 2"):
         script["train_on_processes"](args, tmp_path, [])
+
+
+@pytest.mark.parametrize(("accelerator", "trainer", "yolo"), [
+    ("cpu", ["--trainer.accelerator", "cpu"], "cpu"),
+    ("gpu", ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--trainer.precision", "bf16-mixed"], 0),
+])
+def test_both_sides_train_where_accelerator_says(script: dict[str, Any], accelerator: str, trainer: list[str],
+                                                 yolo: str | int) -> None:
+    """The CPU pinned on both sides (Lightning's ``auto`` would take a GPU that YOLO does not use); a GPU in bf16."""
+    assert script["accelerator_args"](accelerator) == trainer
+    assert script["yolo_device"](accelerator) == yolo
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    (["--no-vision-tx"], "--no-vision-tx needs --budget-seconds"),
+    (["--no-vision-tx", "--budget-seconds", "60", "--yolo"], "--no-vision-tx needs --budget-seconds"),
+    (["--accelerator", "gpu", "--processes", "2"], "--processes N is vision_tx's DDP on the CPU"),
+])
+def test_options_that_cannot_run_are_refused(script: dict[str, Any], options: list[str], error: str) -> None:
+    with pytest.raises(SystemExit, match=error):
+        script["check_options"](script["parser"]().parse_args(["/data", *options]))
+
+
+@pytest.mark.parametrize("options", [[], ["--no-vision-tx", "--budget-seconds", "60"], ["--accelerator", "gpu"]])
+def test_options_that_can_run_pass(script: dict[str, Any], options: list[str]) -> None:
+    script["check_options"](script["parser"]().parse_args(["/data", *options]))
