@@ -126,7 +126,7 @@ EXPORT_DETR_PANOPTIC = "tests/test_export.py::test_exported_detr_panoptic_drops_
 NO_DECAY = "tests/backbones/test_no_weight_decay.py::test_every_backbone_and_classifier_names_its_exempt_parameters"
 NO_DECAY_GROUPS = "tests/lightning/test_common.py::test_param_groups_follow_no_weight_decay"
 TASK_DECAY = "tests/lightning/test_common.py::test_every_task_decays_norms_and_biases_as_its_option_says"
-FUSED_ADAMW = "tests/lightning/test_common.py::test_every_task_fuses_adamw_unless_lightning_scales_the_gradients"
+FUSED_ADAMW = "tests/lightning/test_common.py::test_every_task_fuses_adamw_unless_lightning_mixes_precision"
 SHAPES = "tests/scripts/test_make_shapes_dataset.py::test_plain_backgrounds_are_one_colour_and_textured_ones_are_not"
 MOSAIC = "tests/data/test_mosaic.py"
 M2F = "tests/models/test_mask2former.py::test_pixel_decoder_and_every_prediction_match_transformers"
@@ -920,6 +920,13 @@ MUTANTS = [
            "query, labels = torch.div(index, num_classes, rounding_mode=\"floor\"), index % num_classes",
            "query, labels = index % num_classes, torch.div(index, num_classes, rounding_mode=\"floor\")", (M2F_INSTANCE,)),
     # The learning comparison's COCO <-> YOLO conversion and scoring (scripts/compare_detection.py)
+    Mutant("compare detection: the GPU side in fp32", "scripts/compare_detection.py",
+           '"--trainer.devices", "1", "--trainer.precision", GPU_PRECISION]', '"--trainer.devices", "1"]', (YOLO_LABELS,)),
+    Mutant("compare detection: the CPU side left to Lightning's choice", "scripts/compare_detection.py",
+           'return ["--trainer.accelerator", "cpu"]', "return []", (YOLO_LABELS,)),
+    Mutant("compare detection: YOLO alone without a budget", "scripts/compare_detection.py",
+           "if not args.vision_tx and (args.budget_seconds is None or not args.yolo):",
+           "if not args.vision_tx and not args.yolo:", (YOLO_LABELS,)),
     Mutant("compare detection: YOLO centre x divided by the height", "scripts/compare_detection.py",
            'lines.append(f"{classes[ann[\'category_id\']]} {(x + w / 2) / width:.10f}',
            'lines.append(f"{classes[ann[\'category_id\']]} {(x + w / 2) / height:.10f}', (YOLO_LABELS,)),
@@ -1085,8 +1092,13 @@ MUTANTS = [
            "decay_norms_and_biases=hp.decay_norms_and_biases)", "decay_norms_and_biases=False)", (TASK_DECAY,)),
     Mutant("no weight decay: classification ignores the recipe's option", "vision_tx/lightning/classification.py",
            "decay_norms_and_biases=hp.decay_norms_and_biases)", "decay_norms_and_biases=False)", (TASK_DECAY,)),
-    Mutant("fused AdamW: fused under 16-mixed too, where Lightning refuses to clip", "vision_tx/lightning/common.py",
-           'and precision != "16-mixed"', "", (FUSED_ADAMW,)),
+    Mutant("fused AdamW: fused under mixed precision too, where Lightning refuses to clip", "vision_tx/lightning/common.py",
+           'and precision not in ("16-mixed", "bf16-mixed")', "", (FUSED_ADAMW,)),
+    Mutant("fused AdamW: under mixed precision the loop, torch's multi-tensor step turned off", "vision_tx/lightning/common.py",
+           "fused=fused or None", "fused=fused", (FUSED_ADAMW,)),
+    Mutant("normalised targets: the boxes divided by (h, w, h, w)", "vision_tx/heads/detr/criterion.py",
+           'scale = target["size"].flip(-1).repeat(2)', 'scale = target["size"].repeat(2)',
+           ("tests/heads/test_detr_criterion.py::test_normalize_targets_gives_relative_cxcywh",)),
     Mutant("fused AdamW: detection builds the loop over parameters", "vision_tx/lightning/detection.py",
            "optimizer = adamw(self, groups)", "optimizer = torch.optim.AdamW(groups)", (FUSED_ADAMW,)),
     # Packaging: the configs travel in the wheel

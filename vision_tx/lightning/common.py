@@ -43,11 +43,12 @@ def adamw(module: pl.LightningModule, groups: list[dict[str, Any]], **kwargs: An
     kernel where torch has one (parameters on a CPU or CUDA device): on a CPU the step of
     ``rtdetr_convnext_toy``'s 312 tensors takes 2 ms fused against 8 ms for the loop over them. Not fused
     under ``16-mixed`` or ``bf16-mixed`` precision, where Lightning refuses to clip the gradients of an
-    optimiser that could unscale them itself."""
+    optimiser that could unscale them itself: there torch picks (its multi-tensor step on a GPU, 2.5 ms
+    against 20 for the loop on an H200; ``fused=False`` would turn that off too)."""
     devices = {param.device.type for group in groups for param in group["params"]}
     precision = module.trainer.precision if module._trainer is not None else None
     fused = devices <= {"cpu", "cuda"} and precision not in ("16-mixed", "bf16-mixed")
-    return torch.optim.AdamW(groups, fused=fused, **kwargs)
+    return torch.optim.AdamW(groups, fused=fused or None, **kwargs)
 
 
 def is_fitting(module: pl.LightningModule) -> bool:

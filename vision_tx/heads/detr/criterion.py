@@ -22,8 +22,7 @@ def normalize_targets(targets: list[dict[str, torch.Tensor]]) -> list[dict[str, 
         if "size" not in target:
             model_targets.append(target)
             continue
-        height, width = target["size"].tolist()
-        scale = target["boxes"].new_tensor([width, height, width, height])
+        scale = target["size"].flip(-1).repeat(2).to(target["boxes"].dtype)  # (w, h, w, h), on the device: no sync
         boxes = box_convert(target["boxes"], "xyxy", "cxcywh") / scale
         model_target = {"labels": target["labels"], "boxes": boxes}
         if "masks" in target:
