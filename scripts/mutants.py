@@ -59,7 +59,7 @@ DN_CLAMP = "tests/heads/test_dino_denoising.py::test_noised_boxes_are_clamped_an
 DN_RT_DETR = "tests/heads/test_dino_denoising.py::test_queries_are_transformers_rt_detr_contrastive_denoising_groups"
 DN_MASK_BOTH = "tests/heads/test_dino_denoising.py::test_attention_mask_in_both_directions"
 DINO_DEFAULTS = "tests/models/test_dino.py::test_defaults_are_the_official_dino_4scale_config"
-COPY_PASTE_DATA = "tests/data/test_detection.py::test_copy_paste_reads_the_masks_and_is_off_with_a_warning_when_an_object_has_none"
+COPY_PASTE_DATA = "tests/data/test_detection.py::test_copy_paste_reads_the_masks_and_cuts_along_the_boxes_when_an_object_has_none"
 DINO_ALL_LOSSES = "tests/models/test_dino.py::test_every_loss_term_of_mixed_selection_by_hand"
 FINETUNE_DETR = "tests/lightning/test_finetuning.py::test_detr_weights_of_another_class_count"
 FINETUNE_DINO = "tests/lightning/test_finetuning.py::test_dino_weights_of_another_class_count"
@@ -1023,8 +1023,19 @@ MUTANTS = [
            "if self.mosaic_probability == 0 and self.mixup_probability == 0 and self.copy_paste_probability == 0:",
            "if self.mosaic_probability == 0 and self.copy_paste_probability == 0:",
            ("tests/data/test_detection.py::test_mosaics_or_mixup_alone_wrap_the_training_split",)),
-    Mutant("detection data: copy-paste on where an object has no mask", "vision_tx/data/detection.py",
-           "        if missing:\n            logger.warning(", "        if False:\n            logger.warning(", (COPY_PASTE_DATA,)),
+    Mutant("detection data: the masks read where an object has none", "vision_tx/data/detection.py",
+           "        if missing:\n            logger.info(", "        if False:\n            logger.info(", (COPY_PASTE_DATA,)),
+    Mutant("detection data: copy-paste off where an object has no mask", "vision_tx/data/detection.py",
+           "copy_paste_probability=self.copy_paste_probability,",
+           "copy_paste_probability=self.copy_paste_probability * isinstance(dataset, CocoInstances),", (COPY_PASTE_DATA,)),
+    Mutant("copy-paste: a box-only object's box moved as its whole pixels", "vision_tx/data/mosaic.py",
+           "box - torch.tensor([x0, y0, x0, y0], dtype=torch.float32), label", "torch.tensor([0.0, 0.0, x1 - x0, y1 - y0]), label",
+           (MOSAIC,)),
+    Mutant("copy-paste: a flipped patch's box not mirrored", "vision_tx/data/mosaic.py",
+           "local_box = torch.stack([shape.shape[1] - local_box[2], local_box[1], shape.shape[1] - local_box[0], local_box[3]])",
+           "local_box = local_box", (MOSAIC,)),
+    Mutant("copy-paste: a box without pixels pasted", "vision_tx/data/mosaic.py",
+           "            if x1 > x0 and y1 > y0:", "            if True:", (MOSAIC,)),
     Mutant("copy-paste: the object's whole box pasted, not its mask", "vision_tx/data/mosaic.py",
            "image[:, top:top + patch_h, left:left + patch_w][:, shape] = patch[:, shape]",
            "image[:, top:top + patch_h, left:left + patch_w] = patch", (MOSAIC,)),

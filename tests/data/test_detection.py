@@ -60,7 +60,7 @@ def test_mosaics_or_mixup_alone_wrap_the_training_split(tmp_path: Path, mosaic: 
         assert data.train_dataset.transform is data.train_transform
 
 
-def test_copy_paste_reads_the_masks_and_is_off_with_a_warning_when_an_object_has_none(
+def test_copy_paste_reads_the_masks_and_cuts_along_the_boxes_when_an_object_has_none(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     data = CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, batch_size=4, copy_paste_probability=0.5)
@@ -78,13 +78,15 @@ def test_copy_paste_reads_the_masks_and_is_off_with_a_warning_when_an_object_has
         for annotation in dataset["annotations"][::2]:
             del annotation["segmentation"]
         (boxes_only / "annotations" / f"instances_{split}.json").write_text(json.dumps(dataset))
-    with caplog.at_level(logging.WARNING, logger="vision_tx.data.detection"):
+    with caplog.at_level(logging.INFO, logger="vision_tx.data.detection"):
         boxes = CocoDetectionDataModule(root=str(boxes_only), num_workers=0, copy_paste_probability=0.5, mixup_probability=0.5)
         boxes.setup("fit")
-    assert "have no 'segmentation'; copy-paste needs each object's mask, so it is off" in caplog.text
+    assert "have no 'segmentation': copy-paste cuts the objects along their boxes" in caplog.text
     assert "instances_train2017.json" in caplog.text
-    assert boxes.train_dataset.copy_paste_probability == 0.0 and boxes.train_dataset.mixup_probability == 0.5
+    assert boxes.train_dataset.copy_paste_probability == 0.5 and boxes.train_dataset.mixup_probability == 0.5
     assert type(boxes.train_dataset.dataset).__name__ == "CocoDetection"
+    batch = next(iter(boxes.train_dataloader()))
+    assert all("masks" not in target for target in batch["targets"]) and len(batch["targets"]) == boxes.batch_size
 
 
 def test_copy_paste_is_refused_where_the_targets_are_not_detection_targets(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ both images' objects."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torchvision import tv_tensors
@@ -237,10 +239,63 @@ def test_copy_paste_flips_about_half_the_objects_and_leaves_out_those_without_ro
     assert torch.equal(covered, image) and covered_target["labels"].tolist() == [1]
 
 
-def test_copy_paste_needs_masks_and_the_dataset_drops_them() -> None:
-    image, target = RectangleImages()[0]
-    with pytest.raises(ValueError, match="copy-paste needs instance masks"):
-        MosaicDetection.copy_paste(image, target, *RectangleImages()[1])
+@pytest.mark.parametrize("seed", range(8))
+def test_copy_paste_without_masks_cuts_each_object_along_its_box(seed: int) -> None:
+    """Box-only annotations: an object is its box's whole pixels (floor to ceiling), and its new box is its box
+    moved with them, fractions and all (mirrored in a flipped patch)."""
+    torch.manual_seed(seed)
+    image, target = RectangleImages()[2]
+    other, other_target = RectangleImages()[4]
+    boxes = other_target["boxes"].as_subclass(torch.Tensor) + torch.tensor([0.3, 0.6, -0.2, -0.4])
+    other_target = {**other_target, "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=other.shape[-2:])}
+    pasted, pasted_target = MosaicDetection.copy_paste(image, target, other, other_target)
+    kept, new = pasted_target["boxes"].as_subclass(torch.Tensor)[:2], pasted_target["boxes"].as_subclass(torch.Tensor)[2:]
+    assert torch.equal(kept, target["boxes"].as_subclass(torch.Tensor)) and len(new) >= 1
+    changed = (pasted != image).any(0)
+    area = 0
+    for box, label in zip(new.tolist(), pasted_target["labels"][2:].tolist()):
+        source = boxes[other_target["labels"].tolist().index(label)].tolist()
+        assert box[2] - box[0] == pytest.approx(source[2] - source[0]) and box[3] - box[1] == pytest.approx(source[3] - source[1])
+        whole = [math.floor(box[0]), math.floor(box[1]), math.ceil(box[2]), math.ceil(box[3])]
+        assert _colour_extent(pasted, label, around=box) == whole  # the object's pixels, exactly under its box
+        area += (whole[2] - whole[0]) * (whole[3] - whole[1])
+        for other_box in kept.tolist():
+            assert box[2] <= other_box[0] or box[0] >= other_box[2] or box[3] <= other_box[1] or box[1] >= other_box[3]
+    assert changed.sum() == area  # nothing outside the pasted boxes' pixels
+
+
+def test_copy_paste_without_masks_mirrors_the_box_in_a_flipped_patch() -> None:
+    """The L-shaped object of ``MaskedShapes`` shows a flip; its box, a quarter pixel inside the patch on the left and
+    0.6 on the right, must then be 0.6 inside on the left."""
+    image, target = MaskedShapes()[0]
+    other, other_target = MaskedShapes()[1]
+    boxes = other_target["boxes"].as_subclass(torch.Tensor) + torch.tensor([0.25, 0.0, -0.6, 0.0])
+    other_target = {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=other.shape[-2:]),
+                    "labels": other_target["labels"]}
+    seen = set()
+    for seed in range(12):
+        torch.manual_seed(seed)
+        pasted, pasted_target = MosaicDetection.copy_paste(image, {k: v for k, v in target.items() if k != "masks"}, other,
+                                                           other_target)
+        box = pasted_target["boxes"].as_subclass(torch.Tensor)[1].tolist()
+        x0, y0, x1 = math.floor(box[0]), math.floor(box[1]), math.ceil(box[2])
+        flipped = bool((pasted[:, y0, x0] == 15).all())  # the source's grey, in its missing top-right quarter, now top-left
+        assert bool((pasted[:, y0, x1 - 1] == 15).all()) is not flipped
+        assert box[0] - x0 == pytest.approx(0.6 if flipped else 0.25, abs=1e-4)
+        seen.add(flipped)
+    assert seen == {True, False}
+
+
+def test_copy_paste_leaves_out_boxes_without_pixels() -> None:
+    image, target = MaskedShapes()[0]
+    other, other_target = RectangleImages()[4]
+    outside = torch.tensor([[-30.0, 10.0, -2.0, 40.0], [50.0, 20.0, 50.0, 60.0]])  # left of the image; no width
+    other_target = {**other_target, "boxes": tv_tensors.BoundingBoxes(outside, format="XYXY", canvas_size=other.shape[-2:])}
+    pasted, pasted_target = MosaicDetection.copy_paste(image, {k: v for k, v in target.items() if k != "masks"}, other, other_target)
+    assert torch.equal(pasted, image) and pasted_target["labels"].tolist() == [1]
+
+
+def test_copy_paste_drops_the_masks_from_every_target() -> None:
     with pytest.raises(ValueError, match="copy_paste_probability"):
         MosaicDetection(MaskedShapes(), lambda i, t: (i, t), copy_paste_probability=1.5)
     pasting = MosaicDetection(MaskedShapes(), lambda i, t: (i, t), probability=0.0, copy_paste_probability=1.0)

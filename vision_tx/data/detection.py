@@ -31,7 +31,7 @@ class CocoDetectionDataModule(LightningDataModule):
     ``mosaic_size`` mosaics of four (:class:`vision_tx.data.mosaic.MosaicDetection`) before the
     training transform; ``mixup_probability`` > 0 blends that fraction with another training image, and
     ``copy_paste_probability`` > 0 pastes the objects of another training image into that fraction, cut out
-    along their masks (off, with a warning, when an annotation has no ``segmentation``).
+    along their masks (along their boxes when an annotation has no ``segmentation``).
     Batches come from ``collate_detection``. Another annotation format reuses this class by
     overriding ``toy_root``, ``split_paths``, ``make_dataset`` and ``val_coco``.
     """
@@ -113,26 +113,25 @@ class CocoDetectionDataModule(LightningDataModule):
         paths = self.split_paths(self.train_split)
         if self.mosaic_probability == 0 and self.mixup_probability == 0 and self.copy_paste_probability == 0:
             return self.make_dataset(paths, self.train_transform)
-        copy_paste = self.copy_paste_probability
-        dataset = self.with_masks(paths) if copy_paste > 0 else None
+        dataset = self.with_masks(paths) if self.copy_paste_probability > 0 else None
         if dataset is None:
-            dataset, copy_paste = self.make_dataset(paths, None), 0.0
+            dataset = self.make_dataset(paths, None)
         return MosaicDetection(
             dataset, self.train_transform, self.mosaic_size, self.mosaic_probability,
-            mixup_probability=self.mixup_probability, copy_paste_probability=copy_paste,
+            mixup_probability=self.mixup_probability, copy_paste_probability=self.copy_paste_probability,
         )
 
     def with_masks(self, paths: tuple[Path, ...]) -> Dataset | None:
-        """The training split with each object's mask, for copy-paste; None (with a warning) when an
-        annotation has no ``segmentation``."""
+        """The training split with each object's mask, for copy-paste; None when an annotation has no
+        ``segmentation`` (copy-paste then cuts the objects along their boxes)."""
         if type(self).make_dataset is not CocoDetectionDataModule.make_dataset:
             raise ValueError(f"{type(self).__name__}: copy-paste yields detection targets and reads COCO instance "
                              "masks; it is not supported for this data (set copy_paste_probability to 0)")
         instances = CocoInstances(*paths, skip_invalid=self.skip_invalid)
         missing = sum(1 for segmentation in instances.segmentations if not segmentation)
         if missing:
-            logger.warning("%s: %d of %d objects have no 'segmentation'; copy-paste needs each object's mask, so it is off "
-                           "(--data.copy_paste_probability 0 silences this)", instances.ann_file, missing, len(instances.segmentations))
+            logger.info("%s: %d of %d objects have no 'segmentation': copy-paste cuts the objects along their boxes",
+                        instances.ann_file, missing, len(instances.segmentations))
             return None
         return instances
 

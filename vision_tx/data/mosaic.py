@@ -5,14 +5,16 @@ A mosaic shows four times the objects of one image at about half their size, eac
 random place and seen beside unrelated context, which gives a detector trained for a few hundred
 steps more, and more varied, supervision per step. Mixup blends a second image, whole, into the
 first at about half strength and keeps the objects of both: every object is seen over another
-picture, never cut. Copy-paste puts the objects of another image, cut out along their masks, onto free
-places of the first: more objects an image, each on a background it never had. torchvision's
-``transforms.v2`` has none of them (each needs several dataset items at once), so they wrap the dataset
-rather than being transforms.
+picture, never cut. Copy-paste puts the objects of another image, cut out along their masks (or their
+boxes, where the annotations have no masks), onto free places of the first: more objects an image, each
+on a background it never had. torchvision's ``transforms.v2`` has none of them (each needs several
+dataset items at once), so they wrap the dataset rather than being transforms.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
@@ -43,10 +45,11 @@ class MosaicDetection(Dataset):
     window; a box left with less than ``min_visible`` of its area, or under 2 pixels a side, is dropped.
     Mixup (:meth:`mixup`) scales another item drawn at random to fit inside the image, keeping its shape,
     places it at a random position on grey, blends the two with a weight ``w ~ Beta(32, 32)`` (the
-    image's share) and keeps the boxes and labels of both. Copy-paste (:meth:`copy_paste`) needs each
-    object's pixels: the wrapped dataset's targets then also hold ``masks`` (``[K, H, W]`` bool, as
-    :class:`vision_tx.data.coco_instances.CocoInstances` gives them), which it reads and, when constructed with
-    ``copy_paste_probability`` above 0, drops from every target: the targets it yields are detection targets. The probabilities may be changed during training (loader
+    image's share) and keeps the boxes and labels of both. Copy-paste (:meth:`copy_paste`) cuts each object
+    along its mask where the wrapped dataset's targets also hold ``masks`` (``[K, H, W]`` bool, as
+    :class:`vision_tx.data.coco_instances.CocoInstances` gives them), and along its box where they do not; the
+    masks are read there and, when constructed with ``copy_paste_probability`` above 0, dropped from every
+    target: the targets it yields are detection targets. The probabilities may be changed during training (loader
     workers read them from shared memory); at 0 no random number is drawn, so the images are those of the
     wrapped dataset and transform alone.
     """
@@ -100,32 +103,28 @@ class MosaicDetection(Dataset):
 
     @staticmethod
     def copy_paste(image: tv_tensors.Image, target: Target, other: tv_tensors.Image, other_target: Target) -> tuple[tv_tensors.Image, Target]:
-        """``image`` [3,H,W] with each object of ``other`` pasted in: its pixels under ``other_target["masks"]``
-        ``[K, h, w]``, flipped left to right half the time, at a random place where its box overlaps no box of
-        ``target`` nor of an object pasted before (the boxes already there stay the tight boxes of their
-        objects). An object larger than the image, or without a free place in ``PASTE_ATTEMPTS`` draws, is
-        left out. The target gains the pasted objects' boxes and labels, and has no ``masks``."""
-        if "masks" not in other_target:
-            raise ValueError("MosaicDetection: copy-paste needs instance masks (a dataset whose targets hold 'masks', "
-                             "such as CocoInstances); set copy_paste_probability to 0")
+        """``image`` [3,H,W] with each object of ``other`` pasted in, flipped left to right half the time, at a
+        random place where its box overlaps no box of ``target`` nor of an object pasted before (the boxes
+        already there stay the tight boxes of their objects). An object is its pixels under
+        ``other_target["masks"]`` ``[K, h, w]`` where the target holds masks (its new box: the tight box of
+        those pixels), else the pixels of its box, whole pixels from the floor to the ceiling of each side (its
+        new box: its box, moved with them). An object larger than the image, or without a free place in
+        ``PASTE_ATTEMPTS`` draws, is left out. The target gains the pasted objects' boxes and labels, and has
+        no ``masks``."""
         height, width = image.shape[-2:]
         taken = target["boxes"].as_subclass(torch.Tensor).float()
         image = image.clone()
         pasted_boxes, pasted_labels = [], []
-        for mask, label in zip(other_target["masks"].as_subclass(torch.Tensor).bool(), other_target["labels"].tolist()):
-            ys, xs = torch.nonzero(mask, as_tuple=True)
-            if len(ys) == 0:
-                continue
-            y0, y1, x0, x1 = int(ys.min()), int(ys.max()) + 1, int(xs.min()), int(xs.max()) + 1
-            patch, shape = other[:, y0:y1, x0:x1], mask[y0:y1, x0:x1]
+        for patch, shape, local_box, label in MosaicDetection.objects(other, other_target):
             if float(torch.rand(())) < 0.5:
                 patch, shape = patch.flip(-1), shape.flip(-1)
+                local_box = torch.stack([shape.shape[1] - local_box[2], local_box[1], shape.shape[1] - local_box[0], local_box[3]])
             patch_h, patch_w = shape.shape
             if patch_h > height or patch_w > width:
                 continue
             for _ in range(PASTE_ATTEMPTS):
                 top, left = int(torch.randint(height - patch_h + 1, ())), int(torch.randint(width - patch_w + 1, ()))
-                box = torch.tensor([left, top, left + patch_w, top + patch_h], dtype=torch.float32)
+                box = local_box + torch.tensor([left, top, left, top], dtype=torch.float32)
                 overlaps = (box[0] < taken[:, 2]) & (box[2] > taken[:, 0]) & (box[1] < taken[:, 3]) & (box[3] > taken[:, 1])
                 if not overlaps.any():
                     image[:, top:top + patch_h, left:left + patch_w][:, shape] = patch[:, shape]
@@ -141,6 +140,28 @@ class MosaicDetection(Dataset):
             "boxes": tv_tensors.BoundingBoxes(taken, format="XYXY", canvas_size=(height, width)),
             "labels": torch.cat([target["labels"], torch.tensor(pasted_labels, dtype=target["labels"].dtype)]),
         }
+
+    @staticmethod
+    def objects(image: tv_tensors.Image, target: Target) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
+        """Each object of ``image`` as copy-paste cuts it out: its pixels ``patch [3,h,w]``, which of them are the
+        object (``shape [h,w]`` bool), its box within the patch (xyxy float) and its label. With ``masks`` in
+        ``target`` the patch is the mask's tight box; without, the box's whole pixels (empty or outside: left out)."""
+        labels = target["labels"].tolist()
+        if "masks" in target:
+            for mask, label in zip(target["masks"].as_subclass(torch.Tensor).bool(), labels):
+                ys, xs = torch.nonzero(mask, as_tuple=True)
+                if len(ys):
+                    y0, y1, x0, x1 = int(ys.min()), int(ys.max()) + 1, int(xs.min()), int(xs.max()) + 1
+                    shape = mask[y0:y1, x0:x1]
+                    yield image[:, y0:y1, x0:x1], shape, torch.tensor([0.0, 0.0, x1 - x0, y1 - y0]), label
+            return
+        height, width = image.shape[-2:]
+        for box, label in zip(target["boxes"].as_subclass(torch.Tensor).float(), labels):
+            x0, y0 = max(math.floor(box[0]), 0), max(math.floor(box[1]), 0)
+            x1, y1 = min(math.ceil(box[2]), width), min(math.ceil(box[3]), height)
+            if x1 > x0 and y1 > y0:
+                shape = torch.ones(y1 - y0, x1 - x0, dtype=torch.bool)
+                yield image[:, y0:y1, x0:x1], shape, box - torch.tensor([x0, y0, x0, y0], dtype=torch.float32), label
 
     @staticmethod
     def mixup(image: tv_tensors.Image, target: Target, other: tv_tensors.Image, other_target: Target) -> tuple[tv_tensors.Image, Target]:
