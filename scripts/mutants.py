@@ -129,6 +129,7 @@ TASK_DECAY = "tests/lightning/test_common.py::test_every_task_decays_norms_and_b
 FUSED_ADAMW = "tests/lightning/test_common.py::test_every_task_fuses_adamw_unless_lightning_mixes_precision"
 SHAPES = "tests/scripts/test_make_shapes_dataset.py::test_plain_backgrounds_are_one_colour_and_textured_ones_are_not"
 MOSAIC = "tests/data/test_mosaic.py"
+COCO_INSTANCES = "tests/data/test_coco_instances.py"
 M2F = "tests/models/test_mask2former.py::test_pixel_decoder_and_every_prediction_match_transformers"
 M2F_LOSS = "tests/models/test_mask2former.py::test_loss_and_gradients_match_transformers"
 M2F_MASKED = "tests/models/test_mask2former.py::test_masked_attention_restricts_each_query"
@@ -1027,7 +1028,18 @@ MUTANTS = [
            "        if missing:\n            logger.info(", "        if False:\n            logger.info(", (COPY_PASTE_DATA,)),
     Mutant("detection data: copy-paste off where an object has no mask", "vision_tx/data/detection.py",
            "copy_paste_probability=self.copy_paste_probability,",
-           "copy_paste_probability=self.copy_paste_probability * isinstance(dataset, CocoInstances),", (COPY_PASTE_DATA,)),
+           "copy_paste_probability=self.copy_paste_probability * (masks is not None),", (COPY_PASTE_DATA,)),
+    Mutant("detection data: the box-only path taken where every object has a mask", "vision_tx/data/detection.py",
+           "        return instances, instances.instance_masks", "        return instances, None", (COPY_PASTE_DATA,)),
+    Mutant("detection data: every training item's masks decoded for copy-paste", "vision_tx/data/detection.py",
+           "masks_in_targets=False)", "masks_in_targets=True)", (COPY_PASTE_DATA,)),
+    Mutant("coco instances: the masks decoded where the targets leave them out", "vision_tx/data/coco_instances.py",
+           "        if self.masks_in_targets:", "        if True:", (COCO_INSTANCES,)),
+    Mutant("coco instances: the masks of the next image's objects", "vision_tx/data/coco_instances.py",
+           "start, end = self.offsets[index], self.offsets[index + 1]",
+           "start, end = self.offsets[index + 1], self.offsets[min(index + 2, len(self.offsets) - 1)]", (COCO_INSTANCES,)),
+    Mutant("coco instances: an object with an empty segmentation not counted", "vision_tx/data/coco_instances.py",
+           "if not segmentation)", "if segmentation is None)", (COCO_INSTANCES,)),
     Mutant("copy-paste: a box-only object's box moved as its whole pixels", "vision_tx/data/mosaic.py",
            "box - torch.tensor([x0, y0, x0, y0], dtype=torch.float32), label", "torch.tensor([0.0, 0.0, x1 - x0, y1 - y0]), label",
            (MOSAIC,)),
@@ -1043,8 +1055,11 @@ MUTANTS = [
            "                if not overlaps.any():", "                if True:", (MOSAIC,)),
     Mutant("copy-paste: never flipped", "vision_tx/data/mosaic.py",
            "            if float(torch.rand(())) < 0.5:\n                patch, shape", "            if float(torch.rand(())) < 0.0:\n                patch, shape", (MOSAIC,)),
-    Mutant("copy-paste: the masks passed on in the targets", "vision_tx/data/mosaic.py",
-           'k != "masks" or not self.drops_masks}', 'True}', (MOSAIC,)),
+    Mutant("copy-paste: cut along the boxes where the masks are given", "vision_tx/data/mosaic.py",
+           "        if self.masks is None:\n            return image, target", "        if True:\n            return image, target",
+           (MOSAIC,)),
+    Mutant("copy-paste: the masks of another image than the one pasted from", "vision_tx/data/mosaic.py",
+           '"masks": self.masks(index)}', '"masks": self.masks((index + 1) % len(self))}', (MOSAIC,)),
     Mutant("copy-paste: a number drawn at probability 0", "vision_tx/data/mosaic.py",
            "if copy_paste_probability > 0 and float(torch.rand(())) < copy_paste_probability:",
            "if float(torch.rand(())) < copy_paste_probability:", (MOSAIC,)),

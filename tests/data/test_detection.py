@@ -67,6 +67,8 @@ def test_copy_paste_reads_the_masks_and_cuts_along_the_boxes_when_an_object_has_
     data.setup("fit")
     assert isinstance(data.train_dataset, MosaicDetection) and isinstance(data.train_dataset.dataset, CocoInstances)
     assert data.train_dataset.copy_paste_probability == 0.5 and data.train_dataset.probability == 0.0
+    assert data.train_dataset.masks == data.train_dataset.dataset.instance_masks  # decoded for the pasted images only
+    assert "masks" not in data.train_dataset.dataset[0][1]
     batch = next(iter(data.train_dataloader()))
     assert all("masks" not in target for target in batch["targets"])
 
@@ -84,7 +86,7 @@ def test_copy_paste_reads_the_masks_and_cuts_along_the_boxes_when_an_object_has_
     assert "have no 'segmentation': copy-paste cuts the objects along their boxes" in caplog.text
     assert "instances_train2017.json" in caplog.text
     assert boxes.train_dataset.copy_paste_probability == 0.5 and boxes.train_dataset.mixup_probability == 0.5
-    assert type(boxes.train_dataset.dataset).__name__ == "CocoDetection"
+    assert boxes.train_dataset.masks is None and "masks" not in boxes.train_dataset.dataset[0][1]
     batch = next(iter(boxes.train_dataloader()))
     assert all("masks" not in target for target in batch["targets"]) and len(batch["targets"]) == boxes.batch_size
 

@@ -295,20 +295,42 @@ def test_copy_paste_leaves_out_boxes_without_pixels() -> None:
     assert torch.equal(pasted, image) and pasted_target["labels"].tolist() == [1]
 
 
-def test_copy_paste_drops_the_masks_from_every_target() -> None:
+class ShapesWithoutMasks(MaskedShapes):
+    """MaskedShapes' items without their masks, which :meth:`masks` gives on demand, noting each index asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def __getitem__(self, index: int) -> tuple[tv_tensors.Image, dict]:
+        image, target = super().__getitem__(index)
+        return image, {k: v for k, v in target.items() if k != "masks"}
+
+    def masks(self, index: int) -> torch.Tensor:
+        self.asked.append(index)
+        return super().__getitem__(index)[1]["masks"]
+
+
+def test_copy_paste_asks_for_the_masks_of_the_pasted_image_only_and_cuts_along_the_boxes_without() -> None:
+    shapes = ShapesWithoutMasks()
     with pytest.raises(ValueError, match="copy_paste_probability"):
-        MosaicDetection(MaskedShapes(), lambda i, t: (i, t), copy_paste_probability=1.5)
-    pasting = MosaicDetection(MaskedShapes(), lambda i, t: (i, t), probability=0.0, copy_paste_probability=1.0)
-    counts = []
-    for seed in range(6):
+        MosaicDetection(shapes, lambda i, t: (i, t), copy_paste_probability=1.5)
+    pasting = MosaicDetection(shapes, lambda i, t: (i, t), probability=0.0, copy_paste_probability=1.0, masks=shapes.masks)
+    boxes_only = MosaicDetection(shapes, lambda i, t: (i, t), probability=0.0, copy_paste_probability=1.0)
+    plain_image = MaskedShapes()[0][0]
+    for seed in range(8):
         torch.manual_seed(seed)
         image, target = pasting[0]
-        assert "masks" not in target
-        counts.append(len(target["labels"]))
-    assert counts == [2] * 6  # each draw's other image has one object, with room for it in the 120x160 image
-    pasting.copy_paste_probability = 0.0  # switched off (the long-run callback): the plain item, without its masks
+        source = shapes.asked[-1]
+        assert len(shapes.asked) == seed + 1 and "masks" not in target
+        assert target["labels"].tolist() == [1, source + 1]  # room for the other image's object in the 120x160 image
+        assert (image != plain_image).any(0).sum() == MaskedShapes()[source][1]["masks"].sum()  # the L, not its box
+        torch.manual_seed(seed)
+        image, target = boxes_only[0]
+        side = MaskedShapes.sides[source]
+        assert target["labels"].tolist() == [1, source + 1] and len(shapes.asked) == seed + 1
+        if source:  # another image's grey: every pixel of the box shows
+            assert (image != plain_image).any(0).sum() == side * side
+    assert len(set(shapes.asked)) == 3
+    pasting.copy_paste_probability = 0.0  # switched off (the long-run callback): the plain item, no masks asked for
     image, target = pasting[0]
-    plain_image, plain_target = MaskedShapes()[0]
-    assert torch.equal(image, plain_image) and "masks" not in target and target["labels"].tolist() == [1]
-    keeping = MosaicDetection(MaskedShapes(), lambda i, t: (i, t), probability=0.0)  # no copy-paste: masks pass through
-    assert "masks" in keeping[0][1]
+    assert torch.equal(image, plain_image) and target["labels"].tolist() == [1] and len(shapes.asked) == 8

@@ -35,21 +35,29 @@ def annotation_mask(segmentation: Any, height: int, width: int) -> np.ndarray:
 class CocoInstances(CocoDetection):
     """COCO instances as ``(image, target)``: :class:`CocoDetection`'s targets plus ``masks``
     (``tv_tensors.Mask`` ``[K, H, W]`` bool, one per training box, in the same order), moved by the
-    same ``transforms``. An annotation without a readable ``segmentation`` is an error naming it."""
+    same ``transforms``. An annotation without a readable ``segmentation`` is an error naming it, when its
+    mask is decoded. ``masks_in_targets=False`` yields :class:`CocoDetection`'s targets alone and decodes an
+    item's masks only when :meth:`instance_masks` asks for them (copy-paste's source images)."""
 
     def __init__(self, image_dir: str | os.PathLike, ann_file: str | os.PathLike, transforms: Any = None,
-                 skip_invalid: bool = False) -> None:
+                 skip_invalid: bool = False, masks_in_targets: bool = True) -> None:
         super().__init__(image_dir, ann_file, None, skip_invalid)
         self.segmentations = [self._all_segmentations[i] for i in self.annotation_index]
         del self._all_segmentations
         self.instance_transforms = transforms
+        self.masks_in_targets = masks_in_targets
+
+    @property
+    def objects_without_masks(self) -> int:
+        """How many training objects have no (or an empty) ``segmentation``."""
+        return sum(1 for segmentation in self.segmentations if not segmentation)
 
     def _annotation_fields(self, anns: list[dict[str, Any]]) -> tuple[np.ndarray, ...]:
         self._all_segmentations = [ann.get("segmentation") if isinstance(ann, dict) else None for ann in anns]
         return super()._annotation_fields(anns)
 
-    def _load(self, index: int) -> tuple[Any, Target]:
-        image, target = super()._load(index)
+    def instance_masks(self, index: int) -> tv_tensors.Mask:
+        """Item ``index``'s masks, untransformed: ``[K, H, W]`` bool in the image's own pixels, one per training box."""
         height, width = int(self.heights[index]), int(self.widths[index])
         start, end = self.offsets[index], self.offsets[index + 1]
         masks = []
@@ -61,7 +69,12 @@ class CocoInstances(CocoDetection):
                     f"{self.ann_file}: annotation {int(self.annotation_index[row])} of image {int(self.image_ids[index])}: {err}"
                 ) from err
         stacked = np.stack(masks) if masks else np.zeros((0, height, width), dtype=bool)
-        target["masks"] = tv_tensors.Mask(torch.from_numpy(stacked))
+        return tv_tensors.Mask(torch.from_numpy(stacked))
+
+    def _load(self, index: int) -> tuple[Any, Target]:
+        image, target = super()._load(index)
+        if self.masks_in_targets:
+            target["masks"] = self.instance_masks(index)
         if self.instance_transforms is not None:
             return self.instance_transforms(image, target)
         return image, target

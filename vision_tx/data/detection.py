@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -113,27 +114,29 @@ class CocoDetectionDataModule(LightningDataModule):
         paths = self.split_paths(self.train_split)
         if self.mosaic_probability == 0 and self.mixup_probability == 0 and self.copy_paste_probability == 0:
             return self.make_dataset(paths, self.train_transform)
-        dataset = self.with_masks(paths) if self.copy_paste_probability > 0 else None
-        if dataset is None:
-            dataset = self.make_dataset(paths, None)
+        if self.copy_paste_probability > 0:
+            dataset, masks = self.copy_paste_source(paths)
+        else:
+            dataset, masks = self.make_dataset(paths, None), None
         return MosaicDetection(
             dataset, self.train_transform, self.mosaic_size, self.mosaic_probability,
-            mixup_probability=self.mixup_probability, copy_paste_probability=self.copy_paste_probability,
+            mixup_probability=self.mixup_probability, copy_paste_probability=self.copy_paste_probability, masks=masks,
         )
 
-    def with_masks(self, paths: tuple[Path, ...]) -> Dataset | None:
-        """The training split with each object's mask, for copy-paste; None when an annotation has no
-        ``segmentation`` (copy-paste then cuts the objects along their boxes)."""
+    def copy_paste_source(self, paths: tuple[Path, ...]) -> tuple[Dataset, Callable[[int], torch.Tensor] | None]:
+        """The training split, its annotation file read once: its detection items, and what gives an item's
+        masks for copy-paste to cut the objects along; None when an annotation has no ``segmentation`` (copy-paste
+        then cuts the objects along their boxes)."""
         if type(self).make_dataset is not CocoDetectionDataModule.make_dataset:
             raise ValueError(f"{type(self).__name__}: copy-paste yields detection targets and reads COCO instance "
                              "masks; it is not supported for this data (set copy_paste_probability to 0)")
-        instances = CocoInstances(*paths, skip_invalid=self.skip_invalid)
-        missing = sum(1 for segmentation in instances.segmentations if not segmentation)
+        instances = CocoInstances(*paths, skip_invalid=self.skip_invalid, masks_in_targets=False)
+        missing = instances.objects_without_masks
         if missing:
             logger.info("%s: %d of %d objects have no 'segmentation': copy-paste cuts the objects along their boxes",
                         instances.ann_file, missing, len(instances.segmentations))
-            return None
-        return instances
+            return instances, None
+        return instances, instances.instance_masks
 
     def label_extent(self) -> tuple[str, int, str]:
         """The annotation file with the largest category id (of the validation file and, once built,

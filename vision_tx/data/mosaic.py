@@ -45,13 +45,12 @@ class MosaicDetection(Dataset):
     window; a box left with less than ``min_visible`` of its area, or under 2 pixels a side, is dropped.
     Mixup (:meth:`mixup`) scales another item drawn at random to fit inside the image, keeping its shape,
     places it at a random position on grey, blends the two with a weight ``w ~ Beta(32, 32)`` (the
-    image's share) and keeps the boxes and labels of both. Copy-paste (:meth:`copy_paste`) cuts each object
-    along its mask where the wrapped dataset's targets also hold ``masks`` (``[K, H, W]`` bool, as
-    :class:`vision_tx.data.coco_instances.CocoInstances` gives them), and along its box where they do not; the
-    masks are read there and, when constructed with ``copy_paste_probability`` above 0, dropped from every
-    target: the targets it yields are detection targets. The probabilities may be changed during training (loader
-    workers read them from shared memory); at 0 no random number is drawn, so the images are those of the
-    wrapped dataset and transform alone.
+    image's share) and keeps the boxes and labels of both. Copy-paste (:meth:`copy_paste`) cuts each object of
+    the image it pastes from along its mask where ``masks(index)`` gives that item's masks (``[K, H, W]`` bool in
+    the item's pixels, one per box, as :meth:`vision_tx.data.coco_instances.CocoInstances.instance_masks` decodes
+    them: only for the images pasted from), and along its box where ``masks`` is None. The probabilities may be
+    changed during training (loader workers read them from shared memory); at 0 no random number is drawn, so the
+    images are those of the wrapped dataset and transform alone.
     """
 
     probability = SharedProbability()
@@ -67,6 +66,7 @@ class MosaicDetection(Dataset):
         min_visible: float = 0.25,
         mixup_probability: float = 0.0,
         copy_paste_probability: float = 0.0,
+        masks: Callable[[int], torch.Tensor] | None = None,
     ) -> None:
         if size < 2:
             raise ValueError(f"MosaicDetection: size must be at least 2 pixels, got {size}")
@@ -77,29 +77,31 @@ class MosaicDetection(Dataset):
         self.min_visible = min_visible
         self.mixup_probability = mixup_probability
         self.copy_paste_probability = copy_paste_probability
-        self.drops_masks = copy_paste_probability > 0  # the masks are there for copy-paste only
+        self.masks = masks
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
-        image, target = self.item(index)
+        image, target = self.dataset[index]
         copy_paste_probability = self.copy_paste_probability
         if copy_paste_probability > 0 and float(torch.rand(())) < copy_paste_probability:
-            image, target = self.copy_paste(image, target, *self.dataset[int(torch.randint(len(self), ()))])
+            image, target = self.copy_paste(image, target, *self.paste_source(int(torch.randint(len(self), ()))))
         probability = self.probability
         if probability > 0 and float(torch.rand(())) < probability:
             others = torch.randint(len(self), (3,)).tolist()
-            image, target = self.mosaic([(image, target)] + [self.item(i) for i in others])
+            image, target = self.mosaic([(image, target)] + [self.dataset[i] for i in others])
         mixup_probability = self.mixup_probability
         if mixup_probability > 0 and float(torch.rand(())) < mixup_probability:
-            image, target = self.mixup(image, target, *self.item(int(torch.randint(len(self), ()))))
+            image, target = self.mixup(image, target, *self.dataset[int(torch.randint(len(self), ()))])
         return self.transform(image, target)
 
-    def item(self, index: int) -> tuple[tv_tensors.Image, Target]:
-        """The wrapped dataset's item ``index``, without the ``masks`` that copy-paste reads."""
+    def paste_source(self, index: int) -> tuple[tv_tensors.Image, Target]:
+        """The wrapped dataset's item ``index`` with its ``masks``, where ``masks`` gives them: what copy-paste cuts from."""
         image, target = self.dataset[index]
-        return image, {k: v for k, v in target.items() if k != "masks" or not self.drops_masks}
+        if self.masks is None:
+            return image, target
+        return image, {**target, "masks": self.masks(index)}
 
     @staticmethod
     def copy_paste(image: tv_tensors.Image, target: Target, other: tv_tensors.Image, other_target: Target) -> tuple[tv_tensors.Image, Target]:
