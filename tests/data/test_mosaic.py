@@ -239,6 +239,23 @@ def test_copy_paste_flips_about_half_the_objects_and_leaves_out_those_without_ro
     assert torch.equal(covered, image) and covered_target["labels"].tolist() == [1]
 
 
+def test_copy_paste_tries_several_places_before_leaving_an_object_out() -> None:
+    """Only a 30-pixel strip at the right of the 160-pixel image is free: 7 of the 137 places of a 24-pixel object.
+    One draw finds it 5% of the time, ``PASTE_ATTEMPTS`` (20) draws 65%."""
+    image, _ = MaskedShapes()[0]
+    other, other_target = MaskedShapes()[1]
+    strip = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[0.0, 0.0, 130.0, 120.0]]), format="XYXY", canvas_size=(120, 160)),
+             "labels": torch.tensor([1])}
+    pasted = 0
+    for seed in range(60):
+        torch.manual_seed(seed)
+        _, pasted_target = MosaicDetection.copy_paste(image, strip, other, other_target)
+        if len(pasted_target["labels"]) == 2:
+            pasted += 1
+            assert pasted_target["boxes"][1, 0] >= 130  # in the strip
+    assert 25 <= pasted <= 52
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_copy_paste_without_masks_cuts_each_object_along_its_box(seed: int) -> None:
     """Box-only annotations: an object is its box's whole pixels (floor to ceiling), and its new box is its box

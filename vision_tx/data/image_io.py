@@ -58,7 +58,7 @@ def _to_rgb(image: Image.Image, path: Path) -> np.ndarray:
         return np.repeat((values >> 8).astype(np.uint8)[..., None], 3, axis=2)
     if image.mode == "F":
         raise ImageReadError(f"{path}: a floating-point image (mode F) has no standard 8-bit scale; convert it to 8-bit")
-    return np.array(image.convert("RGB"))
+    return np.array(image if image.mode == "RGB" else image.convert("RGB"))  # convert copies even an RGB image
 
 
 def read_rgb_image(path: str | os.PathLike) -> np.ndarray:
@@ -72,11 +72,14 @@ def read_rgb_image(path: str | os.PathLike) -> np.ndarray:
     try:
         with Image.open(path) as stored:
             stored.load()
-            image = ImageOps.exif_transpose(stored)
+            # exif_transpose copies the pixels even where the orientation turns nothing
+            image = ImageOps.exif_transpose(stored) if exif_orientation(stored) != 1 else stored
+            return _to_rgb(image, path)  # before the file closes: closing may free the pixels
+    except ImageReadError:
+        raise
     except Image.UnidentifiedImageError as err:
         raise ImageReadError(f"{path}: not an image file, or a format PIL cannot read") from err
     except Image.DecompressionBombError as err:
         raise ImageReadError(f"{path}: too many pixels to be a dataset image ({err})") from err
     except (OSError, SyntaxError, ValueError) as err:
         raise ImageReadError(f"{path}: corrupt or truncated image ({err})") from err
-    return _to_rgb(image, path)

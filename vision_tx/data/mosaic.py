@@ -124,16 +124,21 @@ class MosaicDetection(Dataset):
             patch_h, patch_w = shape.shape
             if patch_h > height or patch_w > width:
                 continue
-            for _ in range(PASTE_ATTEMPTS):
-                top, left = int(torch.randint(height - patch_h + 1, ())), int(torch.randint(width - patch_w + 1, ()))
-                box = local_box + torch.tensor([left, top, left, top], dtype=torch.float32)
-                overlaps = (box[0] < taken[:, 2]) & (box[2] > taken[:, 0]) & (box[1] < taken[:, 3]) & (box[3] > taken[:, 1])
-                if not overlaps.any():
-                    image[:, top:top + patch_h, left:left + patch_w][:, shape] = patch[:, shape]
-                    taken = torch.cat([taken, box[None]])
-                    pasted_boxes.append(box)
-                    pasted_labels.append(label)
-                    break
+            # All the attempts' places drawn at once, the first free one taken: on a crowded image most are not
+            corners = torch.stack([torch.randint(width - patch_w + 1, (PASTE_ATTEMPTS,)),
+                                   torch.randint(height - patch_h + 1, (PASTE_ATTEMPTS,))], 1)  # [A, 2] left, top
+            boxes = local_box + corners.repeat(1, 2)  # [A, 4]
+            overlaps = ((boxes[:, None, 0] < taken[:, 2]) & (boxes[:, None, 2] > taken[:, 0])
+                        & (boxes[:, None, 1] < taken[:, 3]) & (boxes[:, None, 3] > taken[:, 1])).any(1)  # [A]
+            free = torch.nonzero(~overlaps).flatten()
+            if len(free) == 0:
+                continue
+            left, top = corners[free[0]].tolist()
+            region = image[:, top:top + patch_h, left:left + patch_w]
+            region.copy_(torch.where(shape, patch, region))
+            taken = torch.cat([taken, boxes[free[0], None]])
+            pasted_boxes.append(boxes[free[0]])
+            pasted_labels.append(label)
         target = {k: v for k, v in target.items() if k != "masks"}
         if not pasted_boxes:
             return image, target
@@ -179,7 +184,7 @@ class MosaicDetection(Dataset):
         top, left = int(torch.randint(height - new_h + 1, ())), int(torch.randint(width - new_w + 1, ()))
         canvas[:, top:top + new_h, left:left + new_w] = F.resize(other, [new_h, new_w], antialias=True)
         weight = float(torch.distributions.Beta(MIXUP_BETA, MIXUP_BETA).sample())
-        mixed = (image.float() * weight + canvas.float() * (1 - weight)).round().to(torch.uint8)
+        mixed = image.float().mul_(weight).add_(canvas.float().mul_(1 - weight)).round_().to(torch.uint8)
         moved = other_target["boxes"].as_subclass(torch.Tensor).float() * torch.tensor([new_w / other_w, new_h / other_h] * 2)
         moved = moved + torch.tensor([left, top, left, top], dtype=torch.float32)
         boxes = torch.cat([target["boxes"].as_subclass(torch.Tensor).float(), moved])
