@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
-from torchvision.ops import box_convert, generalized_box_iou
+from torchvision.ops import box_convert, generalized_box_iou_loss
 
 
 class HungarianMatcher(nn.Module):
@@ -15,8 +15,9 @@ class HungarianMatcher(nn.Module):
     With ``focal_alpha`` set, the logits are per-class sigmoid logits ``[B,Q,C]`` (no no-object
     class) and the class cost is the sigmoid focal loss of calling the query positive minus that of
     calling it negative (Deformable DETR, DINO), the same terms the focal classification loss uses.
-    The costs of the whole batch are computed in one pass (every query against every target of
-    the batch), moved to the CPU once and cut into one block per image for ``linear_sum_assignment``.
+    The costs are computed in one pass for the pairs of each image's queries with its own targets
+    (``Q x sum K`` pairs, not every query of the batch against every target: ``B`` times fewer), moved to
+    the CPU once and cut into one block per image for ``linear_sum_assignment``.
     """
 
     def __init__(
@@ -53,24 +54,28 @@ class HungarianMatcher(nn.Module):
         empty = torch.empty(0, dtype=torch.int64)
         if sum(sizes) == 0:
             return [(empty, empty) for _ in sizes]
-        labels = torch.cat([t["labels"] for t in targets])
-        boxes = torch.cat([t["boxes"] for t in targets]).to(pred_boxes.dtype)
+        device = pred_boxes.device
+        labels = torch.cat([t["labels"] for t in targets]).to(device)
+        boxes = torch.cat([t["boxes"] for t in targets]).to(device, pred_boxes.dtype)
+        # queries[q, k]: the flat index of query q of the image that target k belongs to
+        image_of_target = torch.repeat_interleave(torch.arange(batch, device=device), torch.tensor(sizes, device=device))
+        queries = image_of_target * num_queries + torch.arange(num_queries, device=device)[:, None]  # [Q, K]
 
-        out_boxes = pred_boxes.flatten(0, 1)
+        out_boxes = pred_boxes.flatten(0, 1)[queries]  # [Q, K, 4]
+        giou = 1 - generalized_box_iou_loss(box_convert(out_boxes, "cxcywh", "xyxy"),
+                                            box_convert(boxes.expand_as(out_boxes), "cxcywh", "xyxy"))
         cost = (
-            self.cost_class * self._class_cost(pred_logits.flatten(0, 1), labels)
-            + self.cost_bbox * torch.cdist(out_boxes, boxes, p=1)
-            - self.cost_giou
-            * generalized_box_iou(box_convert(out_boxes, "cxcywh", "xyxy"), box_convert(boxes, "cxcywh", "xyxy"))
+            self.cost_class * self._class_cost(pred_logits.flatten(0, 1), queries, labels)
+            + self.cost_bbox * (out_boxes - boxes).abs().sum(-1)
+            - self.cost_giou * giou
         )
-        cost = cost.view(batch, num_queries, -1).float().cpu()
-        return [assign(block[image]) for image, block in enumerate(cost.split(sizes, dim=-1))]
+        return [assign(block) for block in cost.float().cpu().split(sizes, dim=-1)]
 
-    def _class_cost(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """``[N, K]``: the cost of giving each of the ``N`` predictions the class of each of the ``K`` targets."""
+    def _class_cost(self, logits: torch.Tensor, queries: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``[Q, K]``: the cost of giving query ``queries[q, k]`` (a row of ``logits [N, C]``) the class ``labels[k]``."""
         if self.focal_alpha is None:
-            return -logits.softmax(-1)[:, labels]
-        prob = logits.sigmoid()[:, labels]
+            return -logits.softmax(-1)[queries, labels]
+        prob = logits.sigmoid()[queries, labels]
         alpha, gamma, eps = self.focal_alpha, self.focal_gamma, 1e-8
         positive = alpha * (1 - prob) ** gamma * -(prob + eps).log()
         negative = (1 - alpha) * prob**gamma * -(1 - prob + eps).log()
