@@ -1056,7 +1056,7 @@ MUTANTS = [
            "queries = image_of_target * num_queries", "queries = (image_of_target + 1) % batch * num_queries",
            ("tests/heads/test_detr_matcher.py",)),
     Mutant("matcher: the L1 cost of the first target's box for every target", "vision_tx/heads/detr/matcher.py",
-           "(out_boxes - boxes).abs().sum(-1)", "(out_boxes - boxes[:1]).abs().sum(-1)", ("tests/heads/test_detr_matcher.py",)),
+           "(out_boxes[queries] - boxes).abs().sum(-1)", "(out_boxes[queries] - boxes[:1]).abs().sum(-1)", ("tests/heads/test_detr_matcher.py",)),
     Mutant("image reading: the EXIF orientation skipped", "vision_tx/data/image_io.py",
            "if exif_orientation(stored) != 1 else stored", "if exif_orientation(stored) == 1 else stored",
            ("tests/data/test_coco.py", "tests/data/test_bad_input.py")),

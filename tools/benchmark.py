@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from benchmarks.timing import emit_row, machine, rows_from_processes  # noqa: E402
 
-BENCHMARKS = ("swin", "vit_convnext", "na2d", "ms_deform_attn", "detr", "dino", "rtdetr", "upernet", "train", "compile", "mask2former",
+BENCHMARKS = ("swin", "vit_convnext", "na2d", "ms_deform_attn", "matcher", "detr", "dino", "rtdetr", "upernet", "train", "compile", "mask2former",
               "export", "gpu_classifiers")
 # What ``--device cuda`` runs when no name is given: the classifiers' inference matrix, the detectors' and
 # segmentors' training steps against transformers, and the two attention operators against their CUDA references.

@@ -61,12 +61,12 @@ class HungarianMatcher(nn.Module):
         image_of_target = torch.repeat_interleave(torch.arange(batch, device=device), torch.tensor(sizes, device=device))
         queries = image_of_target * num_queries + torch.arange(num_queries, device=device)[:, None]  # [Q, K]
 
-        out_boxes = pred_boxes.flatten(0, 1)[queries]  # [Q, K, 4]
-        giou = 1 - generalized_box_iou_loss(box_convert(out_boxes, "cxcywh", "xyxy"),
-                                            box_convert(boxes.expand_as(out_boxes), "cxcywh", "xyxy"))
+        out_boxes = pred_boxes.flatten(0, 1)
+        corners = box_convert(out_boxes, "cxcywh", "xyxy")[queries]  # [Q, K, 4]
+        giou = 1 - generalized_box_iou_loss(corners, box_convert(boxes, "cxcywh", "xyxy").expand_as(corners))
         cost = (
             self.cost_class * self._class_cost(pred_logits.flatten(0, 1), queries, labels)
-            + self.cost_bbox * (out_boxes - boxes).abs().sum(-1)
+            + self.cost_bbox * (out_boxes[queries] - boxes).abs().sum(-1)
             - self.cost_giou * giou
         )
         return [assign(block) for block in cost.float().cpu().split(sizes, dim=-1)]
