@@ -116,6 +116,7 @@ SHARED_TORN = "tests/heads/test_detr_postprocess.py::test_shared_scores_keep_a_c
 CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotools_precision_per_category"
 IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
+SHARE_FROM_EPOCH = "tests/lightning/test_detection.py::test_scores_are_shared_once_the_run_has_trained_share_scores_from_epoch"
 EXPORT = "tests/test_export.py::test_exported_model_in_onnxruntime_gives_the_eager_outputs"
 EXPORT_NMS = "tests/test_export.py::test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class"
 EXPORT_EVERY = "tests/scripts/test_export_every_config.py"
@@ -791,6 +792,13 @@ MUTANTS = [
     Mutant("detection: step schedule drops one step late", "vision_tx/lightning/detection.py",
            "MultiStepLR(optimizer, [hp.lr_drop_steps], gamma=0.1)", "MultiStepLR(optimizer, [hp.lr_drop_steps + 1], gamma=0.1)",
            (STEP_SCHEDULE,)),
+    Mutant("share_scores_from_epoch: the switch one step late", "vision_tx/lightning/detection.py",
+           "if epochs >= start:", "if epochs > start:", (SHARE_FROM_EPOCH,)),
+    Mutant("share_scores_from_epoch: the switch not recorded for the checkpoint", "vision_tx/lightning/detection.py",
+           '"share_scores": True}', '"share_scores": False}', (SHARE_FROM_EPOCH,)),
+    Mutant("share_scores_from_epoch: accumulated batches not counted", "vision_tx/lightning/detection.py",
+           "trainer.global_step * trainer.accumulate_grad_batches / trainer.num_training_batches",
+           "trainer.global_step / trainer.num_training_batches", (SHARE_FROM_EPOCH,)),
     Mutant("held-out shapes: --background plain draws the textured background", "scripts/make_shapes_dataset.py",
            'BACKGROUNDS = {"textured": _background, "plain": _plain_background}',
            'BACKGROUNDS = {"textured": _background, "plain": _background}', (SHAPES,)),

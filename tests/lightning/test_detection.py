@@ -104,3 +104,33 @@ def test_step_schedule_drops_tenfold_once_after_lr_drop_steps() -> None:
         optimizer.step()
         scheduler.step()
     assert rates == pytest.approx([1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.1])  # one drop
+
+
+@pytest.mark.parametrize("start, accumulate, step", [(0.125, 1, 2), (0.125, 2, 1), (0.5, 1, None)])
+def test_scores_are_shared_once_the_run_has_trained_share_scores_from_epoch(
+    start: float, accumulate: int, step: int | None, detr_toy_cache: Path, tmp_path: Path
+) -> None:
+    """``share_scores_from_epoch`` on both sides of a 4-step run (16 toy batches an epoch: 0.0625 epochs a step, 0.125
+    with two batches accumulated): the switch comes at ``step`` (never for 0.5), and reaches the detector, the
+    checkpoint's ``detector_kwargs`` and the model rebuilt from that checkpoint."""
+    result = run_tool_in_process(
+        "train.py", *SMALL_DINO, "--data.toy_cache_dir", str(detr_toy_cache), "--model.share_scores_from_epoch", str(start),
+        "--trainer.max_steps", "4", "--trainer.accumulate_grad_batches", str(accumulate), "--trainer.limit_val_batches", "1",
+        "--trainer.check_val_every_n_epoch", "null", "--trainer.val_check_interval", str(4 * accumulate),
+        "--trainer.num_sanity_val_steps", "0", "--trainer.default_root_dir", str(tmp_path), cwd=tmp_path,
+    )
+    switches = [line for line in result.stderr.splitlines() if "class scores shared from step" in line]
+    assert switches == ([] if step is None else [f"DetectionModule: class scores shared from step {step} (0.1 epochs trained, "
+                                                 f"share_scores_from_epoch {start:g})"])
+    shared = step is not None
+    checkpoint = next(tmp_path.rglob("last.ckpt"))
+    assert torch.load(checkpoint, weights_only=False)["hyper_parameters"]["detector_kwargs"].get("share_scores", False) is shared
+    assert DetectionModule.load_from_checkpoint(checkpoint, map_location="cpu").model.share_scores is shared
+
+
+def test_share_scores_from_epoch_needs_sigmoid_class_scores() -> None:
+    module = DetectionModule(backbone="swin_toy", detector="detr_toy", num_classes=4, share_scores_from_epoch=20)
+    with pytest.raises(ValueError, match="detr_toy has none"):
+        module.configure_model()
+    with pytest.raises(ValueError, match="at least 0"):
+        DetectionModule(backbone="swin_toy", detector="dino_toy", share_scores_from_epoch=-1)

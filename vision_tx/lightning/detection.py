@@ -40,6 +40,12 @@ class DetectionModule(TaskModule):
     tables, tokens: RT-DETR's and Mask2Former's recipes), the learning rate divided by 10
     after ``lr_drop_epochs``, or after ``lr_drop_steps`` optimiser steps when that is given (a
     schedule that does not depend on the dataset's size, for runs budgeted by ``trainer.max_steps``).
+    ``share_scores_from_epoch`` turns the detector's ``share_scores`` on (RT-DETR, DINO, D-FINE: each class scored by
+    its share of the query's class probabilities) once the weights have trained that many epochs (optimiser steps
+    times ``accumulate_grad_batches`` over the batches of an epoch): a query torn between two classes then ranks both
+    lower, which pays once the classes are learnt and costs while they are not (docs/LEARNING.md, session 74). The
+    switch is written into ``detector_kwargs``, so a checkpoint saved after it, and what evaluates or exports that
+    checkpoint, scores as the run did.
     ``compile`` (and any other option of :class:`TaskModule`) is passed on.
     """
 
@@ -65,11 +71,14 @@ class DetectionModule(TaskModule):
         lr_drop_steps: int | None = None,
         num_visualized: int = 8,
         visualize_score_threshold: float | None = None,
+        share_scores_from_epoch: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if detector not in DETECTORS:
             raise ValueError(f"DetectionModule: unknown detector {detector!r}; known: {', '.join(DETECTORS)}")
+        if share_scores_from_epoch is not None and share_scores_from_epoch < 0:
+            raise ValueError(f"DetectionModule: share_scores_from_epoch must be at least 0, got {share_scores_from_epoch}")
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
 
@@ -79,6 +88,9 @@ class DetectionModule(TaskModule):
         hp = self.hparams
         out_indices = self.backbone_out_indices or self.detector_class.backbone_out_indices
         self.model = self.build_model(build_task_backbone(self, out_indices))
+        if hp.share_scores_from_epoch is not None and not hasattr(self.model, "share_scores"):
+            raise ValueError(f"DetectionModule: share_scores_from_epoch needs a detector of sigmoid class scores (RT-DETR, DINO, "
+                             f"D-FINE); {hp.detector} has none")
         if hp.weights and is_fitting(self):
             report = load_weights(self.model, hp.weights, class_keys=self.model.class_keys)
             rank_zero_info(f"model weights: {report}")
@@ -118,6 +130,22 @@ class DetectionModule(TaskModule):
         self.log_dict({f"train/{k}": v for k, v in losses.items()}, batch_size=batch_size)
         self.log("loss", losses["loss"], prog_bar=True, logger=False, batch_size=batch_size)
         return losses["loss"]
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_index: int) -> None:
+        self.share_scores_once_trained()
+
+    def share_scores_once_trained(self) -> None:
+        """``share_scores_from_epoch``: turns the detector's ``share_scores`` on, and records it in ``detector_kwargs``,
+        once this run's optimiser steps make that many epochs."""
+        start, trainer = self.hparams.share_scores_from_epoch, self.trainer
+        if start is None or self.model.share_scores:
+            return
+        epochs = trainer.global_step * trainer.accumulate_grad_batches / trainer.num_training_batches
+        if epochs >= start:
+            self.model.share_scores = True
+            self.hparams.detector_kwargs = {**(self.hparams.detector_kwargs or {}), "share_scores": True}
+            rank_zero_info(f"DetectionModule: class scores shared from step {trainer.global_step} ({epochs:.1f} epochs trained, "
+                           f"share_scores_from_epoch {start:g})")
 
     def on_validation_epoch_start(self) -> None:
         super().on_validation_epoch_start()
