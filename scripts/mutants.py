@@ -117,6 +117,8 @@ CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotool
 IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
 SHARE_FROM_EPOCH = "tests/lightning/test_detection.py::test_scores_are_shared_once_the_run_has_trained_share_scores_from_epoch"
+CLI_OVER_CHECKPOINT = "tests/lightning/test_cli.py::test_model_options_on_the_command_line_win_over_the_checkpoints"
+CLI_MODEL_OPTIONS = "tests/lightning/test_cli.py::test_model_options_are_read_in_every_form_the_parser_takes"
 EXPORT = "tests/test_export.py::test_exported_model_in_onnxruntime_gives_the_eager_outputs"
 EXPORT_NMS = "tests/test_export.py::test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class"
 EXPORT_EVERY = "tests/scripts/test_export_every_config.py"
@@ -1147,6 +1149,13 @@ MUTANTS = [
            ("tests/heads/test_detr_criterion.py::test_normalize_targets_gives_relative_cxcywh",)),
     Mutant("fused AdamW: detection builds the loop over parameters", "vision_tx/lightning/detection.py",
            "optimizer = adamw(self, groups)", "optimizer = torch.optim.AdamW(groups)", (FUSED_ADAMW,)),
+    # The command line over a checkpoint's hyperparameters
+    Mutant("cli: the checkpoint's model options kept over the command line's", "vision_tx/lightning/cli.py",
+           "                from_checkpoint[name] = value\n", "                pass\n", (CLI_OVER_CHECKPOINT,)),
+    Mutant("cli: a dict from the command line replaces the checkpoint's", "vision_tx/lightning/cli.py",
+           "value = {**from_checkpoint[name], **value}", "value = value", (CLI_OVER_CHECKPOINT,)),
+    Mutant("cli: --model.NAME=VALUE not read", "vision_tx/lightning/cli.py",
+           'arg.removeprefix("--model.").partition("=")[0]', 'arg.removeprefix("--model.")', (CLI_OVER_CHECKPOINT, CLI_MODEL_OPTIONS)),
     # Packaging: the configs travel in the wheel
     Mutant("install: the configs left out of the wheel", "pyproject.toml",
            'vision_tx = ["configs/*.yaml"]', "vision_tx = []", ("tests/test_install.py",)),

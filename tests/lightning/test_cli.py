@@ -12,7 +12,9 @@ import torch
 
 from tests.lightning.tools import ROOT, run_tool_in_process
 from vision_tx.data.toy import make_toy_coco
-from vision_tx.lightning.cli import available_configs, eval_main, latest_last_checkpoint, resolve_config, run_cli, worker_message
+from vision_tx.lightning.cli import (
+    available_configs, eval_main, latest_last_checkpoint, model_option_names, resolve_config, run_cli, worker_message,
+)
 
 # The toy DETR, shrunk: runs that stop on a bad input never get to train it.
 TINY = [
@@ -151,6 +153,27 @@ def test_eval_of_a_checkpoint_writes_metrics_to_out(tiny_coco: Path, tmp_path: P
     written = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert written == json.loads(next((tmp_path / "eval").rglob("metrics.json")).read_text())
     assert list(written) == ["bbox"] and written["bbox"]["per_category"] and 0 <= written["bbox"]["AP"] <= 1
+
+
+def test_model_options_on_the_command_line_win_over_the_checkpoints(tiny_coco: Path, tmp_path: Path, caplog) -> None:
+    """LightningCLI passes a checkpoint's hyperparameters over the command line (Lightning #20801); the options
+    the command line gives are put back over them, a dict merged into the checkpoint's so that the rest of the
+    trained model is as trained (else its weights would not load)."""
+    run_cli("fit", _tiny_args(tiny_coco, tmp_path / "run", "--data.batch_size", "1", "--model.lr", "1e-4"))
+    ckpt = str(next((tmp_path / "run").rglob("last.ckpt")))
+    validate = _tiny_args(tiny_coco, tmp_path / "eval", "--trainer.limit_val_batches", "1")
+    as_trained = run_cli("validate", [*validate, "--ckpt_path", ckpt]).model.hparams
+    assert as_trained.lr == 1e-4  # the config's 2e-4 gives way to the checkpoint
+    changed = run_cli("validate", [*validate, "--model.lr=3e-4", "--model.detector_kwargs", "{dropout: 0.25}", "--ckpt_path", ckpt])
+    assert changed.model.hparams.lr == 3e-4
+    assert changed.model.hparams.detector_kwargs == {**as_trained.detector_kwargs, "dropout": 0.25}
+    assert as_trained.detector_kwargs.get("dropout") != 0.25
+    assert "lr: 0.0003 (checkpoint: 0.0001)" in caplog.text
+
+
+def test_model_options_are_read_in_every_form_the_parser_takes() -> None:
+    args = ["--model.lr", "1e-3", "--model.init_args.detector_kwargs={a: 1}", "--data.root", "x", "--model.lr=2e-3"]
+    assert model_option_names(args) == ["lr", "detector_kwargs"]
 
 
 def test_bad_data_root_stops_with_the_expected_layout(tmp_path: Path) -> None:

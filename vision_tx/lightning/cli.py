@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NoReturn, Sequence
 
 import torch.distributed
+from jsonargparse import Namespace
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
@@ -164,6 +165,10 @@ class VisionTxCLI(LightningCLI):
 
     before_fit = before_validate = before_test = before_predict = before_subcommand
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Sequence[str]) -> None:
+        self.command_line_model_options = model_option_names(args)
+        super().parse_arguments(parser, args)
+
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads the checkpoint's hyperparameters first: check the file before, so that a
         # corrupt, truncated, untrusted or foreign file is an error naming it (mapped, not read: the
@@ -174,7 +179,36 @@ class VisionTxCLI(LightningCLI):
             ckpt_path = self.config[subcommand]["ckpt_path"] = latest_last_checkpoint(self.config[subcommand]["trainer"]["default_root_dir"])
         if ckpt_path and Path(ckpt_path).is_file():
             read_training_checkpoint(ckpt_path, mmap=True)
+        given = self.config[subcommand].get("model.init_args") if subcommand else None
+        given = given.clone() if given is not None else None
         super()._parse_ckpt_path()
+        if given is not None:
+            self._put_command_line_over_checkpoint(given, self.config[subcommand]["model.init_args"])
+
+    def _put_command_line_over_checkpoint(self, given: Namespace, from_checkpoint: Namespace) -> None:
+        """LightningCLI puts the checkpoint's hyperparameters over the config and the command line (Lightning
+        issue #20801): the model is the one trained, whatever the config says. Each option the command line
+        gives (``--model.lr``) is put back over them, a dict (``--model.detector_kwargs '{share_scores:
+        false}'``) merged into the checkpoint's."""
+        kept = []
+        for name in self.command_line_model_options:
+            if name not in from_checkpoint or name not in given:
+                continue
+            value = given[name]  # a dict given on the command line replaces the config's whole
+            if isinstance(from_checkpoint[name], dict) and isinstance(value, dict):
+                value = {**from_checkpoint[name], **value}
+            if value != from_checkpoint[name]:
+                kept.append(f"{name}: {value!r} (checkpoint: {from_checkpoint[name]!r})")
+                from_checkpoint[name] = value
+        if kept:
+            logging.getLogger("vision_tx").info("the checkpoint's model options, but from the command line %s", "; ".join(kept))
+
+
+def model_option_names(args: Sequence[str]) -> list[str]:
+    """The NAMEs of the ``--model.NAME VALUE`` (or ``--model.NAME=VALUE``, ``--model.init_args.NAME``)
+    options in ``args``."""
+    names = [arg.removeprefix("--model.").partition("=")[0] for arg in args if arg.startswith("--model.")]
+    return list(dict.fromkeys(name.removeprefix("init_args.") for name in names))
 
 
 def latest_last_checkpoint(root_dir: str | Path | None) -> str:
