@@ -119,6 +119,9 @@ STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_ten
 SHARE_FROM_EPOCH = "tests/lightning/test_detection.py::test_scores_are_shared_once_the_run_has_trained_share_scores_from_epoch"
 CLI_OVER_CHECKPOINT = "tests/lightning/test_cli.py::test_model_options_on_the_command_line_win_over_the_checkpoints"
 CLI_MODEL_OPTIONS = "tests/lightning/test_cli.py::test_model_options_are_read_in_every_form_the_parser_takes"
+LAST_CKPT = "tests/lightning/test_configs.py::test_last_ckpt_holds_the_latest_weights_when_the_metric_falls_and_a_run_resumes_from_them"
+LAST_CKPT_AT_END = "tests/lightning/test_configs.py::test_last_ckpt_holds_the_final_weights_of_a_run_that_ends_between_validations_or_has_none"
+EVERY_LAST_CKPT = "tests/lightning/test_configs.py::test_every_config_keeps_its_best_checkpoint_and_the_latest_as_last_ckpt"
 EXPORT = "tests/test_export.py::test_exported_model_in_onnxruntime_gives_the_eager_outputs"
 EXPORT_NMS = "tests/test_export.py::test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class"
 EXPORT_EVERY = "tests/scripts/test_export_every_config.py"
@@ -801,6 +804,16 @@ MUTANTS = [
     Mutant("share_scores_from_epoch: accumulated batches not counted", "vision_tx/lightning/detection.py",
            "trainer.global_step * trainer.accumulate_grad_batches / trainer.num_training_batches",
            "trainer.global_step / trainer.num_training_batches", (SHARE_FROM_EPOCH,)),
+    Mutant("configs: last.ckpt written by the monitored callback (the best weights, not the latest)",
+           "vision_tx/configs/rtdetr_convnext_toy.yaml", "        mode: max\n", "        mode: max\n        save_last: true\n",
+           (LAST_CKPT, EVERY_LAST_CKPT)),
+    Mutant("configs: detr_swin_t writes no last.ckpt", "vision_tx/configs/detr_swin_t.yaml",
+           "    - class_path: vision_tx.lightning.callbacks.LatestCheckpoint", "    - class_path: vision_tx.lightning.callbacks.RandomStateCheckpoint",
+           (EVERY_LAST_CKPT,)),
+    Mutant("LatestCheckpoint: nothing written when training ends", "vision_tx/lightning/callbacks.py",
+           "        if not self._should_skip_saving_checkpoint(trainer):  # skipped", "        if False:  # skipped", (LAST_CKPT_AT_END,)),
+    Mutant("LatestCheckpoint: the latest weights under another name than last.ckpt", "vision_tx/lightning/callbacks.py",
+           'filename="last"', 'filename="latest"', (LAST_CKPT, LAST_CKPT_AT_END)),
     Mutant("held-out shapes: --background plain draws the textured background", "scripts/make_shapes_dataset.py",
            'BACKGROUNDS = {"textured": _background, "plain": _plain_background}',
            'BACKGROUNDS = {"textured": _background, "plain": _background}', (SHAPES,)),

@@ -3,11 +3,15 @@ sizes set on the command line (a small backbone, the detector's or head's toy si
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
+import torch
 import yaml
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 from vision_tx.lightning.cli import run_cli
 from vision_tx.models import DETECTORS, DINO, RTDETR, SEGMENTATION_HEADS, Mask2Former, UperNetSegmentor
@@ -78,3 +82,64 @@ def test_config_trains_and_validates_on_cpu(config: Path, tmp_path_factory, tmp_
     metrics = json.loads(next(tmp_path.rglob("metrics.json")).read_text())
     assert metrics and all(values for values in metrics.values())
     assert list(tmp_path.rglob("last.ckpt"))
+
+
+CHECKPOINT_CLASSES = ("lightning.pytorch.callbacks.ModelCheckpoint", "vision_tx.lightning.callbacks.LatestCheckpoint")
+
+
+def checkpoint_callbacks(config: Path) -> list[tuple[str, dict]]:
+    """The class path and ``init_args`` of each checkpoint-writing callback the config lists, in order."""
+    callbacks = yaml.safe_load(config.read_text())["trainer"].get("callbacks") or []
+    return [(c["class_path"], c.get("init_args") or {}) for c in callbacks if c["class_path"] in CHECKPOINT_CLASSES]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_every_config_keeps_its_best_checkpoint_and_the_latest_as_last_ckpt(config: Path) -> None:
+    """Lightning (2.6 on) writes a ModelCheckpoint's ``save_last`` only in a step where it saves a top-k checkpoint: with a
+    monitored metric, ``last.ckpt`` would be the best weights and ``--ckpt_path last`` would resume from them. Each config
+    keeps the best by its metric in a ModelCheckpoint and writes ``last.ckpt`` from a LatestCheckpoint, and no callback
+    also saves a ``last.ckpt`` of its own (two writers make ``last-v1.ckpt``)."""
+    (best_class, best), (latest_class, latest) = checkpoint_callbacks(config)
+    assert best_class == CHECKPOINT_CLASSES[0] and best["monitor"].startswith("val/") and best["mode"] == "max"
+    assert not best.get("save_last")
+    assert latest_class == CHECKPOINT_CLASSES[1] and latest == {}
+
+
+class FallingMetric(BoringModel):
+    """val/AP at 0.2, 0.5, 0.3 at steps 2, 4, 6."""
+
+    def on_train_start(self) -> None:
+        self.first_step = self.trainer.global_step
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("val/AP", {2: 0.2, 4: 0.5, 6: 0.3}.get(self.trainer.global_step, 0.0))
+
+
+def fit_with_the_configs_checkpoints(folder: Path, max_steps: int, validate: bool = True, ckpt_path: str | None = None) -> tuple[FallingMetric, list]:
+    """Fits :class:`FallingMetric` (validation every 2 steps) with ``rtdetr_convnext_toy``'s checkpoint callbacks."""
+    callbacks = []
+    for class_path, args in checkpoint_callbacks(ROOT / "vision_tx/configs/rtdetr_convnext_toy.yaml"):
+        module, _, name = class_path.rpartition(".")
+        callbacks.append(getattr(importlib.import_module(module), name)(dirpath=folder, **args))
+    model = FallingMetric()
+    pl.Trainer(max_steps=max_steps, val_check_interval=2, check_val_every_n_epoch=None, limit_val_batches=1 if validate else 0,
+               logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+               callbacks=callbacks).fit(model, ckpt_path=ckpt_path)
+    return model, callbacks
+
+
+def test_last_ckpt_holds_the_latest_weights_when_the_metric_falls_and_a_run_resumes_from_them(tmp_path: Path) -> None:
+    """A metric at 0.2, 0.5, 0.3 at steps 2, 4, 6 leaves the best checkpoint at step 4 and ``last.ckpt`` at step 6, which
+    ``ckpt_path="last"`` resumes."""
+    _, (best, _) = fit_with_the_configs_checkpoints(tmp_path, 6)
+    assert torch.load(best.best_model_path, weights_only=False)["global_step"] == 4
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([Path(best.best_model_path).name, "last.ckpt"])
+    resumed, _ = fit_with_the_configs_checkpoints(tmp_path, 8, ckpt_path="last")
+    assert resumed.first_step == 6
+
+
+@pytest.mark.parametrize(("max_steps", "validate"), [(5, True), (3, False)])
+def test_last_ckpt_holds_the_final_weights_of_a_run_that_ends_between_validations_or_has_none(tmp_path: Path, max_steps: int, validate: bool) -> None:
+    fit_with_the_configs_checkpoints(tmp_path, max_steps, validate)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == max_steps

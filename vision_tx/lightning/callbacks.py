@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.data import extract_batch_size
@@ -118,6 +118,23 @@ class RandomStateCheckpoint(pl.Callback):
         if state["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
         self._to_restore = None
+
+
+class LatestCheckpoint(ModelCheckpoint):
+    """Writes ``last.ckpt`` in the run's checkpoint folder: the latest weights, after every validation and
+    when training ends (a run without validation, or one stopped between two, included).
+
+    The configs keep their best weights with a monitored ModelCheckpoint, whose own ``save_last`` would not
+    do: Lightning (2.6) writes it only in a step where that callback saves a new best, so ``last.ckpt`` would
+    hold the best weights and ``--ckpt_path last`` would resume from them instead of the latest.
+    """
+
+    def __init__(self, dirpath: str | None = None) -> None:
+        super().__init__(dirpath=dirpath, filename="last", monitor=None, save_top_k=1, enable_version_counter=False)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._should_skip_saving_checkpoint(trainer):  # skipped when this step is saved already
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
 
 
 class SharpnessAwareMinimization(pl.Callback):
