@@ -38,7 +38,8 @@ Ultralytics' own mixed precision (``amp=True``, fp16 with loss scaling). ``--no-
 models, for ``--budget-seconds``: with two commands side by side (each pinned to its share of the cores with
 ``taskset``), the sides can train at the same time on one machine.
 
-Prints the COCO tables side by side, with AP and AP50 of the same detections with every class merged
+Prints the COCO tables side by side (and AP at IoU 0.80, 0.85, 0.90 and 0.95: how tight the boxes are), with AP
+and AP50 of the same detections with every class merged
 into one and without the detections of a wrong class (TIDE's classification errors: which part of a gap
 is the boxes, which the classes), the training wall-clock, CPU seconds,
 images seen and images per second of each, the CPU and the versions; writes all of it to OUT/comparison.json.
@@ -74,7 +75,9 @@ from compare_common import (
     training_args, versions, write_report,
 )
 
-STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
+PYCOCOTOOLS_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
+HIGH_IOU_THRESHOLDS = (0.80, 0.85, 0.90, 0.95)  # past pycocotools' AP75: where the box edges decide AP
+STAT_NAMES = (*PYCOCOTOOLS_NAMES[:3], *(f"AP{round(100 * t)}" for t in HIGH_IOU_THRESHOLDS), *PYCOCOTOOLS_NAMES[3:])
 SPLITS = {"train": "train2017", "val": "val2017"}  # YOLO split -> COCO folder
 MAX_DETECTIONS = 100
 SCORE_FLOOR = 0.001
@@ -167,10 +170,19 @@ def labels_as_results(root: Path, yolo_root: Path, split: str) -> list[dict[str,
     return results
 
 
+def ap_at_iou(evaluation: COCOeval, threshold: float) -> float:
+    """An accumulated ``evaluation``'s AP at one of its IoU thresholds, over all areas at its largest number of
+    detections (pycocotools' own summary of AP50 and AP75, at any threshold); -1 where no category has objects."""
+    index = int(np.argmin(np.abs(evaluation.params.iouThrs - threshold)))
+    precision = evaluation.eval["precision"][index, :, :, evaluation.params.areaRngLbl.index("all"), -1]
+    valid = precision[precision > -1]
+    return float(valid.mean()) if valid.size else -1.0
+
+
 def coco_stats(gt_file: Path, results: list[dict[str, Any]], classes: bool = True) -> dict[str, float]:
-    """pycocotools' 12 box statistics of ``results``, keeping each image's ``MAX_DETECTIONS`` best
-    detections scoring at least ``SCORE_FLOOR``; with ``classes=False`` every category is one (pycocotools'
-    ``useCats=0``): what the boxes score whatever class they were given."""
+    """pycocotools' 12 box statistics of ``results`` and AP at ``HIGH_IOU_THRESHOLDS``, keeping each image's
+    ``MAX_DETECTIONS`` best detections scoring at least ``SCORE_FLOOR``; with ``classes=False`` every category is
+    one (pycocotools' ``useCats=0``): what the boxes score whatever class they were given."""
     by_image = defaultdict(list)
     for r in results:
         if r["score"] >= SCORE_FLOOR:
@@ -186,7 +198,8 @@ def coco_stats(gt_file: Path, results: list[dict[str, Any]], classes: bool = Tru
         evaluation.evaluate()
         evaluation.accumulate()
         evaluation.summarize()
-    return dict(zip(STAT_NAMES, (float(v) for v in evaluation.stats)))
+    return {**dict(zip(PYCOCOTOOLS_NAMES, (float(v) for v in evaluation.stats))),
+            **{f"AP{round(100 * t)}": ap_at_iou(evaluation, t) for t in HIGH_IOU_THRESHOLDS}}
 
 
 def worst_box_error(truth: Sequence[dict[str, Any]], back: Sequence[dict[str, Any]]) -> float | None:

@@ -171,6 +171,21 @@ def test_classes_merged_score_the_boxes_whatever_their_class(script: dict[str, A
     assert script["both_scores"](gt_file, results)[0]["AP"] == 1.0
 
 
+@pytest.mark.parametrize(("iou", "high_ap"), [(0.775, (0.0, 0.0, 0.0, 0.0)), (0.825, (1.0, 0.0, 0.0, 0.0)),
+                                             (0.875, (1.0, 1.0, 0.0, 0.0)), (0.97, (1.0, 1.0, 1.0, 1.0))])
+def test_ap_at_high_ious_counts_each_box_on_the_side_of_every_threshold_its_overlap_falls(
+        script: dict[str, Any], converted: tuple[Path, Path], iou: float, high_ap: tuple[float, ...]) -> None:
+    # Every true box shrunk about its corner to a box inside it of area share ``iou``: its IoU with the truth.
+    root, yolo_root = converted
+    side = iou ** 0.5
+    shrunk = [{**r, "bbox": [r["bbox"][0], r["bbox"][1], r["bbox"][2] * side, r["bbox"][3] * side]}
+              for r in script["labels_as_results"](root, yolo_root, "val")]
+    stats = script["coco_stats"](root / "annotations" / "instances_val2017.json", shrunk)
+    assert tuple(stats[f"AP{t}"] for t in (80, 85, 90, 95)) == pytest.approx(high_ap, abs=1e-9)
+    passed = sum(threshold <= iou for threshold in np.linspace(0.5, 0.95, 10))
+    assert stats["AP"] == pytest.approx(passed / 10, abs=1e-9)  # pycocotools' AP: the mean over its ten thresholds
+
+
 @pytest.mark.parametrize(("decoys", "ap"), [(99, 1.0), (100, 0.0)])
 def test_scoring_keeps_the_best_100_detections_of_an_image_over_all_categories(
         script: dict[str, Any], converted: tuple[Path, Path], decoys: int, ap: float) -> None:
