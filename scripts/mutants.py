@@ -119,6 +119,7 @@ STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_ten
 SHARE_FROM_EPOCH = "tests/lightning/test_detection.py::test_scores_are_shared_once_the_run_has_trained_share_scores_from_epoch"
 CLI_OVER_CHECKPOINT = "tests/lightning/test_cli.py::test_model_options_on_the_command_line_win_over_the_checkpoints"
 CLI_MODEL_OPTIONS = "tests/lightning/test_cli.py::test_model_options_are_read_in_every_form_the_parser_takes"
+CLI_WITHOUT_ARGS = "tests/lightning/test_cli.py::test_model_options_are_read_from_the_command_line_lightning_parses"
 LAST_CKPT = "tests/lightning/test_configs.py::test_last_ckpt_holds_the_latest_weights_when_the_metric_falls_and_a_run_resumes_from_them"
 LAST_CKPT_AT_END = "tests/lightning/test_configs.py::test_last_ckpt_holds_the_final_weights_of_a_run_that_ends_between_validations_or_has_none"
 EVERY_LAST_CKPT = "tests/lightning/test_configs.py::test_every_config_keeps_its_best_checkpoint_and_the_latest_as_last_ckpt"
@@ -1174,6 +1175,8 @@ MUTANTS = [
            "value = {**from_checkpoint[name], **value}", "value = value", (CLI_OVER_CHECKPOINT,)),
     Mutant("cli: --model.NAME=VALUE not read", "vision_tx/lightning/cli.py",
            'arg.removeprefix("--model.").partition("=")[0]', 'arg.removeprefix("--model.")', (CLI_OVER_CHECKPOINT, CLI_MODEL_OPTIONS)),
+    Mutant("cli: a CLI without args reads no command line", "vision_tx/lightning/cli.py",
+           "        return sys.argv[1:]\n", "        return []\n", (CLI_WITHOUT_ARGS,)),
     # Packaging: the configs travel in the wheel
     Mutant("install: the configs left out of the wheel", "pyproject.toml",
            'vision_tx = ["configs/*.yaml"]', "vision_tx = []", ("tests/test_install.py",)),

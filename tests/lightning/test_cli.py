@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from jsonargparse import Namespace
+from lightning.pytorch import LightningDataModule, LightningModule
 
 from tests.lightning.tools import ROOT, run_tool_in_process
 from vision_tx.data.toy import make_toy_coco
 from vision_tx.lightning.cli import (
-    available_configs, eval_main, latest_last_checkpoint, model_option_names, resolve_config, run_cli, worker_message,
+    VisionTxCLI, available_configs, command_line, eval_main, latest_last_checkpoint, model_option_names, resolve_config,
+    resolve_config_args, run_cli, worker_message,
 )
 
 # The toy DETR, shrunk: runs that stop on a bad input never get to train it.
@@ -174,6 +178,16 @@ def test_model_options_on_the_command_line_win_over_the_checkpoints(tiny_coco: P
 def test_model_options_are_read_in_every_form_the_parser_takes() -> None:
     args = ["--model.lr", "1e-3", "--model.init_args.detector_kwargs={a: 1}", "--data.root", "x", "--model.lr=2e-3"]
     assert model_option_names(args) == ["lr", "detector_kwargs"]
+
+
+def test_model_options_are_read_from_the_command_line_lightning_parses(tiny_coco: Path, tmp_path: Path, monkeypatch) -> None:
+    # A user's own script: VisionTxCLI without args parses sys.argv, and the options recorded are those.
+    monkeypatch.setattr(sys, "argv", ["train.py", *resolve_config_args(_tiny_args(tiny_coco, tmp_path, "--model.lr", "3e-4"))])
+    cli = VisionTxCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, run=False,
+                      save_config_callback=None)
+    assert "lr" in cli.command_line_model_options and cli.model.hparams.lr == 3e-4
+    assert command_line(("--model.lr", "1")) == ["--model.lr", "1"]
+    assert command_line({"model": {"init_args": {"lr": 1.0}}}) == [] and command_line(Namespace(lr=1.0)) == []
 
 
 def test_bad_data_root_stops_with_the_expected_layout(tmp_path: Path) -> None:

@@ -165,8 +165,8 @@ class VisionTxCLI(LightningCLI):
 
     before_fit = before_validate = before_test = before_predict = before_subcommand
 
-    def parse_arguments(self, parser: LightningArgumentParser, args: Sequence[str]) -> None:
-        self.command_line_model_options = model_option_names(args)
+    def parse_arguments(self, parser: LightningArgumentParser, args: Sequence[str] | dict | Namespace | None) -> None:
+        self.command_line_model_options = model_option_names(command_line(args))
         super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
@@ -202,6 +202,14 @@ class VisionTxCLI(LightningCLI):
                 from_checkpoint[name] = value
         if kept:
             logging.getLogger("vision_tx").info("the checkpoint's model options, but from the command line %s", "; ".join(kept))
+
+
+def command_line(args: Sequence[str] | dict | Namespace | None) -> list[str]:
+    """The command-line options among LightningCLI's ``args``: ``sys.argv[1:]`` for None (what LightningCLI then
+    parses), the list itself, none in a dict or Namespace of options."""
+    if args is None:
+        return sys.argv[1:]
+    return list(args) if isinstance(args, (list, tuple)) else []
 
 
 def model_option_names(args: Sequence[str]) -> list[str]:
