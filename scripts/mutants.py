@@ -153,6 +153,8 @@ LONG_RUN_AUGMENTATION = "tests/lightning/test_augmentation.py"
 SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
 TRAINING_BUDGET = "tests/lightning/test_budget.py"
 MAL = "tests/heads/test_rtdetr_criterion.py"
+BOX_REFINEMENT = "tests/heads/test_rtdetr_box_refinement.py"
+RT_REFINEMENT = "tests/models/test_rtdetr.py::test_box_refinement_refines_the_last_layers_detached_boxes_from_the_finest_memory"
 CROP_PROBABILITY = "tests/data/test_transforms.py::test_crop_probability_is_the_share_of_cropped_images"
 AFFINE = "tests/data/test_transforms.py"
 CHANNEL_PERMUTATION = "tests/data/test_transforms.py::test_channel_permutation_reorders_the_colours_and_leaves_the_boxes"
@@ -593,6 +595,22 @@ MUTANTS = [
            "label_noise_ratio, box_noise_scale, 1e-5, RTDETRCriterion", "label_noise_ratio, box_noise_scale, 1e-3, RTDETRCriterion", (RT_DENOISING,)),
     Mutant("rtdetr: look forward twice ignored (the shared decode)", "vision_tx/models/query_detector.py",
            "query_pos, attn_mask, self.look_forward_twice and self.training,", "query_pos, attn_mask, False,", (RT_LFT, DINO_LFT)),
+    Mutant("rtdetr box refinement: the last layer's boxes not detached", "vision_tx/models/rtdetr.py",
+           "self.box_refinement(layer_boxes[-1].detach(), ", "self.box_refinement(layer_boxes[-1], ", (RT_REFINEMENT,)),
+    Mutant("rtdetr box refinement: read from the coarsest level", "vision_tx/models/rtdetr.py",
+           "height, width = levels.shapes[0]\n        finest = levels.tokens[:, : height * width]",
+           "height, width = levels.shapes[-1]\n        finest = levels.tokens[:, -height * width :]", (RT_REFINEMENT,)),
+    Mutant("box refinement: the grid not widened", "vision_tx/heads/rtdetr/box_refinement.py",
+           "offsets * boxes[..., None, 2:] * enlarge", "offsets * boxes[..., None, 2:]", (BOX_REFINEMENT,)),
+    Mutant("box refinement: the padding ignored", "vision_tx/heads/rtdetr/box_refinement.py",
+           "self.enlarge) * valid_ratio[:, None, None]", "self.enlarge)", (BOX_REFINEMENT,)),
+    Mutant("box refinement: the grid column by column", "vision_tx/heads/rtdetr/box_refinement.py",
+           'torch.meshgrid(steps, steps, indexing="ij")', 'torch.meshgrid(steps, steps, indexing="xy")', (BOX_REFINEMENT,)),
+    Mutant("box refinement: the far edges shifted by the near edges' outputs", "vision_tx/heads/rtdetr/box_refinement.py",
+           "high = center + size / 2 + shifts[..., 2:] * size", "high = center + size / 2 + shifts[..., :2] * size", (BOX_REFINEMENT,)),
+    Mutant("box refinement: shifts not bounded", "vision_tx/heads/rtdetr/box_refinement.py",
+           "self.edges(self.sample(self.reduce(feature_map), boxes, valid_ratio)).tanh()",
+           "self.edges(self.sample(self.reduce(feature_map), boxes, valid_ratio))", (BOX_REFINEMENT,)),
     Mutant("rtdetr loss: varifocal weight from softmax", "vision_tx/heads/rtdetr/criterion.py",
            "probability = logits.detach().sigmoid()", "probability = logits.detach().softmax(-1)", (RT_TRAIN,)),
     Mutant("rtdetr loss: varifocal target 1, not the IoU", "vision_tx/heads/rtdetr/criterion.py",

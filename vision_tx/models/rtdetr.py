@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer
+from vision_tx.heads.rtdetr.box_refinement import RoIBoxRefinement
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
 from vision_tx.models.query_detector import HybridEncoderDetector, decoder_outputs
 from vision_tx.models.rtdetr_official import convert_official_rtdetr, is_official_rtdetr
@@ -29,7 +30,9 @@ class RTDETR(HybridEncoderDetector):
     decoder's query position is an MLP of each layer's reference box. In training ``num_denoising``
     denoising queries (at most) reconstruct noised targets, and with ``look_forward_twice`` (the
     official code's; transformers' port has it off) each layer's box loss also trains the previous
-    layer's box head. Defaults: RT-DETR-R50's. ``nms_threshold`` adds per-class NMS to :meth:`postprocess`;
+    layer's box head. ``box_refinement`` adds a :class:`~vision_tx.heads.rtdetr.box_refinement.RoIBoxRefinement` of
+    the last layer's boxes (detached) from the stride-8 memory: its boxes are the detector's, scored by the last
+    layer's logits, and the last layer's become one more auxiliary output (not in the paper). Defaults: RT-DETR-R50's. ``nms_threshold`` adds per-class NMS to :meth:`postprocess`;
     ``share_scores`` scores each class by its share of the query's class probabilities (off: the paper's scores; see
     :func:`~vision_tx.heads.detr.postprocess.sigmoid_scores`).
     :meth:`loss` computes ``RTDETRCriterion(num_classes, HungarianMatcher(**matcher_kwargs), **criterion_kwargs)``
@@ -69,6 +72,7 @@ class RTDETR(HybridEncoderDetector):
         num_detections: int = 300,
         nms_threshold: float | None = None,
         share_scores: bool = False,
+        box_refinement: bool = False,
     ) -> None:
         super().__init__(backbone, num_classes, num_queries, look_forward_twice, num_detections, nms_threshold, share_scores)
         self.build_encoder(hidden_dim, num_heads, num_encoder_layers, encoder_feedforward, expansion, num_blocks, dropout, num_levels)
@@ -78,6 +82,7 @@ class RTDETR(HybridEncoderDetector):
         )
         self.build_query_heads(num_classes, hidden_dim, num_decoder_layers)
         self.query_embed = nn.Embedding(num_queries, hidden_dim) if learn_query_content else None
+        self.box_refinement = RoIBoxRefinement(hidden_dim) if box_refinement else None
         # RT-DETR stores the noised boxes through inverse_sigmoid's default eps 1e-5, not DINO's 1e-3
         self.build_training_parts(
             hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, 1e-5, RTDETRCriterion, matcher_kwargs, criterion_kwargs
@@ -87,7 +92,19 @@ class RTDETR(HybridEncoderDetector):
         """Query selection from the memory ``levels``, the decoder and the heads."""
         queries, boxes, proposal_logits, proposal_boxes = self.select_queries(levels)
         logits, layer_boxes, denoising = self.decode(queries, None, boxes, levels.tokens, levels, targets)
+        if self.box_refinement is not None:
+            logits, layer_boxes = self.with_refined_boxes(logits, layer_boxes, levels)
         return decoder_outputs(logits, layer_boxes, proposal_logits, proposal_boxes, denoising)
+
+    def with_refined_boxes(
+        self, logits: torch.Tensor, layer_boxes: torch.Tensor, levels: MultiScaleLevels
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``logits [L,B,Q,C]`` and ``layer_boxes [L,B,Q,4]`` with one more layer: the last layer's boxes refined
+        from the finest memory level, scored by the last layer's logits."""
+        height, width = levels.shapes[0]
+        finest = levels.tokens[:, : height * width].transpose(1, 2).unflatten(2, (height, width))
+        refined = self.box_refinement(layer_boxes[-1].detach(), finest, levels.valid_ratios[:, 0])
+        return torch.cat([logits, logits[-1:]]), torch.cat([layer_boxes, refined[None]])
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads lyuwenyu/RT-DETR checkpoints (see :func:`convert_official_rtdetr`); native keys pass."""
