@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torchvision.ops import roi_align
@@ -24,26 +25,31 @@ def boxes_inside(batch: int = 2, queries: int = 7) -> torch.Tensor:
     return torch.cat([centers, sizes], -1)
 
 
-def refinement() -> RoIBoxRefinement:
+def refinement(samples_per_bin: int = 1) -> RoIBoxRefinement:
     torch.manual_seed(0)
-    return perturb_(RoIBoxRefinement(DIM, CHANNELS, SIZE, ENLARGE, MAX_SHIFT).double().eval())
+    return perturb_(RoIBoxRefinement(DIM, CHANNELS, SIZE, ENLARGE, MAX_SHIFT, samples_per_bin).double().eval())
 
 
-def roi_align_samples(feature_map: torch.Tensor, boxes: torch.Tensor, valid_ratio: torch.Tensor) -> torch.Tensor:
-    """torchvision's RoIAlign (one sample a bin, half-pixel aligned) over each widened box, in the map's pixels."""
+def roi_align_samples(
+    feature_map: torch.Tensor, boxes: torch.Tensor, valid_ratio: torch.Tensor, samples_per_bin: int = 1
+) -> torch.Tensor:
+    """torchvision's RoIAlign (``samples_per_bin`` squared samples a bin, half-pixel aligned) over each widened box, in
+    the map's pixels."""
     height, width = feature_map.shape[-2:]
     scale = torch.stack([valid_ratio[:, 0] * width, valid_ratio[:, 1] * height], -1).repeat(1, 2)[:, None]  # [B,1,4]
     cx, cy, w, h = boxes.unbind(-1)
     corners = torch.stack([cx - w * ENLARGE / 2, cy - h * ENLARGE / 2, cx + w * ENLARGE / 2, cy + h * ENLARGE / 2], -1) * scale
     rois = [image_corners for image_corners in corners]
-    return roi_align(feature_map, rois, SIZE, spatial_scale=1.0, sampling_ratio=1, aligned=True).flatten(1).view(*boxes.shape[:2], -1)
+    return roi_align(feature_map, rois, SIZE, spatial_scale=1.0, sampling_ratio=samples_per_bin, aligned=True).flatten(1).view(*boxes.shape[:2], -1)
 
 
-def test_the_grid_is_roi_align_of_the_widened_box_within_the_unpadded_map() -> None:
+@pytest.mark.parametrize("samples_per_bin", [1, 2, 3])
+def test_the_grid_is_roi_align_of_the_widened_box_within_the_unpadded_map(samples_per_bin: int) -> None:
     feature_map = torch.randn(2, CHANNELS, *MAP, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     boxes = boxes_inside()
-    ours = refinement().sample(feature_map, boxes, VALID_RATIO.double())
-    torch.testing.assert_close(ours, roi_align_samples(feature_map, boxes, VALID_RATIO.double()), rtol=0, atol=1e-12)
+    ours = refinement(samples_per_bin).sample(feature_map, boxes, VALID_RATIO.double())
+    expected = roi_align_samples(feature_map, boxes, VALID_RATIO.double(), samples_per_bin)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-12)
 
 
 def test_refined_boxes_are_each_edge_shifted_by_its_share_of_the_box() -> None:

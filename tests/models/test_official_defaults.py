@@ -46,6 +46,7 @@ TABLES: dict[str, tuple[Callable[..., Any], dict[str, tuple[Any, str]]]] = {
         "label_noise_ratio": (0.5, RT_DECODER), "box_noise_scale": (1.0, RT_DECODER),
         "look_forward_twice": (True, f"{RT_DECODER}: each layer's box loss reads the previous layer's refined box"),
         "num_detections": (300, f"{RT_YML}: RTDETRPostProcessor.num_top_queries"), "nms_threshold": (None, OWN), "share_scores": (False, OWN),
+        "box_refinement": (False, OWN),
     }),
     "RTDETRCriterion": (RTDETRCriterion, {
         "weight_vfl": (1.0, RT_YML), "weight_bbox": (5.0, RT_YML), "weight_giou": (2.0, RT_YML), "vfl_alpha": (0.75, RT_YML),

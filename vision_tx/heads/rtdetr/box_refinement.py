@@ -25,15 +25,17 @@ class RoIBoxRefinement(nn.Module):
 
     The ``feature_map [B,D,h,w]`` is reduced to ``channels`` (1x1 conv, BatchNorm, SiLU); each box of
     ``boxes [B,Q,4]`` (cx, cy, w, h normalised to the unpadded image, as the decoder's) widened ``enlarge`` times,
-    so that its edges lie inside, is read as ``size x size`` bilinear samples at the bins' centres (RoIAlign
-    with one sample a bin); an MLP turns them into four shifts of the left, top, right and bottom edges,
-    ``max_shift * tanh`` of its output times the box's width or height (so the box keeps a positive size). The MLP's
-    last layer starts at zero: the refinement starts as the identity.
+    so that its edges lie inside, is read as ``size x size`` bins, each the mean of ``samples_per_bin`` squared
+    bilinear samples spread evenly over it (RoIAlign with that sampling ratio); an MLP turns them into four shifts of
+    the left, top, right and bottom edges, ``max_shift * tanh`` of its output times the box's width or height (so the
+    box keeps a positive size). The MLP's last layer starts at zero: the refinement starts as the identity.
     """
 
-    def __init__(self, dim: int, channels: int = 32, size: int = 7, enlarge: float = 1.25, max_shift: float = 0.25) -> None:
+    def __init__(
+        self, dim: int, channels: int = 32, size: int = 7, enlarge: float = 1.25, max_shift: float = 0.25, samples_per_bin: int = 1
+    ) -> None:
         super().__init__()
-        self.size, self.enlarge, self.max_shift = size, enlarge, max_shift
+        self.size, self.enlarge, self.max_shift, self.samples_per_bin = size, enlarge, max_shift, samples_per_bin
         self.reduce = nn.Sequential(nn.Conv2d(dim, channels, 1, bias=False), nn.BatchNorm2d(channels), nn.SiLU())
         self.edges = MLP(channels * size * size, dim, 4, 3)
         nn.init.zeros_(self.edges.layers[-1].weight)
@@ -42,8 +44,11 @@ class RoIBoxRefinement(nn.Module):
     def sample(self, feature_map: torch.Tensor, boxes: torch.Tensor, valid_ratio: torch.Tensor) -> torch.Tensor:
         """``feature_map [B,C,h,w]`` (padded), ``boxes [B,Q,4]``, ``valid_ratio [B,2]`` (the unpadded fraction of the
         map: width, height) -> the grid's samples ``[B,Q,C*size*size]`` (channel by channel, each row by row)."""
-        points = box_grid_points(boxes, self.size, self.enlarge) * valid_ratio[:, None, None]  # fractions of the padded map
+        size, per_side = self.size, self.samples_per_bin
+        points = box_grid_points(boxes, size * per_side, self.enlarge) * valid_ratio[:, None, None]  # fractions of the padded map
         samples = F.grid_sample(feature_map, 2 * points - 1, mode="bilinear", padding_mode="zeros", align_corners=False)
+        if per_side > 1:  # [B,C,Q,(size*per_side)^2] -> the mean of each bin's per_side x per_side samples
+            samples = samples.unflatten(-1, (size, per_side, size, per_side)).mean((-3, -1)).flatten(-2)
         return samples.transpose(1, 2).flatten(2)  # [B,C,Q,size*size] -> [B,Q,C*size*size]
 
     def forward(self, boxes: torch.Tensor, feature_map: torch.Tensor, valid_ratio: torch.Tensor) -> torch.Tensor:
