@@ -596,7 +596,7 @@ MUTANTS = [
     Mutant("rtdetr: look forward twice ignored (the shared decode)", "vision_tx/models/query_detector.py",
            "query_pos, attn_mask, self.look_forward_twice and self.training,", "query_pos, attn_mask, False,", (RT_LFT, DINO_LFT)),
     Mutant("rtdetr box refinement: the last layer's boxes not detached", "vision_tx/models/rtdetr.py",
-           "self.box_refinement(layer_boxes[-1].detach(), ", "self.box_refinement(layer_boxes[-1], ", (RT_REFINEMENT,)),
+           "last = layer_boxes[-1].detach()", "last = layer_boxes[-1]", (RT_REFINEMENT,)),
     Mutant("rtdetr box refinement: read from the coarsest level", "vision_tx/models/rtdetr.py",
            "height, width = levels.shapes[0]\n        finest = levels.tokens[:, : height * width]",
            "height, width = levels.shapes[-1]\n        finest = levels.tokens[:, -height * width :]", (RT_REFINEMENT,)),

@@ -307,9 +307,9 @@ def test_denoising_queries_are_transformers_groups_as_the_decoder_reads_them() -
 
 
 def test_box_refinement_refines_the_last_layers_detached_boxes_from_the_finest_memory() -> None:
-    """With ``box_refinement`` the detector's boxes (matching and denoising queries alike) are the refinement's of
-    the last layer's boxes, without their gradient, read from the stride-8 memory and its valid ratios; the last
-    layer's boxes become the last auxiliary output, and its logits score both."""
+    """With ``box_refinement`` the detector's boxes are the refinement's of the last layer's boxes of the matching
+    queries, without their gradient, read from the stride-8 memory and its valid ratios; the last layer's boxes become
+    the last auxiliary output, and its logits score both; the denoising queries' last boxes are repeated."""
     torch.manual_seed(0)
     ours = RTDETR(
         MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4, encoder_feedforward=48,
@@ -324,14 +324,15 @@ def test_box_refinement_refines_the_last_layers_detached_boxes_from_the_finest_m
     boxes, finest, valid_ratio = seen["args"]
     last, split = outputs["aux_outputs"][-1], outputs["dn_outputs"]["pred_boxes"].shape[2]
     assert len(outputs["aux_outputs"]) == LAYERS and outputs["dn_outputs"]["pred_boxes"].shape[0] == LAYERS + 1
-    torch.testing.assert_close(boxes, torch.cat([outputs["dn_outputs"]["pred_boxes"][-2], last["pred_boxes"]], 1), rtol=0, atol=0)
-    torch.testing.assert_close(outputs["pred_boxes"], seen["output"][:, split:], rtol=0, atol=0)
-    torch.testing.assert_close(outputs["dn_outputs"]["pred_boxes"][-1], seen["output"][:, :split], rtol=0, atol=0)
+    torch.testing.assert_close(boxes, last["pred_boxes"], rtol=0, atol=0)
+    torch.testing.assert_close(outputs["pred_boxes"], seen["output"], rtol=0, atol=0)
+    assert split > 0
+    torch.testing.assert_close(outputs["dn_outputs"]["pred_boxes"][-1], outputs["dn_outputs"]["pred_boxes"][-2], rtol=0, atol=0)
     torch.testing.assert_close(outputs["pred_logits"], last["pred_logits"], rtol=0, atol=0)
     assert (outputs["pred_boxes"] - last["pred_boxes"]).abs().min() > 0
     levels = ours.memory(ours.encoder(backbone_maps(), pixel_mask), pixel_mask)
     torch.testing.assert_close(finest.flatten(2).transpose(1, 2), levels.tokens[:, : MAP_SIZE[0] * MAP_SIZE[1]])
     torch.testing.assert_close(valid_ratio, torch.tensor([[1.0, 1.0], [1.0, 0.75]]), rtol=0, atol=0)
-    outputs["pred_boxes"].sum().backward()
+    (outputs["pred_boxes"].sum() + outputs["dn_outputs"]["pred_boxes"][-1].sum()).backward()
     assert all(head.layers[-1].weight.grad is None or not head.layers[-1].weight.grad.any() for head in ours.bbox_embed)
     assert ours.box_refinement.edges.layers[0].weight.grad.abs().sum() > 0

@@ -93,18 +93,22 @@ class RTDETR(HybridEncoderDetector):
         queries, boxes, proposal_logits, proposal_boxes = self.select_queries(levels)
         logits, layer_boxes, denoising = self.decode(queries, None, boxes, levels.tokens, levels, targets)
         if self.box_refinement is not None:
-            logits, layer_boxes = self.with_refined_boxes(logits, layer_boxes, levels)
+            num_denoising = 0 if denoising is None else denoising.content.shape[1]
+            logits, layer_boxes = self.with_refined_boxes(logits, layer_boxes, levels, num_denoising)
         return decoder_outputs(logits, layer_boxes, proposal_logits, proposal_boxes, denoising)
 
     def with_refined_boxes(
-        self, logits: torch.Tensor, layer_boxes: torch.Tensor, levels: MultiScaleLevels
+        self, logits: torch.Tensor, layer_boxes: torch.Tensor, levels: MultiScaleLevels, num_denoising: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``logits [L,B,Q,C]`` and ``layer_boxes [L,B,Q,4]`` with one more layer: the last layer's boxes refined
-        from the finest memory level, scored by the last layer's logits."""
+        """``logits [L,B,N+Q,C]`` and ``layer_boxes [L,B,N+Q,4]`` (the ``N = num_denoising`` queries first) with one
+        more layer: the ``Q`` matching queries' last boxes refined from the finest memory level, the denoising
+        queries' repeated (refining them too costs as much again and did not pay, session 78), all without their
+        gradient, scored by the last layer's logits."""
         height, width = levels.shapes[0]
         finest = levels.tokens[:, : height * width].transpose(1, 2).unflatten(2, (height, width))
-        refined = self.box_refinement(layer_boxes[-1].detach(), finest, levels.valid_ratios[:, 0])
-        return torch.cat([logits, logits[-1:]]), torch.cat([layer_boxes, refined[None]])
+        last = layer_boxes[-1].detach()
+        refined = self.box_refinement(last[:, num_denoising:], finest, levels.valid_ratios[:, 0])
+        return torch.cat([logits, logits[-1:]]), torch.cat([layer_boxes, torch.cat([last[:, :num_denoising], refined], 1)[None]])
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads lyuwenyu/RT-DETR checkpoints (see :func:`convert_official_rtdetr`); native keys pass."""

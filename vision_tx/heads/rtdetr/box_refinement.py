@@ -32,7 +32,7 @@ class RoIBoxRefinement(nn.Module):
     """
 
     def __init__(
-        self, dim: int, channels: int = 32, size: int = 7, enlarge: float = 1.25, max_shift: float = 0.25, samples_per_bin: int = 2
+        self, dim: int, channels: int = 16, size: int = 7, enlarge: float = 1.25, max_shift: float = 0.25, samples_per_bin: int = 2
     ) -> None:
         super().__init__()
         self.size, self.enlarge, self.max_shift, self.samples_per_bin = size, enlarge, max_shift, samples_per_bin
