@@ -31,8 +31,9 @@ class RTDETR(HybridEncoderDetector):
     denoising queries (at most) reconstruct noised targets, and with ``look_forward_twice`` (the
     official code's; transformers' port has it off) each layer's box loss also trains the previous
     layer's box head. ``box_refinement`` adds a :class:`~vision_tx.heads.rtdetr.box_refinement.RoIBoxRefinement` of
-    the last layer's boxes (detached) from the stride-8 memory: its boxes are the detector's, scored by the last
-    layer's logits, and the last layer's become one more auxiliary output (not in the paper). Defaults: RT-DETR-R50's. ``nms_threshold`` adds per-class NMS to :meth:`postprocess`;
+    the matching queries' last boxes (detached) from the stride-8 memory: its boxes are the detector's, scored by the
+    last layer's logits, and the last layer's become one more auxiliary output (not in the paper). Defaults:
+    RT-DETR-R50's. ``nms_threshold`` adds per-class NMS to :meth:`postprocess`;
     ``share_scores`` scores each class by its share of the query's class probabilities (off: the paper's scores; see
     :func:`~vision_tx.heads.detr.postprocess.sigmoid_scores`).
     :meth:`loss` computes ``RTDETRCriterion(num_classes, HungarianMatcher(**matcher_kwargs), **criterion_kwargs)``

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchvision.ops import box_convert
 
 from vision_tx.heads.detr.mlp import MLP
 
@@ -53,8 +54,6 @@ class RoIBoxRefinement(nn.Module):
 
     def forward(self, boxes: torch.Tensor, feature_map: torch.Tensor, valid_ratio: torch.Tensor) -> torch.Tensor:
         """``boxes [B,Q,4]`` (cx, cy, w, h), ``feature_map [B,D,h,w]``, ``valid_ratio [B,2]`` -> the refined boxes ``[B,Q,4]``."""
-        shifts = self.max_shift * self.edges(self.sample(self.reduce(feature_map), boxes, valid_ratio)).tanh()
-        center, size = boxes[..., :2], boxes[..., 2:]
-        low = center - size / 2 + shifts[..., :2] * size
-        high = center + size / 2 + shifts[..., 2:] * size
-        return torch.cat([(low + high) / 2, high - low], -1)
+        shifts = self.max_shift * self.edges(self.sample(self.reduce(feature_map), boxes, valid_ratio)).tanh()  # [B,Q,4]
+        corners = box_convert(boxes, "cxcywh", "xyxy") + shifts * boxes[..., 2:].repeat(1, 1, 2)  # each edge by its side
+        return box_convert(corners, "xyxy", "cxcywh")
