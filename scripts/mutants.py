@@ -155,6 +155,8 @@ TRAINING_BUDGET = "tests/lightning/test_budget.py"
 MAL = "tests/heads/test_rtdetr_criterion.py"
 BOX_REFINEMENT = "tests/heads/test_rtdetr_box_refinement.py"
 RT_REFINEMENT = "tests/models/test_rtdetr.py::test_box_refinement_refines_the_last_layers_detached_boxes_from_the_finest_memory"
+LEVEL_PIXELS = "tests/necks/test_multiscale.py"
+RT_LEVEL_PIXELS = "tests/models/test_rtdetr.py::test_memory_levels_and_proposal_anchors_name_each_tokens_pixel"
 CROP_PROBABILITY = "tests/data/test_transforms.py::test_crop_probability_is_the_share_of_cropped_images"
 AFFINE = "tests/data/test_transforms.py"
 CHANNEL_PERMUTATION = "tests/data/test_transforms.py::test_channel_permutation_reorders_the_colours_and_leaves_the_boxes"
@@ -586,7 +588,7 @@ MUTANTS = [
            "levels = [projection(x) for projection, x in zip(self.decoder_input_proj, maps)]",
            "levels = [projection[0](x) for projection, x in zip(self.decoder_input_proj, maps)]", (RT_TX,)),
     Mutant("rtdetr: memory levels in reverse order", "vision_tx/models/query_detector.py",
-           "return flatten_levels(levels, pixel_mask)", "return flatten_levels(levels[::-1], pixel_mask)", (RT_TX,)),
+           "return flatten_levels(levels, pixel_mask, strides=", "return flatten_levels(levels[::-1], pixel_mask, strides=", (RT_TX,)),
     Mutant("rtdetr: proposal content not detached", "vision_tx/models/query_detector.py",
            "top[..., None].expand(-1, -1, features.shape[-1])).detach()", "top[..., None].expand(-1, -1, features.shape[-1]))", (RT_GRAD,)),
     Mutant("rtdetr: query position from the undetached boxes", "vision_tx/heads/dino/transformer.py",
@@ -602,6 +604,18 @@ MUTANTS = [
     Mutant("rtdetr box refinement: read from the coarsest level", "vision_tx/models/rtdetr.py",
            "height, width = levels.shapes[0]\n        finest = levels.tokens[:, : height * width]",
            "height, width = levels.shapes[-1]\n        finest = levels.tokens[:, -height * width :]", (RT_REFINEMENT,)),
+    Mutant("multi-scale levels: exact ratios from the padded extent", "vision_tx/necks/multiscale.py",
+           "ratios.append(torch.stack([image_size[:, 0] / extent[0], image_size[:, 1] / extent[1]], -1))",
+           "ratios.append(torch.stack([image_size[:, 0] / pixel_mask.shape[2], image_size[:, 1] / pixel_mask.shape[1]], -1))",
+           (LEVEL_PIXELS, RT_LEVEL_PIXELS)),
+    Mutant("rtdetr memory: Deformable DETR's cell ratios", "vision_tx/models/query_detector.py",
+           "return flatten_levels(levels, pixel_mask, strides=self.level_strides(len(levels)))",
+           "return flatten_levels(levels, pixel_mask)", (RT_LEVEL_PIXELS,)),
+    Mutant("rtdetr memory: an extra level at the last stride", "vision_tx/models/query_detector.py",
+           "strides[-1] * 2 ** (i + 1) for i", "strides[-1] * 2**i for i", (RT_LEVEL_PIXELS,)),
+    Mutant("proposal anchors: centred over the padded map", "vision_tx/models/query_detector.py",
+           "valid_size = torch.stack([ratio[:, 0] * width, ratio[:, 1] * height], -1)",
+           "valid_size = torch.stack([ratio[:, 0] * 0 + width, ratio[:, 1] * 0 + height], -1)", (RT_LEVEL_PIXELS,)),
     Mutant("box refinement: the grid not widened", "vision_tx/heads/rtdetr/box_refinement.py",
            "offsets * boxes[..., None, 2:] * enlarge", "offsets * boxes[..., None, 2:]", (BOX_REFINEMENT,)),
     Mutant("box refinement: the padding ignored", "vision_tx/heads/rtdetr/box_refinement.py",

@@ -62,12 +62,14 @@ def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 class MapsBackbone(nn.Module):
-    """Returns the given maps whatever the images: both models read the same backbone features."""
+    """Returns the given maps whatever the images: both models read the same backbone features, taken as the
+    stride 8, 16, 32, ... maps."""
 
     def __init__(self, maps: list[torch.Tensor]) -> None:
         super().__init__()
         self.maps = maps
         self.out_channels = [m.shape[1] for m in maps]
+        self.strides = [8 * 2**i for i in range(len(maps))]
 
     def forward(self, images: torch.Tensor) -> OrderedDict:
         return OrderedDict((f"res{i + 3}", m) for i, m in enumerate(self.maps))

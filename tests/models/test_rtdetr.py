@@ -12,6 +12,7 @@ from torch import nn
 
 from vision_tx.heads.rtdetr import sincos_position_embedding
 from vision_tx.models import DETECTORS, RTDETR
+from vision_tx.models.query_detector import proposal_anchors
 
 from tests.conftest import require_reference
 from tests.models.test_dino import MapsBackbone
@@ -336,3 +337,31 @@ def test_box_refinement_refines_the_last_layers_detached_boxes_from_the_finest_m
     (outputs["pred_boxes"].sum() + outputs["dn_outputs"]["pred_boxes"][-1].sum()).backward()
     assert all(head.layers[-1].weight.grad is None or not head.layers[-1].weight.grad.any() for head in ours.bbox_embed)
     assert ours.box_refinement.edges.layers[0].weight.grad.abs().sum() > 0
+
+
+def test_memory_levels_and_proposal_anchors_name_each_tokens_pixel() -> None:
+    """In a padded batch (the second image 40 x 72 of the 64 x 96 pixels) with a fourth level (stride 64), each level's
+    valid ratio is the image's share of the pixels its cells cover (the backbone's strides, doubled per extra level),
+    and each valid token's proposal anchor is centred on its pixel, ``(i + 0.5) * stride`` over the image's side."""
+    torch.manual_seed(0)
+    ours = RTDETR(MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4,
+                  encoder_feedforward=48, num_decoder_layers=LAYERS, dim_feedforward=40, num_levels=4).eval()
+    images, pixel_mask = images_and_mask()
+    pixel_mask[1, 40:] = True
+    pixel_mask[1, :, 72:] = True
+    with torch.no_grad():
+        levels = ours.memory(ours.encoder(backbone_maps(), pixel_mask), pixel_mask)
+    assert levels.shapes == [(8, 12), (4, 6), (2, 3), (1, 2)]
+    image = torch.tensor([[96.0, 64.0], [72.0, 40.0]])  # (w, h)
+    for level, ((height, width), stride) in enumerate(zip(levels.shapes, (8, 16, 32, 64))):
+        torch.testing.assert_close(levels.valid_ratios[:, level], image / torch.tensor([width * stride, height * stride]))
+    logits, valid = proposal_anchors(levels)
+    start = 0
+    for (height, width), stride in zip(levels.shapes, (8, 16, 32, 64)):
+        y, x = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+        pixels = (torch.stack([x, y], -1).flatten(0, 1).float() + 0.5) * stride  # [h*w, 2]
+        centres = logits[:, start : start + height * width, :2].sigmoid()
+        ok = valid[:, start : start + height * width]
+        torch.testing.assert_close(centres[ok], (pixels[None] / image[:, None])[ok])
+        start += height * width
+    assert valid[1].sum() < valid[0].sum() and valid[1].any()

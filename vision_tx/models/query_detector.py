@@ -182,7 +182,12 @@ class HybridEncoderDetector(DeformableQueryDetector):
         levels = [projection(x) for projection, x in zip(self.decoder_input_proj, maps)]
         for projection in self.decoder_input_proj[len(maps):]:
             levels.append(projection(maps[-1] if len(levels) == len(maps) else levels[-1]))
-        return flatten_levels(levels, pixel_mask)
+        return flatten_levels(levels, pixel_mask, strides=self.level_strides(len(levels)))
+
+    def level_strides(self, num_levels: int) -> list[int]:
+        """The pixel strides of the decoder's ``num_levels`` levels: the backbone's, then twice the last per extra level."""
+        strides = [int(s) for s in self.backbone.strides]
+        return strides + [strides[-1] * 2 ** (i + 1) for i in range(num_levels - len(strides))]
 
     def select_queries(self, levels: MultiScaleLevels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The ``num_queries`` best proposals of the memory ``levels``: ``(queries [B,Q,D], boxes [B,Q,4])`` to start
@@ -280,16 +285,14 @@ def decoder_outputs(
 
 
 def proposal_anchors(levels: MultiScaleLevels) -> tuple[torch.Tensor, torch.Tensor]:
-    """One anchor box per token: centred on its pixel (relative to the level's unpadded area), of
+    """One anchor box per token: centred on its pixel (relative to the level's unpadded area, ``valid_ratios``), of
     side 0.05 * 2**level. Returns their inverse-sigmoid ``[B,S,4]`` (inf where invalid) and
     ``valid [B,S]``: not padding and strictly inside (0.01, 0.99)."""
-    anchors, start = [], 0
-    batch = levels.tokens.shape[0]
+    anchors = []
     dtype, device = levels.tokens.dtype, levels.tokens.device
     for level, (height, width) in enumerate(levels.shapes):
-        padding = levels.padding_mask[:, start : start + height * width].view(batch, height, width)
-        start += height * width
-        valid_size = torch.stack([(~padding[:, 0, :]).sum(1), (~padding[:, :, 0]).sum(1)], -1).to(dtype)  # (w, h)
+        ratio = levels.valid_ratios[:, level]
+        valid_size = torch.stack([ratio[:, 0] * width, ratio[:, 1] * height], -1)  # (w, h) in cells
         y, x = torch.meshgrid(torch.arange(height, dtype=dtype, device=device), torch.arange(width, dtype=dtype, device=device), indexing="ij")
         centres = (torch.stack([x, y], -1).flatten(0, 1)[None] + 0.5) / valid_size[:, None]
         sizes = torch.full_like(centres, 0.05 * 2.0**level)

@@ -81,19 +81,32 @@ class MultiScaleProjection(nn.Module):
 def flatten_levels(
     levels: Sequence[torch.Tensor], pixel_mask: torch.Tensor,
     position: Callable[[int, torch.Tensor, torch.dtype], torch.Tensor] | None = None,
+    strides: Sequence[int] | None = None,
 ) -> MultiScaleLevels:
     """``levels``: ``[B,D,h_i,w_i]`` highest resolution first, ``pixel_mask [B,H,W]`` True on padding ->
     their tokens, padding masks, shapes and valid ratios; ``position(level, mask [B,h,w], dtype)``
-    gives each level's ``[B,h,w,D]`` position encoding (without it ``position`` is None)."""
+    gives each level's ``[B,h,w,D]`` position encoding (without it ``position`` is None).
+
+    Without ``strides`` a level's valid ratio is the share of its cells that the nearest-sampled mask leaves
+    valid (Deformable DETR's and DINO's convention): a box coordinate then names a point up to a cell away from
+    its pixel at the coarse levels (a 200-pixel-wide image in a 256-wide batch: 24 pixels at stride 32). With
+    each level's pixel ``strides`` it is the image's exact share of the level's extent, ``w / (w_i * stride_i)``:
+    the same pixel at every level."""
     tokens, positions, masks, ratios = [], [], [], []
+    if strides is not None:
+        image_size = torch.stack([(~pixel_mask[:, 0, :]).sum(1), (~pixel_mask[:, :, 0]).sum(1)], -1)  # (w, h) in pixels
     for level, x in enumerate(levels):
         mask = F.interpolate(pixel_mask[None].float(), size=x.shape[-2:])[0].bool()
         if position is not None:
             positions.append(position(level, mask, x.dtype).flatten(1, 2))
         tokens.append(x.flatten(2).transpose(1, 2))
         masks.append(mask.flatten(1))
-        valid = ~mask
-        ratios.append(torch.stack([valid[:, 0, :].sum(1) / mask.shape[2], valid[:, :, 0].sum(1) / mask.shape[1]], -1))
+        if strides is None:
+            valid = ~mask
+            ratios.append(torch.stack([valid[:, 0, :].sum(1) / mask.shape[2], valid[:, :, 0].sum(1) / mask.shape[1]], -1))
+        else:
+            extent = (x.shape[-1] * strides[level], x.shape[-2] * strides[level])  # the pixels the level's cells cover
+            ratios.append(torch.stack([image_size[:, 0] / extent[0], image_size[:, 1] / extent[1]], -1))
     return MultiScaleLevels(
         torch.cat(tokens, 1), torch.cat(positions, 1) if positions else None, torch.cat(masks, 1),
         [tuple(x.shape[-2:]) for x in levels], torch.stack(ratios, 1).to(levels[0].dtype),
