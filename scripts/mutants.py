@@ -59,6 +59,7 @@ DN_CLAMP = "tests/heads/test_dino_denoising.py::test_noised_boxes_are_clamped_an
 DN_RT_DETR = "tests/heads/test_dino_denoising.py::test_queries_are_transformers_rt_detr_contrastive_denoising_groups"
 DN_MASK_BOTH = "tests/heads/test_dino_denoising.py::test_attention_mask_in_both_directions"
 DINO_DEFAULTS = "tests/models/test_dino.py::test_defaults_are_the_official_dino_4scale_config"
+DINO_LEVEL_PIXELS = "tests/models/test_dino.py::test_exact_valid_ratios_place_every_level_on_the_pixels_its_cells_cover"
 COPY_PASTE_DATA = "tests/data/test_detection.py::test_copy_paste_reads_the_masks_and_cuts_along_the_boxes_when_an_object_has_none"
 DINO_ALL_LOSSES = "tests/models/test_dino.py::test_every_loss_term_of_mixed_selection_by_hand"
 FINETUNE_DETR = "tests/lightning/test_finetuning.py::test_detr_weights_of_another_class_count"
@@ -611,6 +612,13 @@ MUTANTS = [
     Mutant("rtdetr memory: Deformable DETR's cell ratios", "vision_tx/models/query_detector.py",
            "return flatten_levels(levels, pixel_mask, strides=self.level_strides(len(levels)))",
            "return flatten_levels(levels, pixel_mask)", (RT_LEVEL_PIXELS,)),
+    Mutant("dino: exact valid ratios ignored", "vision_tx/models/dino.py",
+           "if self.exact_valid_ratios else None", "if False else None", (DINO_LEVEL_PIXELS,)),
+    Mutant("dino: exact valid ratios by default", "vision_tx/models/dino.py",
+           "exact_valid_ratios: bool = False,", "exact_valid_ratios: bool = True,", (DINO_DEFAULTS,)),
+    Mutant("multiscale neck: the strides not passed on", "vision_tx/necks/multiscale.py",
+           "return flatten_levels(levels, pixel_mask, position, strides)", "return flatten_levels(levels, pixel_mask, position)",
+           (DINO_LEVEL_PIXELS,)),
     Mutant("rtdetr memory: an extra level at the last stride", "vision_tx/models/query_detector.py",
            "strides[-1] * 2 ** (i + 1) for i", "strides[-1] * 2**i for i", (RT_LEVEL_PIXELS,)),
     Mutant("proposal anchors: centred over the padded map", "vision_tx/models/query_detector.py",

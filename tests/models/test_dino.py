@@ -243,7 +243,7 @@ DINO_4SCALE = dict(
     box_noise_scale=1.0, position_temperature=20.0, position_offset=0.0, decoder_norm=True, inverse_sigmoid_eps=1e-3,
     num_detections=300,  # num_select, the boxes PostProcess keeps
 )
-DINO_OWN = dict(nms_threshold=None, share_scores=False)  # vision_tx's options, no official counterpart
+DINO_OWN = dict(nms_threshold=None, share_scores=False, exact_valid_ratios=False)  # vision_tx's options, no official counterpart (off: the official behaviour)
 DINO_4SCALE_LOSS = dict(weight_ce=1.0, weight_bbox=5.0, weight_giou=2.0, focal_alpha=0.25, focal_gamma=2.0)
 DINO_4SCALE_MATCHER = dict(cost_class=2.0, cost_bbox=5.0, cost_giou=2.0, focal_alpha=0.25, focal_gamma=2.0)
 
@@ -501,3 +501,24 @@ def test_every_loss_term_of_mixed_selection_by_hand(batch) -> None:
         torch.testing.assert_close(losses[key], value, rtol=1e-5, atol=1e-6, msg=key)
     weights = {"ce": 1.0, "bbox": 5.0, "giou": 2.0}
     torch.testing.assert_close(losses["loss"], sum(weights[key.split("_")[1]] * value for key, value in expected.items()))
+
+
+def test_exact_valid_ratios_place_every_level_on_the_pixels_its_cells_cover(batch) -> None:
+    """``exact_valid_ratios``: the encoder and decoder read each level (strides 8, 16, 32 and the extra 64) through the
+    image's share of the pixels its cells cover, ``w / (w_i * stride_i)``, the 72 x 56 image of the 112 x 80 batch
+    included; the official convention (the default) reads the share of cells its padding mask leaves valid."""
+    images, pixel_mask, _, maps = batch
+    seen = {}
+    image = torch.tensor([[112.0, 80.0], [72.0, 56.0]])  # (w, h)
+    for exact in (False, True):
+        torch.manual_seed(0)
+        model = perturb_(tiny_dino(maps, query_selection="mixed", num_denoising=0, exact_valid_ratios=exact)).eval()
+        model.encoder.register_forward_pre_hook(lambda _module, args: seen.__setitem__(exact, args[-1]))
+        with torch.no_grad():
+            model(images, pixel_mask)
+    shapes = [(m.shape[-2], m.shape[-1]) for m in maps] + [(1, 2)]
+    expected = torch.stack([image / torch.tensor([w * s, h * s]) for (h, w), s in zip(shapes, (8, 16, 32, 64))], 1)
+    torch.testing.assert_close(seen[True], expected)
+    cells = torch.stack([torch.tensor([[1.0, 1.0], [w_valid / w, h_valid / h]]) for (h, w), (h_valid, w_valid) in
+                         zip(shapes, [(7, 9), (4, 5), (2, 2), (1, 2)])], 1)  # the second image's valid cells, nearest-sampled
+    torch.testing.assert_close(seen[False], cells)

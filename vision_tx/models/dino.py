@@ -49,7 +49,10 @@ class DINO(DeformableQueryDetector):
     ``num_detections`` best (query, class) pairs, 300 as the config's ``num_select`` (Deformable DETR keeps 100;
     COCO's evaluation keeps up to 100 an image per class, so the 300 lift its AP). ``nms_threshold`` (off by default,
     as in the paper) adds per-class non-maximum suppression to :meth:`postprocess`, for short trainings
-    whose queries still duplicate each other; ``share_scores`` as RT-DETR's. :meth:`loss` computes ``DINOCriterion(num_classes,
+    whose queries still duplicate each other; ``share_scores`` as RT-DETR's. ``exact_valid_ratios`` (off: the official
+    convention) places a box coordinate on each level through the image's exact share of the pixels the level's cells
+    cover, as RT-DETR does (docs/RTDETR.md), in place of the share of cells the padding mask leaves valid: for images
+    padded to their batch at a few hundred pixels, where a coarse cell is a large part of the image. :meth:`loss` computes ``DINOCriterion(num_classes,
     HungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` (DINO's matcher and weights when not given).
     """
 
@@ -92,6 +95,7 @@ class DINO(DeformableQueryDetector):
         num_detections: int = 300,
         nms_threshold: float | None = None,
         share_scores: bool = False,
+        exact_valid_ratios: bool = False,
     ) -> None:
         if query_selection not in QUERY_SELECTIONS:
             raise ValueError(f"{__name__}: query_selection must be one of {QUERY_SELECTIONS}, got {query_selection!r}")
@@ -99,6 +103,7 @@ class DINO(DeformableQueryDetector):
             raise ValueError(f"{__name__}: denoising needs query_selection='mixed' (set num_denoising=0)")
         super().__init__(backbone, num_classes, num_queries, look_forward_twice, num_detections, nms_threshold, share_scores)
         self.query_selection = query_selection
+        self.exact_valid_ratios = exact_valid_ratios
         self.neck = MultiScaleProjection(
             backbone.out_channels, hidden_dim, num_levels, temperature=position_temperature, offset=position_offset
         )
@@ -127,7 +132,8 @@ class DINO(DeformableQueryDetector):
         used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
         "aux_outputs", "enc_outputs"}`` and in training with targets ``"dn_outputs"``."""
         pixel_mask = checked_pixel_mask(images, pixel_mask, __name__)
-        levels = self.neck(list(self.backbone(images).values()), pixel_mask)
+        strides = self.level_strides(len(self.neck.input_proj)) if self.exact_valid_ratios else None
+        levels = self.neck(list(self.backbone(images).values()), pixel_mask, strides)
         memory = self.encoder(levels.tokens, levels.position, levels.padding_mask, levels.shapes, levels.valid_ratios)
         return self.forward_decoder(memory, levels, normalize_targets(targets) if self.training and targets is not None else None)
 

@@ -63,6 +63,11 @@ class DeformableQueryDetector(nn.Module):
         self.nms_threshold = nms_threshold
         self.share_scores = share_scores
 
+    def level_strides(self, num_levels: int) -> list[int]:
+        """The pixel strides of the decoder's ``num_levels`` levels: the backbone's, then twice the last per extra level."""
+        strides = [int(s) for s in self.backbone.strides]
+        return strides + [strides[-1] * 2 ** (i + 1) for i in range(num_levels - len(strides))]
+
     def build_training_parts(
         self, hidden_dim: int, num_denoising: int, label_noise_ratio: float, box_noise_scale: float, eps: float,
         criterion_class: Callable[..., nn.Module], matcher_kwargs: dict[str, Any] | None, criterion_kwargs: dict[str, Any] | None,
@@ -183,11 +188,6 @@ class HybridEncoderDetector(DeformableQueryDetector):
         for projection in self.decoder_input_proj[len(maps):]:
             levels.append(projection(maps[-1] if len(levels) == len(maps) else levels[-1]))
         return flatten_levels(levels, pixel_mask, strides=self.level_strides(len(levels)))
-
-    def level_strides(self, num_levels: int) -> list[int]:
-        """The pixel strides of the decoder's ``num_levels`` levels: the backbone's, then twice the last per extra level."""
-        strides = [int(s) for s in self.backbone.strides]
-        return strides + [strides[-1] * 2 ** (i + 1) for i in range(num_levels - len(strides))]
 
     def select_queries(self, levels: MultiScaleLevels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The ``num_queries`` best proposals of the memory ``levels``: ``(queries [B,Q,D], boxes [B,Q,4])`` to start

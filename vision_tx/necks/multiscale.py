@@ -60,8 +60,11 @@ class MultiScaleProjection(nn.Module):
             nn.init.xavier_uniform_(projection[0].weight)
             nn.init.zeros_(projection[0].bias)
 
-    def forward(self, maps: Sequence[torch.Tensor], pixel_mask: torch.Tensor) -> MultiScaleLevels:
-        """``maps``: ``[B,C_i,h_i,w_i]`` highest resolution first; ``pixel_mask [B,H,W]`` True on padding."""
+    def forward(
+        self, maps: Sequence[torch.Tensor], pixel_mask: torch.Tensor, strides: Sequence[int] | None = None
+    ) -> MultiScaleLevels:
+        """``maps``: ``[B,C_i,h_i,w_i]`` highest resolution first; ``pixel_mask [B,H,W]`` True on padding;
+        ``strides``: every level's pixel stride for exact valid ratios (:func:`flatten_levels`)."""
         if len(maps) != self.num_backbone_levels:
             raise ValueError(
                 f"{__name__}: {len(maps)} backbone maps given, built for {self.num_backbone_levels}"
@@ -75,7 +78,7 @@ class MultiScaleProjection(nn.Module):
             # float64 models encode in float64; half-precision ones in float32, then cast
             return self.position_encoding(mask, torch.promote_types(dtype, torch.float32)).to(dtype) + self.level_embed[level]
 
-        return flatten_levels(levels, pixel_mask, position)
+        return flatten_levels(levels, pixel_mask, position, strides)
 
 
 def flatten_levels(
