@@ -52,8 +52,9 @@ class DINO(DeformableQueryDetector):
     whose queries still duplicate each other; ``share_scores`` as RT-DETR's. ``exact_valid_ratios`` (off: the official
     convention) places a box coordinate on each level through the image's exact share of the pixels the level's cells
     cover, as RT-DETR does (docs/RTDETR.md), in place of the share of cells the padding mask leaves valid: for images
-    padded to their batch at a few hundred pixels, where a coarse cell is a large part of the image. :meth:`loss` computes ``DINOCriterion(num_classes,
-    HungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` (DINO's matcher and weights when not given).
+    padded to their batch at a few hundred pixels, where a coarse cell is a large part of the image. :meth:`loss`
+    computes ``DINOCriterion(num_classes, HungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` (DINO's matcher and
+    weights when not given).
     """
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
