@@ -143,3 +143,12 @@ def test_last_ckpt_holds_the_latest_weights_when_the_metric_falls_and_a_run_resu
 def test_last_ckpt_holds_the_final_weights_of_a_run_that_ends_between_validations_or_has_none(tmp_path: Path, max_steps: int, validate: bool) -> None:
     fit_with_the_configs_checkpoints(tmp_path, max_steps, validate)
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == max_steps
+
+
+def test_dino_swin_toy_reads_each_level_at_the_pixel_a_box_names() -> None:
+    """The toy DINO config turns ``exact_valid_ratios`` on (docs/LEARNING.md, sessions 81-82: ahead at 800 steps in all
+    five pairs, +0.02 to +0.20 AP); DINO itself and the official-size configs keep the official convention."""
+    from tests.test_export import build_task
+
+    assert build_task("dino_swin_toy").model.exact_valid_ratios is True
+    assert build_task("dino_swin_toy", detector_kwargs={"nms_threshold": 0.5}).model.exact_valid_ratios is False
