@@ -5,6 +5,10 @@
   transformers' ``UperNetForSemanticSegmentation``; its Swin's separate q/k/v are our ``qkv`` split in three.
 - NAT-Tiny classifier, batch 2, 224x224, against the same model with ``na2d`` replaced by dense SDPA
   with the neighbourhood and the relative position bias as an additive mask (natten's CPU path has no backward).
+- CPU only: the README's main job, ``rtdetr_convnext_toy`` (its backbone included, 100 queries), batches of 8 at four of its
+  training sizes (144x192 to 192x256) in turn, 4 classes, 8 boxes an image: the training step with its linear layers' products on oneDNN
+  (:mod:`vision_tx.ops.linear_autograd`) against the same model on torch's own operators (MKL's ``sgemm``),
+  which :func:`vision_tx.ops.onednn.set_onednn_training` chooses between (by default by the CPU's vendor).
 
 Both sides use stochastic depth 0.2 (the recipes'); dropout and drop-path draw their own random numbers.
 """
@@ -19,9 +23,12 @@ import torch
 from benchmarks.na2d import masked_sdpa
 from benchmarks.timing import Row, classifier_training_step, compare
 from benchmarks.upernet import train_step as upernet_train_step
-from vision_tx.backbones import build_classifier, load_weights
+from vision_tx.backbones import build_backbone, build_classifier, load_weights
+from vision_tx.models import RTDETR
+from vision_tx.ops.onednn import onednn_training_enabled, set_onednn_training
 
 DROP_PATH = 0.2
+TOY_BATCH_SIZES = ((144, 192), (160, 224), (176, 240), (192, 256))  # (height, width): the recipe's shorter sides 144-192
 
 
 def _swin(device: str, quick: bool) -> Row:
@@ -52,5 +59,35 @@ def _nat(device: str, quick: bool) -> Row:
                    reference_step, "masked SDPA", device=device, unit_items=2, warmup=1, iters=2 if quick else 4)
 
 
+def _rtdetr_toy_products(quick: bool) -> Row:
+    torch.manual_seed(0)
+    model = RTDETR(build_backbone("convnext_toy", out_indices=(1, 2, 3)), 4, **{**RTDETR.variants["rtdetr_toy"], "num_queries": 100}).train()
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for height, width in TOY_BATCH_SIZES:  # multi-scale training: each call a batch of another size, as in the recipe
+        targets = [{"labels": torch.randint(0, 4, (8,), generator=generator),
+                    "boxes": torch.cat([0.2 + 0.6 * torch.rand(8, 2, generator=generator), 0.05 + 0.2 * torch.rand(8, 2, generator=generator)], 1)}
+                   for _ in range(8)]
+        batches.append((torch.randn(8, 3, height, width, generator=generator), torch.zeros(8, height, width, dtype=torch.bool), targets))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    default, calls = onednn_training_enabled(), {True: 0, False: 0}
+
+    def step(on_onednn: bool) -> None:
+        set_onednn_training(on_onednn)
+        for _ in range(len(batches)):
+            images, pixel_mask, targets = batches[calls[on_onednn] % len(batches)]
+            calls[on_onednn] += 1
+            optimizer.zero_grad(set_to_none=True)
+            model.loss(model(images, pixel_mask, targets), targets)["loss"].backward()
+            optimizer.step()
+
+    try:
+        return compare(f"rtdetr_convnext_toy train steps b8 at {len(batches)} sizes, products on oneDNN", lambda: step(True),
+                       lambda: step(False), "torch's operators", unit_items=8 * len(batches), warmup=1, iters=2 if quick else 5)
+    finally:
+        set_onednn_training(default)
+
+
 def run(device: str, quick: bool) -> list[Row]:
-    return [_swin(device, quick), upernet_train_step(device, quick, DROP_PATH), _nat(device, quick)]
+    rows = [_swin(device, quick), upernet_train_step(device, quick, DROP_PATH), _nat(device, quick)]
+    return rows + ([_rtdetr_toy_products(quick)] if device == "cpu" else [])

@@ -44,6 +44,7 @@ COCO = "tests/metrics/test_coco_rules.py"
 MSDA = "tests/ops/test_ms_deform_attn.py"
 FFN = "tests/ops/test_feed_forward.py"
 LINEAR_TRAINING = "tests/ops/test_linear_autograd.py"
+ONEDNN = "tests/ops/test_onednn.py"
 DINO_FFN = "tests/ops/test_feed_forward.py::test_dino_block_is_the_post_norm_ffn_with_and_without_dropout"
 DINO_TX = "tests/models/test_dino.py::test_outputs_and_loss_match_transformers"
 DINO_TX_GRAD = "tests/models/test_dino.py::test_gradients_match_transformers"
@@ -305,6 +306,13 @@ MUTANTS = [
            "        return onednn_product(grad.t(), rows)", "        return onednn_product(grad[:1].t(), rows[:1])", (LINEAR_TRAINING,)),
     Mutant("linear training: broadcast (stride-0) gradients handed to oneDNN as they are", "vision_tx/ops/linear_autograd.py",
            "a, b = (t.contiguous() if 0 in t.stride() else t for t in (a, b))", "pass", (LINEAR_TRAINING,)),
+    # Where the training products run (oneDNN, or torch's operators on Intel CPUs with MKL)
+    Mutant("oneDNN training: the switch ignored", "vision_tx/ops/linear_autograd.py",
+           "        onednn_training_enabled()\n        and onednn_linear_may_run(x)", "        onednn_linear_may_run(x)", (LINEAR_TRAINING,)),
+    Mutant("oneDNN training: MKL said to keep up on any vendor", "vision_tx/ops/onednn.py",
+           'return mkl and "GenuineIntel" in cpuinfo', "return mkl", (ONEDNN,)),
+    Mutant("oneDNN training: the CPU's default inverted", "vision_tx/ops/onednn.py",
+           "    return not mkl_products_keep_up()", "    return mkl_products_keep_up()", (ONEDNN,)),
     # Deformable attention module, encoder, decoder (DINO two-stage against transformers' DeformableDetr)
     Mutant("deformable attention: sigmoid for softmax", "vision_tx/heads/dino/deformable_attention.py",
            "weights = self.attention_weights(query).view(batch, queries, heads, levels * points).softmax(-1)",

@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.conftest import unavailable
 from tests.parity import perturb_
 from vision_tx.heads.dino.transformer import FeedForward
 from vision_tx.ops.feed_forward import residual_feed_forward
+from vision_tx.ops.onednn import onednn_training_enabled, set_onednn_training
 
 
 def plain_layers(x, weight1, bias1, weight2, bias2):
     return x + F.linear(F.relu(F.linear(x, weight1, bias1)), weight2, bias2)
 
 
+@pytest.fixture(params=[True, False], ids=["onednn-training", "plain-training"])
+def onednn_training(request: pytest.FixtureRequest) -> Iterator[bool]:
+    """The second product and the backward's on oneDNN, then on torch's operators (the default on Intel CPUs)."""
+    default = onednn_training_enabled()
+    set_onednn_training(request.param)
+    if request.param and not onednn_training_enabled():
+        unavailable("this torch build has no oneDNN linear kernel (torch.ops.mkldnn._linear_pointwise)")
+    yield request.param
+    set_onednn_training(default)
+
+
 # float64 runs the portable path, float32 on the CPU oneDNN's fused kernel (a different summation order).
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-def test_output_and_gradients_equal_autograd_through_the_plain_layers(dtype: torch.dtype, tolerance: float) -> None:
+def test_output_and_gradients_equal_autograd_through_the_plain_layers(dtype: torch.dtype, tolerance: float,
+                                                                      onednn_training: bool) -> None:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 5, 6, dtype=dtype, generator=generator)
     weight1, bias1 = torch.randn(9, 6, dtype=dtype, generator=generator), torch.randn(9, dtype=dtype, generator=generator)

@@ -3,6 +3,8 @@ and gives way to the plain operators under autocast, other dtypes, devices, comp
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,16 +12,21 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vision_tx.ops import Linear, linear_autograd
 from vision_tx.ops.linear_autograd import linear, onednn_trains
-from vision_tx.ops.onednn import _ONEDNN_LINEAR
+from vision_tx.ops.onednn import _ONEDNN_LINEAR, onednn_training_enabled, set_onednn_training
 
 from tests.conftest import unavailable
 from tests.parity import perturb_
 
 
 @pytest.fixture
-def onednn_linear() -> None:
+def onednn_linear() -> Iterator[None]:
+    """The oneDNN training path switched on, whatever this CPU's default (off on Intel CPUs)."""
     if _ONEDNN_LINEAR is None:
         unavailable("this torch build has no oneDNN linear kernel (torch.ops.mkldnn._linear_pointwise)")
+    default = onednn_training_enabled()
+    set_onednn_training(True)
+    yield
+    set_onednn_training(default)
 
 
 def _fast_path_ran(out: torch.Tensor) -> bool:
@@ -74,6 +81,17 @@ def test_other_dtypes_devices_and_autocast_take_the_plain_operators(onednn_linea
         out = layer(x)
     assert out.dtype == torch.bfloat16 and not _fast_path_ran(out)
     assert not _fast_path_ran(layer.double()(x.double()))
+
+
+def test_switched_off_the_plain_operators_train(onednn_linear: None) -> None:
+    layer = perturb_(Linear(8, 4, activation="gelu"))
+    x = torch.randn(3, 8, requires_grad=True)
+    assert _fast_path_ran(layer(x))
+    set_onednn_training(False)
+    assert not onednn_trains(x, layer.weight)
+    out = layer(x)
+    assert not _fast_path_ran(out)
+    torch.testing.assert_close(out, F.gelu(F.linear(x, layer.weight, layer.bias)), rtol=0, atol=0)
 
 
 def test_compiling_and_dispatch_modes_see_the_aten_ops(onednn_linear: None) -> None:

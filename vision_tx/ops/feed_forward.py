@@ -8,8 +8,9 @@ oneDNN's fused linear kernel on the CPU (bias and ReLU applied while the output 
 elsewhere ReLU runs in place on it), the backward masks the hidden gradient in place, and the
 residual is the accumulator of the second product: the same arithmetic, with fewer passes over
 memory and no extra buffer. In float32 on the CPU every other product (the second one, with its bias,
-the residual added after it, and the four of the backward) runs on oneDNN too, about twice as fast as
-MKL's sgemm on this project's AMD CPUs (see :mod:`vision_tx.ops.linear_autograd`).
+the residual added after it, and the four of the backward) runs on oneDNN too where the training
+products do (not on Intel CPUs, where MKL's sgemm keeps up; on AMD ones oneDNN is about twice as fast:
+see :mod:`vision_tx.ops.linear_autograd`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ activation while the output is still in registers. It has no backward, so it is 
 no gradient is asked for, in float32 or bfloat16 (plain or under CPU bf16 autocast, whose casts it
 applies itself). With a gradient, float32 CPU tensors outside autocast take
 :func:`vision_tx.ops.linear_autograd.onednn_linear_with_grad` (every product of forward and backward by
-oneDNN); every other device and dtype uses ``F.linear``.
+oneDNN) where the training products run on oneDNN (not on Intel CPUs:
+:func:`vision_tx.ops.onednn.set_onednn_training`); every other case uses ``F.linear``.
 
 The kernel also takes its weight pre-arranged in oneDNN's blocked layout (and, for bf16, converted);
 given the plain fp32 matrix it converts and re-arranges it on every call, a pass over weights that are

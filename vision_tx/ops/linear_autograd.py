@@ -1,11 +1,14 @@
 """A linear layer (optionally followed by exact GELU) for CPU training, every product run by oneDNN.
 
-On the AMD EPYC CPUs this project is developed on, PyTorch's float32 ``mm``/``addmm`` (MKL's sgemm)
+On the AMD EPYC CPUs this project was first developed on, PyTorch's float32 ``mm``/``addmm`` (MKL's sgemm)
 reach 30-50 GFLOP/s per core on the tall, narrow matrices of vision transformers, where oneDNN's
 ``linear_pointwise`` kernel (AVX-512) reaches 80-115 (Swin-T's shapes, one thread): the forward
 product with its bias, the input gradient ``grad @ W`` and the weight gradient ``grad^T @ x``, each
 taken as a "linear" of transposed views, in the orientation that measured faster. The same
 arithmetic as ``F.linear`` and ``F.gelu``; sums in another order, so results agree to float rounding.
+On Intel CPUs MKL runs its own AVX-512 kernels and is as fast or faster (``rtdetr_convnext_toy``'s
+training step 7% faster without this path on an Intel Xeon), so there the plain operators run:
+:func:`vision_tx.ops.onednn.set_onednn_training` says which.
 """
 
 from __future__ import annotations
@@ -13,14 +16,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vision_tx.ops.onednn import _ONEDNN_LINEAR, onednn_linear_may_run
+from vision_tx.ops.onednn import _ONEDNN_LINEAR, onednn_linear_may_run, onednn_training_enabled
 
 
 def onednn_trains(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`onednn_linear_with_grad` may compute ``x @ weight.T`` with a gradient: float32 CPU
-    tensors outside autocast (which picks its own dtype), compiling and dispatch modes, with some rows."""
+    tensors outside autocast (which picks its own dtype), compiling and dispatch modes, with some rows, where
+    the training products run on oneDNN (:func:`vision_tx.ops.onednn.onednn_training_enabled`)."""
     return (
-        onednn_linear_may_run(x)
+        onednn_training_enabled()
+        and onednn_linear_may_run(x)
         and type(weight) in (torch.Tensor, torch.nn.Parameter)
         and weight.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
