@@ -64,9 +64,6 @@ def _training_default() -> bool:
     return not mkl_products_keep_up()
 
 
-_TRAIN_ON_ONEDNN = _ONEDNN_LINEAR is not None and _training_default()
-
-
 def set_onednn_training(enabled: bool) -> None:
     """Whether the training step's float32 products of linear layers (forward, input and weight gradients) run
     on oneDNN (:mod:`vision_tx.ops.linear_autograd`) or through torch's own operators. Default: oneDNN unless
@@ -78,3 +75,6 @@ def set_onednn_training(enabled: bool) -> None:
 def onednn_training_enabled() -> bool:
     """See :func:`set_onednn_training`."""
     return _TRAIN_ON_ONEDNN
+
+
+set_onednn_training(_training_default())
