@@ -64,19 +64,17 @@ def _rtdetr_toy_products(quick: bool) -> Row:
     model = RTDETR(build_backbone("convnext_toy", out_indices=(1, 2, 3)), 4, **{**RTDETR.variants["rtdetr_toy"], "num_queries": 100}).train()
     generator = torch.Generator().manual_seed(0)
     batches = []
-    for height, width in TOY_BATCH_SIZES:  # multi-scale training: each call a batch of another size, as in the recipe
+    for height, width in TOY_BATCH_SIZES:  # multi-scale training: each timed call a step at each size, as the recipe varies them
         targets = [{"labels": torch.randint(0, 4, (8,), generator=generator),
                     "boxes": torch.cat([0.2 + 0.6 * torch.rand(8, 2, generator=generator), 0.05 + 0.2 * torch.rand(8, 2, generator=generator)], 1)}
                    for _ in range(8)]
         batches.append((torch.randn(8, 3, height, width, generator=generator), torch.zeros(8, height, width, dtype=torch.bool), targets))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    default, calls = onednn_training_enabled(), {True: 0, False: 0}
+    default = onednn_training_enabled()
 
     def step(on_onednn: bool) -> None:
         set_onednn_training(on_onednn)
-        for _ in range(len(batches)):
-            images, pixel_mask, targets = batches[calls[on_onednn] % len(batches)]
-            calls[on_onednn] += 1
+        for images, pixel_mask, targets in batches:
             optimizer.zero_grad(set_to_none=True)
             model.loss(model(images, pixel_mask, targets), targets)["loss"].backward()
             optimizer.step()
