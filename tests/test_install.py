@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -21,6 +23,13 @@ def run(command: list[str], cwd: Path) -> str:
     return result.stdout
 
 
+def running_site_packages() -> list[str]:
+    """The folders this interpreter imports installed packages from (a venv's, the system's, the user's)."""
+    folders = [*site.getsitepackages(), site.getusersitepackages(), *sysconfig.get_paths().values()]
+    folders += [entry for entry in sys.path if entry.endswith(("site-packages", "dist-packages"))]
+    return list(dict.fromkeys(folder for folder in folders if folder.endswith(("site-packages", "dist-packages")) and Path(folder).is_dir()))
+
+
 def test_an_installed_wheel_trains_a_config_by_name(tmp_path: Path) -> None:
     # The build runs in a copy, so that it leaves no build/ or egg-info folder in the checkout.
     source = tmp_path / "source"
@@ -29,9 +38,13 @@ def test_an_installed_wheel_trains_a_config_by_name(tmp_path: Path) -> None:
         shutil.copy(ROOT / name, source / name)
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(tmp_path / "dist"), str(source)], tmp_path)
     wheel = next((tmp_path / "dist").glob("vision_tx-*.whl"))
-    # torch and the other dependencies come from this interpreter's site-packages; the package from the wheel.
-    venv.create(tmp_path / "venv", system_site_packages=True, with_pip=False)
+    # torch and the other dependencies come from the running interpreter's site-packages, whether it runs in a virtual
+    # environment or not (system_site_packages would expose the base interpreter's, not a venv's); the package from the
+    # wheel, which the new environment's own site-packages puts first on the path.
+    venv.create(tmp_path / "venv", with_pip=False)
     python, bin_dir = tmp_path / "venv" / "bin" / "python", tmp_path / "venv" / "bin"
+    venv_site = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path).strip())
+    (venv_site / "running_interpreter.pth").write_text("\n".join(running_site_packages()) + "\n")
     run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)], tmp_path)
 
     work = tmp_path / "work"
