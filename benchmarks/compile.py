@@ -17,7 +17,7 @@ from vision_tx.backbones import build_classifier
 
 # name, classifier kwargs, batch, image side
 CASES = (
-    ("small swin (classification_toy before issue 28)", dict(embed_dim=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8), window_size=4), 32, 64),
+    ("small swin (the former classification_toy backbone)", dict(embed_dim=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8), window_size=4), 32, 64),
     ("swin_t classifier", {}, 8, 224),
 )
 

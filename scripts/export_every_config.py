@@ -1,5 +1,5 @@
 """Exports the model of every config in ``vision_tx/configs`` at its full size to ONNX and runs it in onnxruntime
-against the eager model (issue 38: "every config's model exports"). The test suite does the same on toy-sized
+against the eager model: every config's model exports. The test suite does the same on toy-sized
 models of every family (tests/test_export.py); this script is its full-size pass, too slow for CI (Swin-L, Swin-B,
 ViT-B: minutes each on 2 CPU cores).
 

@@ -146,7 +146,7 @@ def test_last_ckpt_holds_the_final_weights_of_a_run_that_ends_between_validation
 
 
 def test_dino_swin_toy_reads_each_level_at_the_pixel_a_box_names() -> None:
-    """The toy DINO config turns ``exact_valid_ratios`` on (docs/LEARNING.md, sessions 81-82: ahead at 800 steps in all
+    """The toy DINO config turns ``exact_valid_ratios`` on (docs/LEARNING.md, "What each lever gave": ahead at 800 steps in all
     five pairs, +0.02 to +0.20 AP); DINO itself and the official-size configs keep the official convention."""
     from tests.test_export import build_task
 

@@ -44,7 +44,7 @@ class LongRunAugmentation(pl.Callback):
     at least ``min_epochs`` epochs: from the start for a run of ``trainer.max_steps`` (or ``max_epochs``); for a
     ``--budget.minutes`` run, from the first epoch start at which the budget, at the pace of the epochs
     so far, makes that many. On 160-290 training images they cost AP at 40-70 epochs and add 0.01-0.10
-    at 110-170, where the images would otherwise be learnt by heart (docs/LEARNING.md, session 53).
+    at 110-170, where the images would otherwise be learnt by heart (docs/LEARNING.md, "What each lever gave").
     The mosaics, mixup and copy-paste stop from the epoch after any optimiser group's ``lr`` first falls below its
     ``initial_lr``. ``min_epochs=0`` keeps the configured augmentations from the start and only closes
     the mosaics, mixup and copy-paste. Changes reach loader workers at their next sample (the probabilities are in shared

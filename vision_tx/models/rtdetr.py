@@ -103,7 +103,7 @@ class RTDETR(HybridEncoderDetector):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``logits [L,B,N+Q,C]`` and ``layer_boxes [L,B,N+Q,4]`` (the ``N = num_denoising`` queries first) with one
         more layer: the ``Q`` matching queries' last boxes refined from the finest memory level, the denoising
-        queries' repeated (refining them too costs as much again and did not pay, session 78), all without their
+        queries' repeated (refining them too costs as much again and did not pay on the toy set), all without their
         gradient, scored by the last layer's logits."""
         height, width = levels.shapes[0]
         finest = levels.tokens[:, : height * width].transpose(1, 2).unflatten(2, (height, width))
