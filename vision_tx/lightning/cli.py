@@ -356,6 +356,7 @@ SUBCOMMANDS = {
     "train": "vision_tx.lightning.cli:train_main",
     "eval": "vision_tx.lightning.cli:eval_main",
     "infer": "vision_tx.lightning.inference:infer_main",
+    "predict": "vision_tx.lightning.predict:predict_main",
     "export": "vision_tx.export:main",
 }
 
@@ -366,7 +367,7 @@ def train_main(argv: Sequence[str] | None = None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``vision-tx SUBCOMMAND [options]``: ``train``, ``eval`` or ``infer``, as ``tools/<subcommand>.py``."""
+    """``vision-tx SUBCOMMAND [options]``: ``train``, ``eval``, ``infer``, ``predict`` or ``export``, as ``tools/<subcommand>.py``."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in SUBCOMMANDS:
         raise SystemExit(f"usage: vision-tx {{{','.join(SUBCOMMANDS)}}} [options]  (--help after one for its options)")
