@@ -351,3 +351,20 @@ def test_copy_paste_asks_for_the_masks_of_the_pasted_image_only_and_cuts_along_t
     pasting.copy_paste_probability = 0.0  # switched off (the long-run callback): the plain item, no masks asked for
     image, target = pasting[0]
     assert torch.equal(image, plain_image) and target["labels"].tolist() == [1] and len(shapes.asked) == 8
+
+
+def test_copy_paste_leaves_out_an_object_too_large_on_one_side_only() -> None:
+    """A 10-wide, 30-tall object: left out of a 25x40 image (too tall, though narrow enough), pasted into a 40x25 one
+    (both sides fit), whichever way it is flipped."""
+    other = tv_tensors.Image(torch.full((3, 50, 50), 200, dtype=torch.uint8))
+    other_target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[5.0, 5.0, 15.0, 35.0]]), format="XYXY", canvas_size=(50, 50)),
+                    "labels": torch.tensor([2])}
+    for seed in range(4):
+        for (height, width), fits in (((25, 40), False), ((40, 25), True)):
+            torch.manual_seed(seed)
+            image = tv_tensors.Image(torch.zeros(3, height, width, dtype=torch.uint8))
+            empty = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(height, width)),
+                     "labels": torch.zeros(0, dtype=torch.int64)}
+            pasted, pasted_target = MosaicDetection.copy_paste(image, empty, other, other_target)
+            assert pasted_target["labels"].tolist() == ([2] if fits else [])
+            assert int((pasted != image).any(0).sum()) == (10 * 30 if fits else 0)

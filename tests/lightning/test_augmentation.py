@@ -143,6 +143,16 @@ def test_a_short_run_is_not_augmented() -> None:
     assert callback.on_epoch is None
 
 
+@pytest.mark.parametrize(("min_epochs", "on"), [(6.0, True), (6.5, False)])
+def test_a_step_run_counts_its_accumulated_batches_as_epochs(min_epochs: float, on: bool) -> None:
+    """6 optimiser steps of 2 accumulated batches each, at 2 batches an epoch: 6 epochs, not 3."""
+    callback = LongRunAugmentation(min_epochs=min_epochs)
+    trainer = planned_trainer(ProbeData(0), max_steps=6, accumulate_grad_batches=2)
+    assert callback.planned_epochs(trainer) == pytest.approx(6.0)
+    callback.setup(trainer, None, "fit")
+    assert (callback.on_epoch == 0) is on
+
+
 @pytest.mark.parametrize(("min_epochs", "on"), [(20.0, True), (20.5, False)])
 def test_a_budget_run_is_long_when_its_pace_makes_min_epochs(min_epochs: float, on: bool) -> None:
     budget = TrainingBudget(minutes=1.0)

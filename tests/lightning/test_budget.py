@@ -141,3 +141,24 @@ def test_under_ddp_the_images_and_cpu_seconds_of_every_process_are_summed(tmp_pa
     assert written["steps"] == 3 and written["images_seen"] == 2 * 3 * 2
     assert written["images_per_second"] == pytest.approx(12 / written["train_seconds"])
     assert written["cpu_seconds"] > 0
+
+
+def test_wall_clock_and_cpu_seconds_add_up_over_several_training_stretches(monkeypatch) -> None:
+    """Three stretches of training split by two validations: each clock sums the stretches, never only the last one,
+    and neither counts the validations. Stretches of unequal length, so that any one of them alone differs."""
+    clock = {"wall": 100.0, "cpu": 10.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(time, "process_time", lambda: clock["cpu"])
+    trainer = type("Trainer", (), {"sanity_checking": False, "global_step": 0})()
+    budget = TrainingBudget()
+    budget.on_train_start(trainer, None)
+    for wall, cpu in ((5.0, 7.0), (2.0, 3.0), (4.0, 1.0)):
+        clock["wall"] += wall
+        clock["cpu"] += cpu
+        budget.on_validation_start(trainer, None)
+        clock["wall"] += 50.0  # the validation
+        clock["cpu"] += 60.0
+        budget.on_validation_end(trainer, None)
+    budget.on_validation_start(trainer, None)  # a pause with no training since the last one adds nothing
+    assert budget.elapsed() == pytest.approx(11.0) and budget.spent == pytest.approx(11.0)
+    assert budget.cpu == pytest.approx(11.0)
