@@ -222,10 +222,18 @@ def test_a_bad_video_or_no_pyav_is_one_line(av: ModuleType, tmp_path: Path, monk
         list(read_video_frames(broken))
 
 
-def test_vision_tx_predict_is_the_tool() -> None:
+def test_vision_tx_predict_is_the_tool(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert SUBCOMMANDS["predict"] == "vision_tx.lightning.predict:predict_main"
     with pytest.raises(SystemExit, match="0"):
         main(["predict", "--help"])
+    assert "--source SOURCE" in capsys.readouterr().out
+    # Bad options and sources stop before the model loads (the checkpoint named here does not exist).
+    given = ["predict", "--config", "rtdetr_convnext_toy", "--ckpt", str(tmp_path / "none.ckpt")]
+    with pytest.raises(SystemExit, match=f"error: {tmp_path / 'missing'}: no such file or folder"):
+        main([*given, "--source", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match="2"):
+        main([*given, "--source", str(tmp_path), "--tile", "256", "--overlap", "1"])
+    assert "--overlap in [0, 1), got 256 and 1.0" in capsys.readouterr().err
 
 
 def test_the_module_detector_batches_as_one_image_at_a_time(detr_checkpoint: Path, detr_toy_cache: Path) -> None:

@@ -317,6 +317,7 @@ def predict_main(argv: Sequence[str] | None = None) -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA device here")
     files = source_files(args.source)
+    total = picture_count(files, args.frame_step)  # before the model loads: a video PyAV cannot read stops here
     module, datamodule = load_trained(config_args, args.ckpt)
     if not isinstance(module, DetectionModule):
         raise SystemExit(f"error: {args.ckpt}: a {type(module).__name__}; predict runs detection models (DetectionModule)")
@@ -327,7 +328,7 @@ def predict_main(argv: Sequence[str] | None = None) -> None:
         ModuleDetector(module, datamodule, args.device), read_pictures(files, args.frame_step), args.batch_size, threshold,
         classes, args.tile, args.overlap, args.whole_image, args.iou_threshold,
     )
-    bar = tqdm(predictions, total=picture_count(files, args.frame_step), unit="image", desc="predict")
+    bar = tqdm(predictions, total=total, unit="image", desc="predict")
     images = write_predictions(bar, args.out, names, args.save_pictures)
     print(f"{len(images)} images (score >= {threshold:g}): {Path(args.out) / 'results.json'}, images.json, detections/"
           + (", pictures/" if args.save_pictures else ""))
