@@ -32,6 +32,14 @@ DejaVu Sans, its settings (no hub, no online checks, no TensorBoard) live in OUT
     python scripts/compare_detection.py BCCD --accelerator gpu --budget-seconds 300 --workers 8 --imgsz 640 \
         -- --data.batch_size 16 --data.val_transform.init_args.size 480 --data.val_transform.init_args.max_size 640
     python scripts/compare_detection.py BCCD --no-vision-tx --budget-seconds 300 --yolo yolo26n   # a YOLO side alone
+    python scripts/compare_detection.py --suite real --budget-seconds 180 --threads 2 --yolo yolov8n yolo11n --seed 0
+
+``--suite real`` runs the comparison on each real set of ``../shared/data`` (BCCD, masks, plates, aquarium) in turn,
+each into OUT/SET, and prints one table: per set AP50 / AP / AP75 and images per second of each side, and the suite's
+means. A YOLO side's scored run is kept in ``--yolo-cache`` under its set (the annotation files' contents), budget,
+seed, threads, loader workers, image size, batch, accelerator, CPU or GPU model and torch and Ultralytics versions, and
+reused when all of them match (``--no-yolo-cache``: train again): a recipe change reruns only vision_tx's side. Only
+runs of a fixed ``--budget-seconds`` are kept.
 
 ``--accelerator gpu`` trains and predicts both sides on the first GPU: vision_tx in ``bf16-mixed``, YOLO with
 Ultralytics' own mixed precision (``amp=True``, fp16 with loss scaling). ``--no-vision-tx`` trains only the YOLO
@@ -48,6 +56,7 @@ images seen and images per second of each, the CPU and the versions; writes all 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import os
@@ -85,6 +94,10 @@ ROUND_TRIP_TOLERANCE_PX = 1e-3
 GPU_PRECISION = "bf16-mixed"  # vision_tx's on a GPU; Ultralytics' own mixed precision (amp=True) is fp16 with loss scaling
 TRAIN_TOOL = Path(__file__).resolve().parents[1] / "tools" / "train.py"
 YOLO_MODELS = {"yolov8n": "YOLOv8n", "yolo11n": "YOLO11n", "yolo26n": "YOLO26n"}  # Ultralytics' YAML name -> display name
+# ../shared/data beside the checkout, or VISION_TX_SHARED_DATA (as the tests read it)
+SHARED_DATA = Path(os.environ.get("VISION_TX_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SUITES = {"real": ("bccd", "masks", "plates", "aquarium")}  # sets of SHARED_DATA, in the order they run
+SUITE_STATS = ("AP50", "AP", "AP75")
 
 
 def annotation_file(root: Path, folder: str) -> Path:
@@ -434,8 +447,13 @@ def run_vision_tx(args: argparse.Namespace, out: Path, extra: Sequence[str]) -> 
 
 
 def parser() -> argparse.ArgumentParser:
-    p = comparison_parser(__doc__, "a COCO-layout set: train2017/, val2017/, annotations/instances_*.json", "rtdetr_convnext_toy",
-                          "runs/compare_detection")
+    p = comparison_parser(__doc__, "a COCO-layout set: train2017/, val2017/, annotations/instances_*.json (or --suite)",
+                          "rtdetr_convnext_toy", "runs/compare_detection", root_optional=True)
+    p.add_argument("--suite", choices=SUITES, help="the sets of ../shared/data compared in turn, one table: "
+                   + "; ".join(f"{name}: {', '.join(sets)}" for name, sets in SUITES.items()))
+    p.add_argument("--yolo-cache", type=Path, default=Path.home() / ".cache" / "vision_tx" / "compare_detection",
+                   help="where YOLO's scored runs of a fixed --budget-seconds are kept and reused")
+    p.add_argument("--no-yolo-cache", dest="use_yolo_cache", action="store_false", help="train the YOLO models again")
     p.add_argument("--imgsz", type=int, default=192, help="YOLO's image size (the longer side)")
     p.add_argument("--yolo-batch", type=int, default=16, help="YOLO's batch size (its default)")
     p.add_argument("--processes", type=int, default=1,
@@ -455,20 +473,93 @@ def parser() -> argparse.ArgumentParser:
 
 def check_options(args: argparse.Namespace) -> None:
     """Refuses the combinations of options that cannot run."""
+    if (args.root is None) == (args.suite is None):
+        raise SystemExit("error: give a set's folder or --suite NAME (not both)")
+    if args.suite and args.budget_seconds is None:
+        raise SystemExit("error: --suite needs --budget-seconds: every set and side trains for the same time")
     if args.processes > 1 and args.accelerator != "cpu":
         raise SystemExit("error: --processes N is vision_tx's DDP on the CPU; on a GPU give --processes 1")
     if not args.vision_tx and (args.budget_seconds is None or not args.yolo):
         raise SystemExit("error: --no-vision-tx needs --budget-seconds (no vision_tx run to time) and a --yolo model")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args, extra = parse_with_vision_tx_options(parser(), sys.argv[1:] if argv is None else argv)
-    check_options(args)
+def yolo_cache_file(args: argparse.Namespace, name: str, budget: float) -> Path:
+    """Where the YOLO model ``name``'s scored run on ``args.root`` for ``budget`` seconds is kept: named by the set,
+    the model and a digest of everything that decides the run (the annotations' contents, not the folder's path)."""
+    key = {"annotations": [hashlib.sha256(annotation_file(args.root, folder).read_bytes()).hexdigest() for folder in SPLITS.values()],
+           "model": name, "budget_seconds": budget, "seed": args.seed, "threads": args.threads, "workers": args.workers,
+           "imgsz": args.imgsz, "batch": args.yolo_batch, "accelerator": args.accelerator,
+           "device": torch.cuda.get_device_name(0) if args.accelerator == "gpu" else cpu_description()["model"],
+           "versions": versions("torch", "ultralytics")}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return args.yolo_cache / f"{Path(args.root).resolve().name}_{name}_{digest}.json"
+
+
+def run_yolo(name: str, data_yaml: Path, out: Path, budget: float, args: argparse.Namespace) -> dict[str, Any]:
+    """The YOLO model ``name`` trained for ``budget`` seconds and scored, or its kept run where one matches."""
+    cache = yolo_cache_file(args, name, budget) if args.use_yolo_cache and args.budget_seconds is not None else None
+    if cache is not None and cache.is_file():
+        print(f"{YOLO_MODELS[name]}: the run kept in {cache}")
+        return json.loads(cache.read_text())
+    weights, yolo = train_yolo(name, data_yaml, out, budget, args)
+    torch.set_num_threads(args.threads)
+    yolo.update(scored(annotation_file(args.root, SPLITS["val"]), predict_yolo(weights, args.root, args)))
+    run = {"model": f"{name}.yaml", "imgsz": args.imgsz, "batch": args.yolo_batch, "weights": str(weights), **yolo}
+    if cache is not None:
+        write_report(cache, run)
+    return run
+
+
+def suite_table(reports: dict[str, dict[str, Any]]) -> tuple[str, dict[str, dict[str, float]]]:
+    """One row per set of ``reports`` (set -> a comparison's report), one column per side: AP50 / AP / AP75 and images
+    per second; then the means over the sets of the sides that ran on all of them. Returns the table and the means."""
+    def stats(run: dict[str, Any]) -> dict[str, float]:
+        return {**{k: run["coco"][k] for k in SUITE_STATS}, "images_per_second": run["images_per_second"]}
+
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for name, report in reports.items():
+        if report["vision_tx"]:
+            table.setdefault(report["vision_tx"]["config"], {})[name] = stats(report["vision_tx"])
+        for model, run in report["yolo"].items():
+            table.setdefault(YOLO_MODELS[model], {})[name] = stats(run)
+    means = {side: {k: float(np.mean([row[k] for row in rows.values()])) for k in (*SUITE_STATS, "images_per_second")}
+             for side, rows in table.items() if len(rows) == len(reports)}
+    width = max(len(side) for side in table) + 2
+    lines = [f"{'set':<10}{'side':<{width}}{' / '.join(SUITE_STATS):>22}{'images/s':>10}"]
+    for name in [*reports, "mean"]:
+        for side, rows in table.items():
+            row = means.get(side) if name == "mean" else rows.get(name)
+            if row is not None:
+                lines.append(f"{name:<10}{side:<{width}}{' / '.join(f'{row[k]:.3f}' for k in SUITE_STATS):>22}"
+                             f"{row['images_per_second']:>10.1f}")
+    return "\n".join(lines), means
+
+
+def run_suite(args: argparse.Namespace, extra: Sequence[str]) -> None:
+    """The comparison on each set of ``args.suite`` in turn, each into OUT/SET; one table of all; OUT/suite.json."""
+    out = args.out.resolve()
+    reports = {}
+    for name in SUITES[args.suite]:
+        root = SHARED_DATA / name
+        if not root.is_dir():
+            raise SystemExit(f"error: {root}: no such folder (the suite's sets are read from ../shared/data beside the checkout)")
+        reports[name] = compare(argparse.Namespace(**{**vars(args), "root": root}), out / name, extra)
+    table, means = suite_table(reports)
+    cpu = cpu_description()
+    print(f"\nthe {args.suite} suite, training {args.budget_seconds:.0f} s each, seed {args.seed}, "
+          f"{machine_line(cpu, args.threads, versions('torch', 'ultralytics'))}\n{table}")
+    write_report(out / "suite.json", {"suite": args.suite, "budget_seconds": args.budget_seconds, "seed": args.seed,
+                                      "threads": args.threads, "cpu": cpu, "means": means,
+                                      "sets": {name: str(out / name / "comparison.json") for name in reports}})
+
+
+def compare(args: argparse.Namespace, out: Path, extra: Sequence[str]) -> dict[str, Any]:
+    """The comparison on the set ``args.root``, into ``out``: trains and scores each side, prints the table, writes
+    ``out/comparison.json``; returns its report."""
     for folder in SPLITS.values():
         if not annotation_file(args.root, folder).is_file():
             raise SystemExit(f"error: {annotation_file(args.root, folder)}: no such file (expected a COCO-layout set)")
     torch.set_num_threads(args.threads)
-    out = args.out.resolve()
     shutil.rmtree(out / "yolo_data", ignore_errors=True)  # with Ultralytics' label caches of an earlier run
     data_yaml = write_yolo_dataset(args.root, out / "yolo_data")
     errors = check_round_trip(args.root, out / "yolo_data")
@@ -476,12 +567,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     vtx = run_vision_tx(args, out, extra) if args.vision_tx else None
     budget = args.budget_seconds or vtx["train_seconds"]
-    yolos = {}
-    for name in args.yolo:
-        weights, yolo = train_yolo(name, data_yaml, out, budget, args)
-        torch.set_num_threads(args.threads)
-        yolo.update(scored(annotation_file(args.root, SPLITS["val"]), predict_yolo(weights, args.root, args)))
-        yolos[name] = {"model": f"{name}.yaml", "imgsz": args.imgsz, "batch": args.yolo_batch, "weights": str(weights), **yolo}
+    yolos = {name: run_yolo(name, data_yaml, out, budget, args) for name in args.yolo}
 
     report = {
         "data": str(Path(args.root).resolve()), "budget_seconds": budget, "threads": args.threads, "seed": args.seed,
@@ -514,6 +600,16 @@ def main(argv: Sequence[str] | None = None) -> None:
           "(IoU 0.5; what the classes cost); wrong classes >= 0.2: how many of those score 0.2 or more\n"
           "own AP50, own AP: Ultralytics' validation of its final weights (its own mAP, not pycocotools'), a cross-check")
     write_report(out / "comparison.json", report)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args, extra = parse_with_vision_tx_options(parser(), sys.argv[1:] if argv is None else argv)
+    check_options(args)
+    if args.suite:
+        run_suite(args, extra)
+    else:
+        compare(args, args.out.resolve(), extra)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
+import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
@@ -290,3 +291,109 @@ def test_options_that_cannot_run_are_refused(script: dict[str, Any], options: li
 @pytest.mark.parametrize("options", [[], ["--no-vision-tx", "--budget-seconds", "60"], ["--accelerator", "gpu"]])
 def test_options_that_can_run_pass(script: dict[str, Any], options: list[str]) -> None:
     script["check_options"](script["parser"]().parse_args(["/data", *options]))
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    ([], "give a set's folder or --suite NAME"),
+    (["/data", "--suite", "real", "--budget-seconds", "60"], "give a set's folder or --suite NAME"),
+    (["--suite", "real"], "--suite needs --budget-seconds"),
+])
+def test_a_suite_or_a_set_and_a_suite_with_its_budget(script: dict[str, Any], options: list[str], error: str) -> None:
+    with pytest.raises(SystemExit, match=error):
+        script["check_options"](script["parser"]().parse_args(options))
+    script["check_options"](script["parser"]().parse_args(["--suite", "real", "--budget-seconds", "60"]))
+
+
+def side_report(config: str | None, ap50: float, ap: float, ap75: float, speed: float, yolos: dict[str, tuple]) -> dict[str, Any]:
+    """A comparison report as ``compare`` writes it, with only what the suite's table reads."""
+    def run(stats: tuple) -> dict[str, Any]:
+        return {"coco": dict(zip(("AP50", "AP", "AP75"), stats[:3])), "images_per_second": stats[3]}
+
+    return {"vision_tx": config and {"config": config, **run((ap50, ap, ap75, speed))},
+            "yolo": {name: run(stats) for name, stats in yolos.items()}}
+
+
+def test_the_suite_table_gives_each_set_and_the_means_of_the_sides_that_ran_on_all(script: dict[str, Any]) -> None:
+    reports = {
+        "bccd": side_report("ours", 0.8, 0.5, 0.6, 20.0, {"yolov8n": (0.6, 0.4, 0.45, 50.0), "yolo11n": (0.7, 0.3, 0.35, 40.0)}),
+        "plates": side_report("ours", 0.4, 0.2, 0.1, 10.0, {"yolov8n": (0.5, 0.3, 0.25, 30.0)}),
+    }
+    table, means = script["suite_table"](reports)
+    assert set(means) == {"ours", "YOLOv8n"}  # YOLO11n ran on one set of two: no mean
+    assert means["ours"] == pytest.approx({"AP50": 0.6, "AP": 0.35, "AP75": 0.35, "images_per_second": 15.0})
+    assert means["YOLOv8n"] == pytest.approx({"AP50": 0.55, "AP": 0.35, "AP75": 0.35, "images_per_second": 40.0})
+    lines = table.splitlines()
+    assert lines[1].split() == ["bccd", "ours", "0.800", "/", "0.500", "/", "0.600", "20.0"]
+    assert [line.split()[:2] for line in lines[1:]] == [["bccd", "ours"], ["bccd", "YOLOv8n"], ["bccd", "YOLO11n"],
+                                                       ["plates", "ours"], ["plates", "YOLOv8n"], ["mean", "ours"], ["mean", "YOLOv8n"]]
+
+
+def test_a_kept_yolo_run_is_reused_only_where_everything_that_decides_it_matches(
+        script: dict[str, Any], converted: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, _ = converted
+    trained: list[tuple[str, float, int]] = []
+
+    def fake_train(name: str, data_yaml: Path, out: Path, seconds: float, args: Any) -> tuple[Path, dict[str, Any]]:
+        trained.append((name, seconds, args.seed))
+        return tmp_path / "last.pt", {"epochs": len(trained), "images_per_second": 1.0}
+
+    namespace = script["run_yolo"].__globals__
+    monkeypatch.setitem(namespace, "train_yolo", fake_train)
+    monkeypatch.setitem(namespace, "predict_yolo", lambda weights, root, args: [])
+    monkeypatch.setitem(namespace, "versions", lambda *packages: {p: "1.0" for p in packages})  # ultralytics absent here
+
+    def run(*options: str) -> dict[str, Any]:
+        args = script["parser"]().parse_args([str(root), "--yolo-cache", str(tmp_path / "cache"), "--threads", "2", *options])
+        try:
+            return script["run_yolo"]("yolov8n", tmp_path / "data.yaml", tmp_path, args.budget_seconds or 7.0, args)
+        finally:
+            torch.set_num_threads(threads)  # a trained side sets its threads
+
+    threads = torch.get_num_threads()
+
+    first = run("--budget-seconds", "60")
+    assert run("--budget-seconds", "60") == first and len(trained) == 1  # kept
+    run("--budget-seconds", "60", "--seed", "1")
+    run("--budget-seconds", "60", "--threads", "3")
+    run("--budget-seconds", "90")
+    run("--budget-seconds", "60", "--imgsz", "256")
+    assert len(trained) == 5
+    run("--budget-seconds", "60", "--no-yolo-cache")
+    run()  # no fixed budget: never kept
+    run()
+    assert len(trained) == 8
+    annotations = root / "annotations" / "instances_val2017.json"
+    saved = annotations.read_bytes()
+    try:
+        annotations.write_bytes(saved + b" ")  # other contents: another set
+        run("--budget-seconds", "60")
+        assert len(trained) == 9
+    finally:
+        annotations.write_bytes(saved)
+    assert run("--budget-seconds", "60") == first and len(trained) == 9
+
+
+def test_the_suite_runs_each_real_set_into_its_folder_and_writes_the_means(
+        script: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace = script["run_suite"].__globals__
+    data = tmp_path / "data"
+    for name in ("bccd", "masks", "plates", "aquarium"):
+        (data / name).mkdir(parents=True)
+    ran: list[tuple[Path, Path]] = []
+
+    def fake_compare(args: Any, out: Path, extra: list[str]) -> dict[str, Any]:
+        ran.append((args.root, out))
+        return side_report("ours", 0.5, 0.1 * len(ran), 0.2, 10.0, {"yolov8n": (0.4, 0.2, 0.1, 30.0)})
+
+    monkeypatch.setitem(namespace, "SHARED_DATA", data)
+    monkeypatch.setitem(namespace, "compare", fake_compare)
+    args = script["parser"]().parse_args(["--suite", "real", "--budget-seconds", "60", "--out", str(tmp_path / "out")])
+    with redirect_stdout(io.StringIO()) as printed:
+        script["run_suite"](args, [])
+    assert ran == [(data / name, (tmp_path / "out" / name).resolve()) for name in ("bccd", "masks", "plates", "aquarium")]
+    written = json.loads((tmp_path / "out" / "suite.json").read_text())
+    assert written["means"]["ours"]["AP"] == pytest.approx(0.25) and written["means"]["YOLOv8n"]["AP"] == pytest.approx(0.2)
+    assert "mean      ours" in printed.getvalue()
+    (data / "plates").rmdir()
+    with pytest.raises(SystemExit, match="plates: no such folder"):
+        script["run_suite"](args, [])
