@@ -70,7 +70,7 @@ SMALL_OBJECTS = [
     [88, 20, 102, 34],  # across the side x=96 of the second column: whole in the first, cut (6 pixels wide) in the second
     [100, 300, 112, 312],  # whole in four tiles: columns 0 and 1, rows 2 and 3
     [250, 150, 262, 162],  # in one tile
-    [400, 450, 412, 462],  # in the last row and column (moved back to end at the edge)
+    [400, 450, 412, 462],  # in the last row (moved back to end at the edge), whole in its last two tiles
 ]
 
 
