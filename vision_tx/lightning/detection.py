@@ -7,15 +7,18 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from torchvision import tv_tensors
 
 from vision_tx.attention import detector_attention_pictures
 from vision_tx.backbones import load_weights
+from vision_tx.io import gather_by_image_id
 from vision_tx.lightning.common import adamw, build_task_backbone, is_fitting, param_groups
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.coco import CLASSWISE_COLUMNS, CocoEvaluator
+from vision_tx.metrics.detection_report import write_validation_report
 from vision_tx.models import DETECTORS
 from vision_tx.visualize import denormalize, draw_detections, save_grid
 
@@ -43,9 +46,13 @@ class DetectionModule(TaskModule):
     ``share_scores_from_epoch`` turns the detector's ``share_scores`` on (RT-DETR, DINO, D-FINE: each class scored by
     its share of the query's class probabilities) once the weights have trained that many epochs (optimiser steps
     times ``accumulate_grad_batches`` over the batches of an epoch): a query torn between two classes then ranks both
-    lower, which pays once the classes are learnt and costs while they are not (docs/LEARNING.md, session 74). The
-    switch is written into ``detector_kwargs``, so a checkpoint saved after it, and what evaluates or exports that
-    checkpoint, scores as the run did.
+    lower, which pays once the classes are learnt and costs while they are not (docs/LEARNING.md, "Scores: shared once
+    20 epochs are trained"). The switch is written into ``detector_kwargs``, so a checkpoint saved after it, and what
+    evaluates or exports that checkpoint, scores as the run did.
+    Each validation writes, beside ``metrics.json``, the report of :mod:`vision_tx.metrics.detection_report` (the
+    confusion matrix of the detections scoring at least ``visualize_score_threshold``, the precision-recall and F1
+    curves per class, the best-F1 confidence): ``confusion_matrix.png``, ``pr_curve.png``, ``f1_curve.png``, the numbers
+    in ``metrics.json``'s ``bbox`` section, the pictures in TensorBoard (``val/confusion_matrix``, ...).
     ``compile`` (and any other option of :class:`TaskModule`) is passed on.
     """
 
@@ -150,6 +157,7 @@ class DetectionModule(TaskModule):
     def on_validation_epoch_start(self) -> None:
         super().on_validation_epoch_start()
         self.evaluator = CocoEvaluator(self.trainer.datamodule.val_coco, "bbox")
+        self.validated_image_ids: list[int] = []  # this process's, for the report (images without detections included)
 
     def validation_step(self, batch: dict[str, Any], batch_index: int) -> dict[str, Any]:
         """Scores the boxes of ``batch``; returns the model's outputs (for subclasses that score more)."""
@@ -160,6 +168,7 @@ class DetectionModule(TaskModule):
         orig_sizes = torch.stack([t["orig_size"] for t in targets])
         detections = self.model.postprocess(outputs, orig_sizes)
         self.evaluator.update([{"image_id": int(t["image_id"]), **d} for t, d in zip(targets, detections)])
+        self.validated_image_ids += [int(t["image_id"]) for t in targets]
         if len(self.preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
             self._add_preview(batch, outputs)
         return outputs
@@ -182,15 +191,22 @@ class DetectionModule(TaskModule):
         self.log("val/AP", stats["AP"], prog_bar=True)
         self.per_category_tables["val/bbox_AP_per_category"] = markdown_table(self.evaluator.per_category, CLASSWISE_COLUMNS)
         log_dir = self.trainer.log_dir  # a collective call under DDP: every rank makes it
+        image_ids = list(gather_by_image_id(dict.fromkeys(self.validated_image_ids)))  # collective too
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or log_dir is None:
             return
         log_dir = Path(log_dir)
-        self.evaluator.write_results(log_dir / "bbox_results.json")
-        self.evaluator.write_metrics(stats, log_dir / "metrics.json")
+        report, pictures = write_validation_report(self.evaluator, stats, image_ids, self.visualize_score_threshold, log_dir)
+        for logger in self.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                for name, report_picture in pictures.items():
+                    logger.experiment.add_image(f"val/{name}", report_picture, self.global_step)
         picture = save_grid(self.preview, log_dir / f"predictions_step{self.global_step}.png") if self.preview else None
+        best_f1, best_threshold = report.best
         rank_zero_info(
             f"step {self.global_step}: COCO box AP {stats['AP']:.3f}, AP50 {stats['AP50']:.3f}, AP75 {stats['AP75']:.3f}\n"
             f"{self.evaluator.table()}\n"
+            f"best F1 {best_f1:.3f} at confidence {best_threshold:.2f}; confusion matrix, PR and F1 curves: "
+            f"{', '.join(f'{name}.png' for name in pictures)}\n"
             f"metrics: {log_dir / 'metrics.json'}" + (f"\npredictions drawn in {picture}" if picture else "")
         )
 

@@ -24,7 +24,7 @@ from torch import Tensor
 from torchvision.io import write_png
 from torchvision.ops import box_convert, box_iou
 
-from vision_tx.metrics.coco import _results_coco
+from vision_tx.metrics.coco import CocoEvaluator, _results_coco
 
 IOU_THRESHOLD = 0.5
 CONFIDENCES = np.arange(101) / 100  # where the curves over the confidence are sampled: 0.00, 0.01, ..., 1.00
@@ -178,10 +178,15 @@ class DetectionReport:
         """The F1 curve averaged over the categories with ground truth (zeros when there is none)."""
         return np.mean([c["f1"] for c in self.curves.values()], 0) if self.curves else np.zeros_like(self.confidences)
 
+    @property
+    def best(self) -> tuple[float, float]:
+        """``(best F1, its confidence)`` of :attr:`mean_f1` (:func:`best_f1`)."""
+        return best_f1(self.mean_f1, self.confidences)
+
     def to_json(self) -> dict[str, Any]:
         """The numbers for ``metrics.json``'s ``bbox`` section: ``best_f1`` and ``best_f1_threshold`` (of :attr:`mean_f1`),
         ``confusion_matrix`` (``classes``, ``counts`` as a list of rows) and ``curves`` per category."""
-        f1, threshold = best_f1(self.mean_f1, self.confidences)
+        f1, threshold = self.best
         name = dict(zip(self.category_ids, self.names))
         per_category = []
         for category, curve in self.curves.items():
@@ -290,7 +295,7 @@ def draw_f1_curves(report: DetectionReport) -> Tensor:
     name = dict(zip(report.category_ids, report.names))
     f1 = {c: curve["f1"] for c, curve in report.curves.items()}
     labels = {c: "{} {:.2f} at {:.2f}".format(name[c], *best_f1(y, report.confidences)) for c, y in f1.items()}
-    _draw_curves(axes, report.confidences, f1, labels, "all classes {:.2f} at {:.2f}".format(*best_f1(report.mean_f1, report.confidences)))
+    _draw_curves(axes, report.confidences, f1, labels, "all classes {:.2f} at {:.2f}".format(*report.best))
     return _rendered(figure)
 
 
@@ -307,3 +312,17 @@ def write_pictures(pictures: dict[str, Tensor], folder: str | Path) -> list[Path
     for path, picture in zip(paths, pictures.values()):
         write_png(picture, str(path))
     return paths
+
+
+def write_validation_report(evaluator: CocoEvaluator, stats: dict[str, float], image_ids: Sequence[int], score_threshold: float,
+                            folder: str | Path) -> tuple[DetectionReport, dict[str, Tensor]]:
+    """After ``evaluator.compute()`` gave ``stats`` over ``image_ids`` (on rank 0, which holds the merged results): writes
+    into ``folder`` the results (``bbox_results.json``), ``metrics.json``'s ``bbox`` section (``stats``, per category,
+    and :meth:`DetectionReport.to_json`) and the report's pictures; returns the report and its pictures."""
+    folder = Path(folder)
+    report = detection_report(evaluator.coco_gt, evaluator.merged_results, image_ids, score_threshold)
+    evaluator.write_results(folder / "bbox_results.json")
+    evaluator.write_metrics({**stats, **report.to_json()}, folder / "metrics.json")
+    pictures = report_pictures(report)
+    write_pictures(pictures, folder)
+    return report, pictures
