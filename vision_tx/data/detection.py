@@ -1,9 +1,14 @@
-"""The COCO detection and instance-segmentation LightningDataModules (the built-in toy dataset when no root is given)."""
+"""The COCO detection and instance-segmentation LightningDataModules (the built-in toy dataset when no root is given);
+detection also reads the YOLO and Pascal VOC layouts, converted to COCO (``vision_tx.data.layouts``)."""
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import shutil
+import tempfile
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,9 +17,10 @@ from lightning.pytorch import LightningDataModule
 from pycocotools.coco import COCO
 from torch.utils.data import DataLoader, Dataset
 
-from vision_tx.data.coco import CocoDetection, coco_split_paths, load_coco
+from vision_tx.data.coco import CocoDetection, CocoFormatError, coco_split_paths, load_coco
 from vision_tx.data.coco_instances import CocoInstances
 from vision_tx.data.collate import collate_detection
+from vision_tx.data.layouts import VocLayout, YoloLayout, find_layout
 from vision_tx.data.mosaic import MosaicDetection
 from vision_tx.data.sampling import ResumableLoader
 from vision_tx.data.toy import toy_coco_root
@@ -24,7 +30,11 @@ logger = logging.getLogger(__name__)
 
 
 class CocoDetectionDataModule(LightningDataModule):
-    """COCO detection from ``root`` (``root/{train_split,val_split}`` and ``root/annotations/instances_*.json``).
+    """COCO detection from ``root`` (``root/{train_split,val_split}`` and ``root/annotations/instances_*.json``),
+    or from a YOLO (``root/data.yaml``, or ``root`` that file) or Pascal VOC layout (``root/Annotations/``,
+    ``root/ImageSets/Main/``), converted into COCO annotation files in a temporary folder that lives as long as
+    this object (:mod:`vision_tx.data.layouts`: their rules; ``train2017``, ``val2017`` read as ``train``, ``val``
+    there). One log line says which layout was found.
 
     ``root=None`` uses the built-in toy dataset (cached under ``toy_cache_dir``). Transforms default
     to DETR's recipe (``DetrTrainTransform()``, ``DetrValTransform()``); pass smaller ones to train
@@ -57,6 +67,7 @@ class CocoDetectionDataModule(LightningDataModule):
         copy_paste_probability: float = 0.0,
     ):
         super().__init__()
+        self.given_root = root is not None
         if root is None:
             root = str(self.toy_root(toy_cache_dir))
             logger.info(
@@ -76,6 +87,7 @@ class CocoDetectionDataModule(LightningDataModule):
         self.mixup_probability = mixup_probability
         self.copy_paste_probability = copy_paste_probability
         self.collate_fn = functools.partial(collate_detection, size_divisibility=size_divisibility)
+        self._converted: dict[str, tuple[Path, Path]] = {}  # split -> its YOLO or VOC annotations as a COCO file
         self.val_paths = self.split_paths(val_split)  # checks the layout before training starts
         self.val_image_dir, self.val_ann_file = self.val_paths[:2]
         self.train_dataset: Dataset | None = None
@@ -86,9 +98,36 @@ class CocoDetectionDataModule(LightningDataModule):
         """The built-in toy dataset's root (generated on first use)."""
         return toy_coco_root(cache_dir)
 
+    @functools.cached_property
+    def layout(self) -> YoloLayout | VocLayout | None:
+        """The YOLO or VOC layout at ``root``; None for COCO. Said in one log line."""
+        layout = find_layout(self.root, self.train_split)
+        if self.given_root:
+            logger.info("%s: %s", self.root, layout.description if layout else "a COCO layout (annotations/instances_*.json)")
+        return layout
+
     def split_paths(self, split: str) -> tuple[Path, ...]:
-        """The files of ``split`` under ``root``, image folder and annotation file first; checks the layout."""
-        return coco_split_paths(self.root, split)
+        """The files of ``split`` under ``root``, image folder and annotation file first; checks the layout.
+        A YOLO or VOC split is converted once into a COCO file."""
+        if self.layout is None:
+            try:
+                return coco_split_paths(self.root, split)
+            except CocoFormatError as err:
+                raise CocoFormatError(f"{err}\n  or a YOLO layout: {self.root}/data.yaml\n  or a Pascal VOC layout: "
+                                      f"{self.root}/{{Annotations,JPEGImages,ImageSets/Main}}/") from err
+        if split not in self._converted:
+            image_dir, dataset = self.layout.coco_dataset(split, self.skip_invalid)
+            ann_file = self._converted_dir / f"instances_{split}.json"
+            ann_file.write_text(json.dumps(dataset))
+            self._converted[split] = (image_dir, ann_file)
+        return self._converted[split]
+
+    @functools.cached_property
+    def _converted_dir(self) -> Path:
+        """Where the converted annotation files go: a temporary folder, removed with this object."""
+        folder = tempfile.mkdtemp(prefix="vision_tx_layout_")
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        return Path(folder)
 
     def make_dataset(self, paths: tuple[Path, ...], transform: DetectionTransform) -> Dataset:
         """The dataset of one split from its ``split_paths``."""
