@@ -1,6 +1,7 @@
 """The README's commands and examples stay honest: the set-up commands as written, every config,
 tool and test it names exists, the "Backbones in your own project" examples run with the shapes they
-state; and the tables moved to docs/ name tests that exist."""
+state; and the tables moved to docs/ name tests that exist. The guides stay short enough to read: the
+README, each page of docs/ and each config's comment header have a length cap."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from vision_tx.backbones import build_classifier
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = sorted(path.name for path in (ROOT / "docs").glob("*.md"))
+CONFIGS = sorted((ROOT / "vision_tx" / "configs").glob("*.yaml"))
 SETUP_COMMANDS = (
     'pip install -e . && python tools/train.py --config rtdetr_convnext_toy',
     'pip install -e ".[test]" && python -m pytest -q',
@@ -46,6 +49,23 @@ def test_setup_commands_are_verbatim_and_the_readme_is_a_guide() -> None:
     assert len(text.splitlines()) <= 300  # a guide; figures' history lives in docs/
     assert not [line for line in text.splitlines() if len(line) > 400]
     assert not [line for line in _prose_lines(text) if len(line) > 200]  # prose and tables; commands may run longer
+
+
+@pytest.mark.parametrize("page", DOCS)
+def test_each_docs_page_is_at_most_600_lines(page: str) -> None:
+    assert len((ROOT / "docs" / page).read_text().splitlines()) <= 600  # history beyond that lives in git
+
+
+def _comment_header(config: Path) -> list[str]:
+    """The comment lines before a config's first key."""
+    lines = config.read_text().splitlines()
+    return lines[: next(i for i, line in enumerate(lines) if not line.startswith("#"))]
+
+
+def test_each_config_header_is_at_most_15_lines() -> None:
+    lengths = {config.name: len(_comment_header(config)) for config in CONFIGS}
+    assert len(lengths) > 40 and all(lengths.values()), lengths  # every config has a header
+    assert not {name: n for name, n in lengths.items() if n > 15}  # what it trains, batch, schedule, why, where the evidence is
 
 
 def _expand(name: str) -> list[str]:
