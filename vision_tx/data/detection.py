@@ -186,6 +186,8 @@ class CocoDetectionDataModule(LightningDataModule):
             files.append((self.train_dataset.ann_file, train_names))
         source, names = max(files, key=lambda file: max(file[1]))
         largest = max(names)
+        if self._converted:  # converted from a YOLO or VOC layout: its names' file
+            source = self.layout.names_source
         return str(source), largest, names[largest]
 
     def setup(self, stage: str | None = None) -> None:

@@ -180,6 +180,11 @@ class YoloLayout:
         return {k + 1: name for k, name in self.names.items()}
 
     @property
+    def names_source(self) -> str:
+        """Where the category names come from, and how (for messages about a label)."""
+        return f"{self.data_yaml} (YOLO class k read as category id k + 1)"
+
+    @property
     def description(self) -> str:
         return f"a YOLO layout ({self.data_yaml}: {len(self.names)} classes, YOLO class k read as category id k + 1)"
 
@@ -321,10 +326,14 @@ class VocLayout:
         return (root / "Annotations").is_dir() and (root / "ImageSets" / "Main").is_dir()
 
     @property
+    def names_source(self) -> str:
+        """Where the category names come from, and how (for messages about a label)."""
+        return f"{self.labels_file} (line k: category id k)" if self.labels_file.is_file() else \
+            f"{self.root / 'Annotations'} (the names in the '{self.train_split}' annotations, sorted, as ids 1..K; no {self.labels_file.name})"
+
+    @property
     def description(self) -> str:
-        names = f"{self.labels_file} (line k: category id k)" if self.labels_file.is_file() else \
-            f"the names in the '{self.train_split}' annotations, sorted, as ids 1..K (no {self.labels_file.name})"
-        return f"a Pascal VOC layout ({self.root}/Annotations: difficult objects as crowd regions; classes from {names})"
+        return f"a Pascal VOC layout ({self.root}/Annotations: difficult objects as crowd regions; classes from {self.names_source})"
 
     def ids(self, split: str) -> tuple[Path, list[str]]:
         """The image set file of ``split`` and its ids, in order."""
@@ -404,7 +413,7 @@ class VocLayout:
             raise error(f"<bndbox> needs numbers xmin, ymin, xmax, ymax, got {box}") from err
         name = str(obj["name"]).strip()
         if name not in category_of:
-            raise error(f"class {name!r} is not one of the classes {sorted(category_of)} ({self.description})")
+            raise error(f"class {name!r} is not one of the classes {sorted(category_of)} (from {self.names_source})")
         x, y, w, h = xmin - 1, ymin - 1, xmax - xmin + 1, ymax - ymin + 1
         if not all(map(_finite, (x, y, w, h))) or w < 0 or h < 0:
             raise error(f"box xmin {box['xmin']}, ymin {box['ymin']}, xmax {box['xmax']}, ymax {box['ymax']} has a negative size")
