@@ -34,8 +34,10 @@ def train_checkpoint(detector: str, run_dir: Path, toy_cache: Path) -> Path:
         cwd=run_dir,
     )
     metrics = json.loads(next(run_dir.rglob("metrics.json")).read_text())
-    assert set(metrics["bbox"]) == {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl", "per_category"}
+    assert set(metrics["bbox"]) == {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl", "per_category",
+                                    "best_f1", "best_f1_threshold", "confusion_matrix", "curves"}  # with the validation report
     assert list(run_dir.rglob("predictions_step*.png")) and list(run_dir.rglob("bbox_results.json"))
+    assert {p.name for p in run_dir.rglob("*.png")} >= {"confusion_matrix.png", "pr_curve.png", "f1_curve.png"}
     return next(run_dir.rglob("last.ckpt"))
 
 
