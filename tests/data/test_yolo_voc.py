@@ -107,20 +107,23 @@ def train_four_steps(root: Path, out: Path) -> tuple[dict[str, torch.Tensor], di
     out.mkdir()
     run_tool_in_process(
         "train.py", *SMALL, "--data.root", str(root), "--trainer.max_steps", "4", "--trainer.val_check_interval", "4",
-        "--trainer.limit_val_batches", "4", "--trainer.num_sanity_val_steps", "0", "--trainer.default_root_dir", str(out), cwd=out,
+        "--trainer.limit_val_batches", "4", "--trainer.num_sanity_val_steps", "0", "--trainer.default_root_dir", str(out),
+        cwd=out,
     )
     checkpoint = read_checkpoint(next(out.rglob("last.ckpt")))
     return checkpoint["state_dict"], json.loads(next(out.rglob("metrics.json")).read_text())["bbox"]
 
 
 @pytest.mark.parametrize("copies", ["toy_copies", "bccd_copies"])
-def test_training_from_each_layout_gives_the_same_weights_and_metrics(copies: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_training_from_each_layout_gives_the_same_weights_and_metrics(
+    copies: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     roots = request.getfixturevalue(copies)
     runs = {layout: train_four_steps(roots[layout], tmp_path / layout) for layout in LAYOUTS}
     weights, metrics = runs["coco"]
     assert weights and "AP" in metrics
     # The toy set's 'area' is the mask's, a copy's the box's: there the small/medium/large ranges may differ.
-    same = ("AP", "AP50", "AP75", "AR1", "AR10", "AR100") if copies == "toy_copies" else [k for k in metrics if k != "per_category"]
+    same = [k for k in metrics if k != "per_category" and (copies == "bccd_copies" or k[-1] not in "sml")]
     for layout in ("yolo", "voc"):
         other_weights, other_metrics = runs[layout]
         assert other_weights.keys() == weights.keys()

@@ -109,7 +109,8 @@ def _gather(images: list[tuple[Any, ...]], read: Any, source: str, skip_invalid:
 
 def _coco_dict(images: list[tuple[str, tuple[int, int], list[dict[str, Any]]]], categories: dict[int, str]) -> CocoDict:
     """A COCO dict of ``(file_name, (height, width), annotations)``: images numbered from 1, annotations from 1."""
-    coco: CocoDict = {"images": [], "annotations": [], "categories": [{"id": i, "name": n} for i, n in sorted(categories.items())]}
+    coco: CocoDict = {"images": [], "annotations": [],
+                      "categories": [{"id": i, "name": n} for i, n in sorted(categories.items())]}
     for image_id, (file_name, (height, width), annotations) in enumerate(images, 1):
         coco["images"].append({"id": image_id, "file_name": file_name, "height": height, "width": width})
         for ann in annotations:
@@ -328,12 +329,15 @@ class VocLayout:
     @property
     def names_source(self) -> str:
         """Where the category names come from, and how (for messages about a label)."""
-        return f"{self.labels_file} (line k: category id k)" if self.labels_file.is_file() else \
-            f"{self.root / 'Annotations'} (the names in the '{self.train_split}' annotations, sorted, as ids 1..K; no {self.labels_file.name})"
+        if self.labels_file.is_file():
+            return f"{self.labels_file} (line k: category id k)"
+        return (f"{self.root / 'Annotations'} (the names in the '{self.train_split}' annotations, sorted, as ids 1..K; "
+                f"no {self.labels_file.name})")
 
     @property
     def description(self) -> str:
-        return f"a Pascal VOC layout ({self.root}/Annotations: difficult objects as crowd regions; classes from {self.names_source})"
+        return (f"a Pascal VOC layout ({self.root}/Annotations: difficult objects as crowd regions; "
+                f"classes from {self.names_source})")
 
     def ids(self, split: str) -> tuple[Path, list[str]]:
         """The image set file of ``split`` and its ids, in order."""
@@ -399,7 +403,9 @@ class VocLayout:
         images = _gather(list(enumerate(ids, 1)), read, image_set, skip_invalid)
         return image_dir, _coco_dict(images, self.categories)
 
-    def read_object(self, xml: Path, index: int, obj: Any, category_of: dict[str, int], height: int, width: int) -> dict[str, Any]:
+    def read_object(
+        self, xml: Path, index: int, obj: Any, category_of: dict[str, int], height: int, width: int
+    ) -> dict[str, Any]:
         """The COCO annotation of the ``index``-th ``<object>`` of ``xml``."""
         def error(problem: str) -> LayoutFormatError:
             return LayoutFormatError(f"{xml}: object {index}: {problem}")
