@@ -159,7 +159,7 @@ class YoloLayout:
         if not isinstance(config, dict) or "names" not in config or "train" not in config:
             raise LayoutFormatError(f"{self.data_yaml}: a YOLO data.yaml needs 'train' and 'names' (and 'val')")
         base = Path(str(config.get("path") or "."))
-        self.base = base if base.is_absolute() else (self.data_yaml.parent / base)
+        self.base = Path(os.path.normpath(base if base.is_absolute() else self.data_yaml.parent / base))
         self.config = config
         self.names = self._names(config["names"])
 
