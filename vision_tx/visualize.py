@@ -41,6 +41,8 @@ def draw_detections(
     """Draws boxes ``[K,4]`` (xyxy pixels) with ``name score`` captions on ``image`` ``[3,H,W]`` uint8."""
     keep = scores >= score_threshold if scores is not None else torch.ones(len(boxes), dtype=torch.bool)
     boxes, labels = boxes[keep], labels[keep]
+    if not len(boxes):
+        return image  # nothing to draw (torchvision would warn)
     names = category_names or {}
     captions = [names.get(int(label), str(int(label))) for label in labels]
     if scores is not None:

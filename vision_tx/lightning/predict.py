@@ -32,7 +32,7 @@ from tqdm import tqdm
 from vision_tx.io import write_json_atomic
 from vision_tx.lightning.detection import DetectionModule
 from vision_tx.lightning.inference import load_trained, read_rgb_image
-from vision_tx.metrics.coco import _to_results
+from vision_tx.metrics.coco import to_results
 from vision_tx.visualize import draw_detections
 
 IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".ppm", ".tif", ".tiff", ".webp")
@@ -271,14 +271,12 @@ def write_predictions(
         entry = {"id": picture.image_id, "file_name": picture.file_name, "frame": picture.frame, "height": height,
                  "width": width, "detections": f"detections/{picture.name}.json",
                  "picture": f"pictures/{picture.name}.png" if save_pictures else None}
-        found_results = _to_results({"image_id": picture.image_id, **found}, "bbox")
+        found_results = to_results({"image_id": picture.image_id, **found}, "bbox")
         named = [{**result, "category_name": category_names.get(result["category_id"])} for result in found_results]
         write_json_atomic({"image": entry, "detections": named}, out / entry["detections"])
         if save_pictures:
             (out / "pictures").mkdir(parents=True, exist_ok=True)
-            drawn = picture.image  # torchvision warns about drawing no box
-            if found_results:
-                drawn = draw_detections(picture.image, **found, category_names=category_names, score_threshold=-math.inf)
+            drawn = draw_detections(picture.image, **found, category_names=category_names, score_threshold=-math.inf)
             write_png(drawn, str(out / entry["picture"]))
         results += found_results
         images.append(entry)

@@ -110,7 +110,7 @@ def evaluate_results_file(
     return stats
 
 
-def _to_results(prediction: dict[str, Any], iou_type: str) -> list[dict[str, Any]]:
+def to_results(prediction: dict[str, Any], iou_type: str) -> list[dict[str, Any]]:
     """One image's prediction as COCO results dicts (bbox xywh, or segmentation RLE)."""
     image_id = int(prediction["image_id"])
     scores = torch.as_tensor(prediction["scores"]).tolist()
@@ -152,7 +152,7 @@ class CocoEvaluator:
 
     def update(self, predictions: Sequence[dict[str, Any]]) -> None:
         for prediction in predictions:
-            self._results.setdefault(int(prediction["image_id"]), _to_results(prediction, self.iou_type))
+            self._results.setdefault(int(prediction["image_id"]), to_results(prediction, self.iou_type))
 
     def _gathered(self) -> dict[int, list[dict[str, Any]]]:
         return gather_by_image_id(self._results)
