@@ -170,3 +170,11 @@ def test_an_empty_prediction_set_gives_zeros() -> None:
     written = report.to_json()
     assert written["best_f1"] == 0.0 and written["best_f1_threshold"] == 0.0
     report_pictures(report)
+
+
+def test_confusion_matrix_is_at_the_best_f1_confidence_unless_given() -> None:
+    coco = make_coco(CURVE_TRUTH, 2, CURVE_CATEGORIES)
+    report = detection_report(coco, CURVE_DETECTIONS, [1, 2])
+    assert report.score_threshold == 0.51 and report.to_json()["confusion_matrix"]["score_threshold"] == 0.51
+    assert torch.equal(report.matrix, detection_report(coco, CURVE_DETECTIONS, [1, 2], score_threshold=0.51).matrix)
+    assert not torch.equal(report.matrix, detection_report(coco, CURVE_DETECTIONS, [1, 2], score_threshold=0.5).matrix)

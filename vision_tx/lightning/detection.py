@@ -50,8 +50,8 @@ class DetectionModule(TaskModule):
     20 epochs are trained"). The switch is written into ``detector_kwargs``, so a checkpoint saved after it, and what
     evaluates or exports that checkpoint, scores as the run did.
     Each validation writes, beside ``metrics.json``, the report of :mod:`vision_tx.metrics.detection_report` (the
-    confusion matrix of the detections scoring at least ``visualize_score_threshold``, the precision-recall and F1
-    curves per class, the best-F1 confidence): ``confusion_matrix.png``, ``pr_curve.png``, ``f1_curve.png``, the numbers
+    precision-recall and F1 curves per class, the confidence of the best F1 and the confusion matrix of the detections
+    scoring at least that): ``confusion_matrix.png``, ``pr_curve.png``, ``f1_curve.png``, the numbers
     in ``metrics.json``'s ``bbox`` section, the pictures in TensorBoard (``val/confusion_matrix``, ...).
     ``compile`` (and any other option of :class:`TaskModule`) is passed on.
     """
@@ -195,7 +195,7 @@ class DetectionModule(TaskModule):
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or log_dir is None:
             return
         log_dir = Path(log_dir)
-        report, pictures = write_validation_report(self.evaluator, stats, image_ids, self.visualize_score_threshold, log_dir)
+        report, pictures = write_validation_report(self.evaluator, stats, image_ids, log_dir)
         for logger in self.loggers:
             if isinstance(logger, TensorBoardLogger):
                 for name, report_picture in pictures.items():

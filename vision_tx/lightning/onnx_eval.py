@@ -87,7 +87,7 @@ def evaluate_onnx(onnx_path: str | Path, config_args: Sequence[str], out: str | 
     """Scores the exported detector at ``onnx_path`` on the validation set of ``config_args`` (``--config NAME
     [--data.root DIR ...]``; no ``--data.root``: the toy set): prints pycocotools' table, the ten worst categories and the
     best F1, writes ``metrics.json``, ``bbox_results.json`` and the report's pictures into ``out``; returns the bbox
-    section written. The confusion matrix counts the detections scoring at least the config's detector's picture threshold."""
+    section written."""
     session = open_session(onnx_path, threads)
     args = resolve_config_args(config_args)
     cli = VisionTxCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, run=False,
@@ -110,7 +110,7 @@ def evaluate_onnx(onnx_path: str | Path, config_args: Sequence[str], out: str | 
             image_ids.append(int(target["image_id"]))
     stats = evaluator.compute()
     out = Path(out)
-    report, pictures = write_validation_report(evaluator, stats, image_ids, module.visualize_score_threshold, out)
+    report, pictures = write_validation_report(evaluator, stats, image_ids, out)
     best_f1, best_threshold = report.best
     print(evaluator.summary, end="")
     print(evaluator.table())

@@ -1,6 +1,7 @@
-"""A detector's validation report, what to fix beside the COCO table: the confusion matrix at IoU 0.5 with a
-background row and column, precision-recall curves, precision, recall and F1 over the confidence per class, and
-the confidence of the best F1; as numbers for ``metrics.json`` and as pictures drawn with matplotlib (Agg).
+"""A detector's validation report, what to fix beside the COCO table: precision-recall curves, precision, recall and
+F1 over the confidence per class, the confidence of the best F1, and the confusion matrix at IoU 0.5 with a background
+row and column of the detections scoring at least that; as numbers for ``metrics.json`` and as pictures drawn with
+matplotlib (its Agg canvas).
 
 The curves reuse pycocotools' matching (``COCOeval.evalImgs``, the class-wise greedy matching by score that AP50
 counts), run at IoU 0.5 alone over the same results and images as the validation's COCO table. No Lightning here.
@@ -156,6 +157,11 @@ def best_f1(f1: np.ndarray, confidences: np.ndarray = CONFIDENCES) -> tuple[floa
     return float(f1[i]), float(confidences[i])
 
 
+def mean_f1(curves: dict[int, dict[str, np.ndarray]], confidences: np.ndarray = CONFIDENCES) -> np.ndarray:
+    """The F1 curve ``[len(confidences)]`` of :func:`confidence_curves` averaged over the categories (zeros without any)."""
+    return np.mean([c["f1"] for c in curves.values()], 0) if curves else np.zeros_like(confidences)
+
+
 @dataclass
 class DetectionReport:
     """What :func:`detection_report` finds: ``matrix`` ``[C+1,C+1]`` (:func:`confusion_matrix`, rows true, columns predicted,
@@ -175,8 +181,8 @@ class DetectionReport:
 
     @property
     def mean_f1(self) -> np.ndarray:
-        """The F1 curve averaged over the categories with ground truth (zeros when there is none)."""
-        return np.mean([c["f1"] for c in self.curves.values()], 0) if self.curves else np.zeros_like(self.confidences)
+        """:func:`mean_f1` of the curves."""
+        return mean_f1(self.curves, self.confidences)
 
     @property
     def best(self) -> tuple[float, float]:
@@ -211,17 +217,20 @@ class DetectionReport:
         }
 
 
-def detection_report(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequence[int], score_threshold: float,
+def detection_report(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequence[int], score_threshold: float | None = None,
                      iou_threshold: float = IOU_THRESHOLD) -> DetectionReport:
-    """The report of COCO results dicts ``results`` (``bbox`` xywh) over ``image_ids`` against ``coco_gt``: the confusion
-    matrix of the detections scoring at least ``score_threshold``, the curves of every detection."""
+    """The report of COCO results dicts ``results`` (``bbox`` xywh) over ``image_ids`` against ``coco_gt``: the curves of
+    every detection, and the confusion matrix of the detections scoring at least ``score_threshold`` (None: the confidence
+    of the best mean F1, where the detector does best, so that the matrix shows what is left to fix there)."""
     categories = sorted(coco_gt.dataset.get("categories", []), key=lambda c: c["id"])
     category_ids = [int(c["id"]) for c in categories]
-    matrix = confusion_matrix(*coco_boxes(coco_gt, results, image_ids), category_ids, score_threshold, iou_threshold)
     evaluator = evaluate_at_iou(coco_gt, results, image_ids, iou_threshold)
     curves = confidence_curves(evaluator)
     precision = evaluator.eval["precision"][0, :, :, 0, -1]  # [R,K]
     pr_precision = {c: precision[:, evaluator.params.catIds.index(c)].copy() for c in curves}
+    if score_threshold is None:
+        score_threshold = best_f1(mean_f1(curves))[1]
+    matrix = confusion_matrix(*coco_boxes(coco_gt, results, image_ids), category_ids, score_threshold, iou_threshold)
     return DetectionReport(category_ids, [str(c["name"]) for c in categories], matrix, float(score_threshold), iou_threshold,
                            CONFIDENCES, curves, np.asarray(evaluator.params.recThrs), pr_precision)
 
@@ -248,7 +257,7 @@ def draw_confusion_matrix(report: DetectionReport) -> Tensor:
     axes.set_yticks(range(len(labels)), labels)
     axes.set_xlabel("predicted class")
     axes.set_ylabel("true class")
-    axes.set_title(f"detections scoring >= {report.score_threshold:g}, matched at IoU >= {report.iou_threshold:g}", fontsize=9)
+    axes.set_title(f"detections scoring >= {report.score_threshold:g}, matched one-to-one at IoU >= {report.iou_threshold:g}", fontsize=9)
     if len(labels) <= 30:
         for (row, column), count in np.ndenumerate(report.matrix.numpy()):
             if count:
@@ -291,7 +300,7 @@ def draw_pr_curves(report: DetectionReport) -> Tensor:
 def draw_f1_curves(report: DetectionReport) -> Tensor:
     """F1 over the confidence per category (its best in the legend) and their mean, whose best is the report's
     ``best_f1`` at ``best_f1_threshold``; ``[3,H,W]`` uint8."""
-    figure, axes = _curve_figure("confidence", "F1", f"F1 over the confidence at IoU {report.iou_threshold:g} (legend: best F1 at)")
+    figure, axes = _curve_figure("confidence", "F1", f"F1 over the confidence at IoU {report.iou_threshold:g} (legend: best F1 at its confidence)")
     name = dict(zip(report.category_ids, report.names))
     f1 = {c: curve["f1"] for c, curve in report.curves.items()}
     labels = {c: "{} {:.2f} at {:.2f}".format(name[c], *best_f1(y, report.confidences)) for c, y in f1.items()}
@@ -314,13 +323,14 @@ def write_pictures(pictures: dict[str, Tensor], folder: str | Path) -> list[Path
     return paths
 
 
-def write_validation_report(evaluator: CocoEvaluator, stats: dict[str, float], image_ids: Sequence[int], score_threshold: float,
+def write_validation_report(evaluator: CocoEvaluator, stats: dict[str, float], image_ids: Sequence[int],
                             folder: str | Path) -> tuple[DetectionReport, dict[str, Tensor]]:
     """After ``evaluator.compute()`` gave ``stats`` over ``image_ids`` (on rank 0, which holds the merged results): writes
     into ``folder`` the results (``bbox_results.json``), ``metrics.json``'s ``bbox`` section (``stats``, per category,
-    and :meth:`DetectionReport.to_json`) and the report's pictures; returns the report and its pictures."""
+    and :meth:`DetectionReport.to_json`) and the report's pictures (the confusion matrix at the best-F1 confidence);
+    returns the report and its pictures."""
     folder = Path(folder)
-    report = detection_report(evaluator.coco_gt, evaluator.merged_results, image_ids, score_threshold)
+    report = detection_report(evaluator.coco_gt, evaluator.merged_results, image_ids)
     evaluator.write_results(folder / "bbox_results.json")
     evaluator.write_metrics({**stats, **report.to_json()}, folder / "metrics.json")
     pictures = report_pictures(report)
