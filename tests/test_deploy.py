@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_export import build_task
+from tests.test_export import CASES, build_task
 from vision_tx.deploy import GridSampleDeformableAttention, fuse_for_deployment, grid_sample_deform_attn, norm_into_next_conv
+from vision_tx.export import deployable
 from vision_tx.heads.rtdetr.conv import RepVGGBlock
 from vision_tx.ops import ms_deform_attn
 
@@ -44,14 +45,22 @@ def test_the_main_job_fused_gives_the_eager_outputs() -> None:
         torch.testing.assert_close(got[key], expected[key], rtol=0, atol=TOLERANCE, msg=lambda m: f"{key}: {m}")
 
 
-def test_the_convnext_classifier_fused_gives_the_eager_logits() -> None:
-    """classification_toy's ConvNeXt (stem, blocks and max-pool entries with BatchNorm; a layer scale per block)."""
-    module = build_task("classification_toy").double()
-    fused = fuse_for_deployment(copy.deepcopy(module))
-    assert counts(fused)["batchnorm"] == 1  # the head's BatchNorm1d after pooling
-    images = torch.rand(2, 3, 64, 96, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+# Other families: ConvNeXt's classifier (a layer scale per block), UperNet (whose conv-BN-ReLU blocks it convolves with
+# itself: left unfused), DINO (deformable attention in its encoder too, around points), D-FINE (its own encoder blocks).
+OTHERS = ["classification_toy", "upernet_deit_s_ade20k", "dino_swin_toy", "dfine_convnext_toy"]
+
+
+@pytest.mark.parametrize("config", OTHERS)
+def test_other_models_fused_give_the_eager_outputs(config: str) -> None:
+    """Each model's deployable form (network and post-processing) fused against unfused, float64: every output equal
+    to ``TOLERANCE`` (detections in the same order: no near-ties at float64 rounding)."""
+    init_args, size, _ = CASES[config]
+    model = deployable(build_task(config, **{"class_scale": 1.0, **init_args}), config).double()
+    fused = fuse_for_deployment(copy.deepcopy(model))
+    images = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     with torch.no_grad():
-        torch.testing.assert_close(fused(images), module(images), rtol=0, atol=TOLERANCE)
+        for name, got, expected in zip(model.output_names, fused(images), model(images)):
+            torch.testing.assert_close(got, expected, rtol=0, atol=TOLERANCE, msg=lambda m: f"{config} {name}: {m}")
 
 
 def test_fusing_refuses_a_model_in_training_mode() -> None:

@@ -2,7 +2,7 @@
 
     python tools/benchmark.py                 # every benchmark on the CPU
     python tools/benchmark.py swin na2d       # some of them
-    python tools/benchmark.py export          # the main job's model in onnxruntime, against eager and YOLOv8n's ONNX
+    python tools/benchmark.py export --processes 1  # the main job's model in onnxruntime at 320 and 640, against eager and YOLOv8n's ONNX
     python tools/benchmark.py --device cuda --quick            # the GPU set, one process each (about 8 minutes, H100)
     python tools/benchmark.py --device cuda --quick --dry-run  # what it would run, on any machine
 

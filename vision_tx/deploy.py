@@ -3,8 +3,10 @@
 :func:`fuse_for_deployment` folds every inference-time BatchNorm into the convolution next to it and merges
 parallel branches that are one linear map at inference, in place, on a model in ``eval()`` mode:
 
-- a ``Conv2d`` followed by a ``BatchNorm2d`` in an ``nn.Sequential`` (RT-DETR's conv-BN(-SiLU) blocks, its encoder's
-  and decoder's input projections): one convolution with a bias (``torch.nn.utils.fusion.fuse_conv_bn_eval``);
+- a ``Conv2d`` followed by a ``BatchNorm2d`` in a plain ``nn.Sequential`` or RT-DETR's conv-BN(-SiLU) block (and its
+  encoder's and decoder's input projections): one convolution with a bias (``torch.nn.utils.fusion.fuse_conv_bn_eval``);
+  not in other ``nn.Sequential`` subclasses, whose owners may read their parts (UperNet convolves with its blocks'
+  weights itself);
 - RT-DETR's RepVGG block, ``silu(bn(conv3x3(x)) + bn(conv1x1(x)))``: one 3x3 convolution and the SiLU (Ding et al.,
   RepVGG, 2021: the 1x1 kernel padded to 3x3 and added);
 - ConvNeXt in its BatchNorm form: the stem's and every block's norm after the convolution folded into it, the norm
@@ -28,7 +30,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 from vision_tx.backbones.convnext import ChannelsLastBatchNorm, ConvNeXtBlock, MaxPoolDownsample
 from vision_tx.backbones.layers import PatchEmbed
 from vision_tx.heads.dino.deformable_attention import MultiScaleDeformableAttention
-from vision_tx.heads.rtdetr.conv import RepVGGBlock
+from vision_tx.heads.rtdetr.conv import ConvNorm, RepVGGBlock
 from vision_tx.ops.ms_deform_attn import level_shapes
 
 
@@ -50,7 +52,7 @@ def fuse_for_deployment(model: nn.Module) -> nn.Module:
                 module.proj, module.norm = fuse_conv_bn_eval(module.proj, module.norm.bn), nn.Identity()
             elif isinstance(module, MaxPoolDownsample) and isinstance(module.norm, ChannelsLastBatchNorm):
                 module.conv, module.norm = norm_into_next_conv(module.norm.bn, module.conv), nn.Identity()
-            elif isinstance(module, nn.Sequential):
+            elif type(module) in (nn.Sequential, ConvNorm):  # not subclasses whose owners read their parts (UperNet's)
                 fuse_sequential(module)
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):

@@ -23,10 +23,15 @@ The image size is dynamic where the model allows it (``torch.export`` with ``Dim
 whose code fixes a size, such as NAT's neighbourhood tiling, exports at the example size and says so); not in
 ONNX for Swin backbones, which :func:`export` refuses (its message names the operator): export them at a fixed size.
 Both formats come from the same ``torch.export`` trace; ONNX through ``torch.onnx.export(dynamo=True)``.
+What is traced is a copy of the model rewritten for inference (:func:`vision_tx.deploy.fuse_for_deployment`: BatchNorms
+folded into convolutions, RepVGG blocks merged, deformable attention as one GridSample per level), the same outputs
+up to float rounding. Deployed at one size, ``--fixed-size --batch 1`` gives onnxruntime static shapes, so that it
+folds the anchors, masks and position encodings into constants (``tools/benchmark.py export`` measures that form).
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 from pathlib import Path
@@ -38,6 +43,7 @@ from torchvision.ops import nms
 
 from vision_tx.backbones.swin import SwinBlock
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from vision_tx.deploy import fuse_for_deployment
 from vision_tx.heads.detr.postprocess import NMS_CANDIDATES, pixel_boxes, postprocess_panoptic, sigmoid_candidates
 from vision_tx.heads.mask2former.postprocess import instance_candidates, resize_masks
 from vision_tx.models import DETR, Mask2Former
@@ -314,9 +320,11 @@ def first_line(err: BaseException) -> str:
 
 
 def export(model: Deployable, out: str | Path, format: str = "onnx", images: torch.Tensor | None = None,
-           dynamic_size: bool = True, dynamic_batch: bool = True) -> dict[str, Any]:
+           dynamic_size: bool = True, dynamic_batch: bool = True, fuse: bool = True) -> dict[str, Any]:
     """Writes ``model`` (see :func:`deployable`) to ``out`` as ONNX or as an ExportedProgram (``torch.export.save``),
-    traced on ``images`` (default: :func:`example_images`; see :func:`export_program`). Returns ``{"path", "format", "dims", "inputs", "outputs"}``
+    traced on ``images`` (default: :func:`example_images`; see :func:`export_program`); with ``fuse``, a copy of it
+    rewritten for inference (:func:`vision_tx.deploy.fuse_for_deployment`: BatchNorms folded, the same outputs up to
+    float rounding; ``model`` is left as it is). Returns ``{"path", "format", "dims", "inputs", "outputs"}``
     (``dims``: see :func:`dynamic_dims`)."""
     if format not in FORMATS:
         raise ExportError(f"{model.name}: unknown format {format!r}; choose from {', '.join(FORMATS)}")
@@ -325,6 +333,8 @@ def export(model: Deployable, out: str | Path, format: str = "onnx", images: tor
         raise ExportError(f"{model.name}: no dynamic image size in ONNX for Swin: its window tables take a remainder by the padded map "
                           "size (aten.remainder.Scalar of a symbol, no ONNX translation) and, that rewritten, its window partition's "
                           "Reshape fails in onnxruntime; export a fixed size (--fixed-size)")
+    if fuse:
+        model = fuse_for_deployment(copy.deepcopy(model).eval())
     program = export_program(model, images, dynamic_size, dynamic_batch)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -334,7 +344,7 @@ def export(model: Deployable, out: str | Path, format: str = "onnx", images: tor
         try:
             torch.onnx.export(program, (images,), str(out), input_names=["images"], output_names=list(model.output_names),
                               dynamo=True, external_data=False, verbose=False,
-                              optimize=False)  # onnxscript's optimiser changed DETR's and RT-DETR's outputs; onnxruntime optimises anyway
+                              optimize=False)  # onnxscript 0.7.2's optimiser wrote an invalid DINO graph (a lost input); onnxruntime optimises anyway
         except Exception as err:
             operators = sorted(set(re.findall(r"\w+::\w+(?:\.\w+)?", str(err))))
             detail = f"no ONNX translation for {', '.join(operators)}" if operators else first_line(err)
