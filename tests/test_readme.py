@@ -5,7 +5,12 @@ README, each page of docs/ and each config's comment header have a length cap.""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
+import runpy
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +116,55 @@ def test_backbone_examples_run_as_written(tmp_path, monkeypatch) -> None:
     assert not namespace["report"].missing_keys and not namespace["report"].unexpected_keys
     assert namespace["out"].shape == (1, 9, 11, 2, 16)
     assert namespace["model"].backbone.out_channels == 256
+
+
+def _readme_tool_commands() -> list[tuple[str, list[str]]]:
+    """Every ``tools/NAME.py ARGS`` command of the README's bash blocks (continued lines joined, comments dropped)."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            match = re.search(r"\btools/(\w+)\.py\b(.*)$", line)
+            if match:
+                commands.append((match[1], shlex.split(match[2].split(" #")[0])))
+    return commands
+
+
+def _tool_help(tool: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(sys, "argv", [f"tools/{tool}.py", "--help"])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), pytest.raises(SystemExit):
+        runpy.run_path(str(ROOT / "tools" / f"{tool}.py"), run_name="__main__")
+    return printed.getvalue()
+
+
+def _config_options_parse(argv: list[str]) -> None:
+    """``argv`` (``--config NAME`` and dotted options) through the training CLI's parser, nothing built or run."""
+    from vision_tx.lightning.cli import train_main
+
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as stopped:
+        train_main([*argv, "--print_config"])
+    assert stopped.value.code in (0, None), f"{shlex.join(argv)}: refused by the training CLI"
+
+
+def test_every_tool_command_the_readme_shows_parses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each command's own options are in its tool's ``--help``; its config options (``--config`` with the dotted
+    ``--section.key`` ones, and every option of ``train.py``) pass the training CLI's parser: a renamed option fails."""
+    commands = _readme_tool_commands()
+    assert len(commands) > 20 and {tool for tool, _ in commands} >= {"train", "eval", "infer", "predict", "export", "attention"}
+    helps: dict[str, str] = {}
+    for tool, argv in commands:
+        if tool == "train":
+            _config_options_parse(argv)
+            continue
+        config = argv[argv.index("--config"):argv.index("--config") + 2] if "--config" in argv else []
+        dotted = []  # each --section.key with its value
+        for i, arg in enumerate(argv):
+            flag = arg if arg.startswith("--") else argv[i - 1] if i else ""
+            if flag.startswith("--") and "." in flag.split("=")[0]:
+                dotted.append(arg)
+        if config:
+            _config_options_parse([*config, *dotted])
+        own = {arg.split("=")[0] for arg in argv if arg.startswith("--") and "." not in arg.split("=")[0]}
+        help_text = helps.setdefault(tool, _tool_help(tool, monkeypatch))
+        unknown = sorted(option for option in own if not re.search(rf"{re.escape(option)}\b", help_text))
+        assert not unknown, f"tools/{tool}.py {shlex.join(argv)}: {unknown} not in its --help"

@@ -6,10 +6,7 @@ installed: ``vision-tx eval``).
     python tools/eval.py --config rtdetr_convnext_toy --onnx rtdetr.onnx --data.root /data/coco  # in onnxruntime
 """
 
-import sys
-
 from vision_tx.lightning.cli import eval_main
-from vision_tx.lightning.onnx_eval import main as onnx_eval_main
 
 if __name__ == "__main__":
-    (onnx_eval_main if any(arg.partition("=")[0] == "--onnx" for arg in sys.argv[1:]) else eval_main)()
+    eval_main()

@@ -300,7 +300,8 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
 
     - ``--gt ANN.json --results RES.json [--iou-type bbox|segm]``: COCO evaluation of a results file;
     - ``--gt-panoptic GT.json --gt-folder DIR --pred-panoptic PRED.json --pred-folder DIR``: PQ;
-    - ``--config NAME --ckpt PATH [--section.key value ...]``: validation of a trained model.
+    - ``--config NAME --ckpt PATH [--section.key value ...]``: validation of a trained model;
+    - ``--config NAME --onnx FILE [--section.key value ...]``: the same of an exported detector, in onnxruntime.
 
     Every mode prints the metrics and writes them, per-category tables included, to
     ``--out DIR/metrics.json`` (default: the working directory) as ``{"bbox"|"segm"|"panoptic"|...: {...}}``.
@@ -308,6 +309,10 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    if any(arg.partition("=")[0] == "--onnx" for arg in argv):
+        from vision_tx.lightning.onnx_eval import main as onnx_eval_main
+
+        return onnx_eval_main(argv)
     parser = argparse.ArgumentParser(prog="tools/eval.py", description=eval_main.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gt", help="COCO annotation json")
@@ -318,6 +323,8 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pred-panoptic", help="predicted panoptic json")
     parser.add_argument("--pred-folder", help="folder of predicted panoptic PNGs")
     parser.add_argument("--ckpt", help="checkpoint to validate (with --config)")
+    parser.add_argument("--onnx", help="an exported detector (tools/export.py) to validate in onnxruntime (with --config; "
+                                       "--onnx FILE --help: its options)")
     parser.add_argument("--out", default=".", help="folder of the metrics.json written (default: the working directory)")
     known, rest = parser.parse_known_args(argv)
     metrics_json = Path(known.out) / "metrics.json"
