@@ -11,7 +11,9 @@ parallel branches that are one linear map at inference, in place, on a model in 
   RepVGG, 2021: the 1x1 kernel padded to 3x3 and added);
 - ConvNeXt in its BatchNorm form: the stem's and every block's norm after the convolution folded into it, the norm
   that enters a max-pool stage folded into the 1x1 convolution after it, and each block's layer scale into its
-  MLP's last linear layer;
+  MLP's last linear layer; each block, then only a depthwise convolution and an MLP, runs channels-first
+  (:class:`ChannelsFirstConvNeXtBlock`: its MLP as 1x1 convolutions), so that in onnxruntime the backbone keeps one
+  convolution layout from the stem to its outputs (the block's permutes cancel between blocks);
 - multi-scale deformable attention (DINO's, RT-DETR's decoders, DINO's encoder) sampled by one ``grid_sample`` per
   level (:class:`GridSampleDeformableAttention`): in ONNX a ``GridSample`` per level where the training operator's
   row gather-sum (``vision_tx.ops.ms_deform_attn``) is about 80 small operations, twice its time in onnxruntime.
@@ -60,6 +62,8 @@ def fuse_for_deployment(model: nn.Module) -> nn.Module:
                     setattr(parent, name, merged_repvgg(child))
                 elif type(child) is MultiScaleDeformableAttention:
                     setattr(parent, name, GridSampleDeformableAttention.from_module(child))
+                elif isinstance(child, ConvNeXtBlock) and isinstance(child.norm, nn.Identity) and child.gamma is None:
+                    setattr(parent, name, ChannelsFirstConvNeXtBlock(child))
     return model
 
 
@@ -137,3 +141,25 @@ class GridSampleDeformableAttention(MultiScaleDeformableAttention):
             value = value.masked_fill(padding_mask[..., None], 0.0)
         locations, weights = self.sampling(query, reference, shapes)
         return self.output_proj(grid_sample_deform_attn(value.unflatten(-1, (self.num_heads, -1)), shapes, locations, weights))
+
+
+class ChannelsFirstConvNeXtBlock(nn.Module):
+    """A ConvNeXt block without norm and layer scale (folded by :func:`fuse_for_deployment`), for inference:
+    ``[N,H,W,C] -> [N,H,W,C]`` as the block, computed on the ``[N,C,H,W]`` map: depthwise convolution, its MLP as 1x1
+    convolutions (exact GELU between), the residual added. No stochastic depth (eval only)."""
+
+    def __init__(self, block: ConvNeXtBlock) -> None:
+        super().__init__()
+        fc1, fc2 = block.mlp.fc1, block.mlp.fc2
+        if fc1.activation != "gelu":
+            raise ValueError(f"{__name__}: a ConvNeXt MLP with GELU is expected, got activation {fc1.activation!r}")
+        self.conv_dw = block.conv_dw
+        self.fc1, self.fc2 = (nn.Conv2d(fc.in_features, fc.out_features, 1).to(fc.weight) for fc in (fc1, fc2))
+        with torch.no_grad():
+            for conv, fc in ((self.fc1, fc1), (self.fc2, fc2)):
+                conv.weight.copy_(fc.weight[..., None, None])
+                conv.bias.copy_(fc.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 3, 1, 2)
+        return (x + self.fc2(F.gelu(self.fc1(self.conv_dw(x))))).permute(0, 2, 3, 1)
