@@ -165,6 +165,9 @@ CHANNEL_PERMUTATION = "tests/data/test_transforms.py::test_channel_permutation_r
 VERTICAL_FLIP = "tests/data/test_transforms.py::test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together[vertical_flip]"
 QUARTER_TURN = "tests/data/test_transforms.py::test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together[quarter_turn]"
 BENCHMARK_PEAKS = "tests/test_benchmark_gpu_paths.py"
+LAYOUTS = "tests/data/test_yolo_voc.py"
+PREDICT = "tests/lightning/test_predict.py"
+DETECTION_REPORT = "tests/metrics/test_detection_report.py"
 
 
 @dataclass(frozen=True)
@@ -1174,6 +1177,35 @@ MUTANTS = [
            "if patch_h > height or patch_w > width:", "if patch_h > height and patch_w > width:", (MOSAIC,)),
     Mutant("copy-paste: the object's height held against the image's width", "vision_tx/data/mosaic.py",
            "if patch_h > height or patch_w > width:", "if patch_h > width or patch_w > height:", (MOSAIC,)),
+    # YOLO and VOC layouts read as COCO
+    Mutant("layouts: VOC corners read as 0-based", "vision_tx/data/layouts.py",
+           "x, y, w, h = xmin - 1, ymin - 1, xmax - xmin + 1, ymax - ymin + 1", "x, y, w, h = xmin, ymin, xmax - xmin, ymax - ymin",
+           (LAYOUTS,)),
+    Mutant("layouts: YOLO class k read as category id k", "vision_tx/data/layouts.py",
+           'annotations.append({"category_id": int(values[0]) + 1,', 'annotations.append({"category_id": int(values[0]),',
+           (LAYOUTS,)),
+    Mutant("layouts: VOC difficult objects trained on", "vision_tx/data/layouts.py",
+           '"iscrowd": int(difficult)}', '"iscrowd": 0}', (LAYOUTS,)),
+    Mutant("layouts: a YOLO box outside the image accepted", "vision_tx/data/layouts.py",
+           "            if far_outside(x, y, x + w, y + h, height, width):\n", "            if False:\n", (LAYOUTS,)),
+    # Prediction over tiles
+    Mutant("predict: tile boxes not shifted back into the image", "vision_tx/lightning/predict.py",
+           "shifted = found[\"boxes\"].float() + torch.tensor([x0, y0, x0, y0], dtype=torch.float32)",
+           "shifted = found[\"boxes\"].float()", (PREDICT,)),
+    Mutant("predict: boxes cut by a tile's far side kept", "vision_tx/lightning/predict.py",
+           "        cut |= ((shifted[:, 2:] >= far) & torch.tensor([x1 < width, y1 < height])).any(1)\n", "", (PREDICT,)),
+    Mutant("predict: NMS across classes", "vision_tx/lightning/predict.py",
+           "keep = batched_nms(boxes, scores.float(), labels, iou_threshold)",
+           "keep = batched_nms(boxes, scores.float(), torch.zeros_like(labels), iou_threshold)", (PREDICT,)),
+    # The validation report
+    Mutant("detection report: unmatched detections counted as misses", "vision_tx/metrics/detection_report.py",
+           "                matrix[background, index[label]] += 1", "                matrix[index[label], background] += 1",
+           (DETECTION_REPORT,)),
+    Mutant("detection report: a match needs IoU above the threshold", "vision_tx/metrics/detection_report.py",
+           "rows, columns = torch.nonzero(iou >= iou_threshold, as_tuple=True)",
+           "rows, columns = torch.nonzero(iou > iou_threshold, as_tuple=True)", (DETECTION_REPORT,)),
+    Mutant("detection report: detections under the threshold in the matrix", "vision_tx/metrics/detection_report.py",
+           'keep = (found["scores"] >= score_threshold) & known', "keep = known", (DETECTION_REPORT,)),
     Mutant("transforms: the switched-off affine draws a number", "vision_tx/data/transforms.py",
            "        if self.p == 0:\n            return inputs", "        if False:\n            return inputs", (AFFINE,)),
     Mutant("budget: the training clock counts the validations", "vision_tx/lightning/budget.py",
