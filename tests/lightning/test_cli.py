@@ -157,6 +157,8 @@ def test_eval_of_a_checkpoint_writes_metrics_to_out(tiny_coco: Path, tmp_path: P
     written = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert written == json.loads(next((tmp_path / "eval").rglob("metrics.json")).read_text())
     assert list(written) == ["bbox"] and written["bbox"]["per_category"] and 0 <= written["bbox"]["AP"] <= 1
+    for picture in ("confusion_matrix", "pr_curve", "f1_curve"):  # the report's pictures beside the numbers
+        assert (tmp_path / "out" / f"{picture}.png").read_bytes() == next((tmp_path / "eval").rglob(f"{picture}.png")).read_bytes()
 
 
 def test_model_options_on_the_command_line_win_over_the_checkpoints(tiny_coco: Path, tmp_path: Path, caplog) -> None:

@@ -16,6 +16,7 @@ import inspect
 import json
 import logging
 import re
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -348,12 +349,17 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
     else:
         if not known.ckpt:
             parser.error("give --gt/--results, the panoptic files, or --config with --ckpt")
+        from vision_tx.metrics.detection_report import PICTURES
+
         cli = run_cli("validate", [*rest, "--ckpt_path", known.ckpt])
         # The module wrote its sections into the run's log folder: the same ones go to --out.
         written = Path(cli.trainer.log_dir or cli.trainer.default_root_dir) / "metrics.json"
         if cli.trainer.is_global_zero and written.is_file() and written.resolve() != metrics_json.resolve():
             for section, values in json.loads(written.read_text()).items():
                 merge_metrics_json(section, values, metrics_json)
+            for picture in PICTURES:  # a detector's report, beside its numbers
+                if (written.parent / f"{picture}.png").is_file():
+                    shutil.copyfile(written.parent / f"{picture}.png", metrics_json.parent / f"{picture}.png")
         print(f"metrics: {metrics_json}")
 
 
