@@ -30,7 +30,7 @@ IOU_TYPES = ("bbox", "segm")
 CLASSWISE_COLUMNS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
 
-def _results_coco(coco_gt: COCO, results: list[dict[str, Any]]) -> COCO:
+def results_coco(coco_gt: COCO, results: list[dict[str, Any]]) -> COCO:
     """``coco_gt.loadRes(results)``, which also accepts an empty list (pycocotools' raises on one)."""
     if results:
         with contextlib.redirect_stdout(io.StringIO()):
@@ -55,7 +55,7 @@ def run_cocoeval(
         warnings.warn(
             "COCO evaluation of an empty prediction set: every stat is 0 (or -1 where there is no ground truth)"
         )
-    evaluator = COCOeval(coco_gt, _results_coco(coco_gt, results), iou_type)
+    evaluator = COCOeval(coco_gt, results_coco(coco_gt, results), iou_type)
     if image_ids is not None:
         evaluator.params.imgIds = sorted(int(i) for i in image_ids)
     printed = io.StringIO()

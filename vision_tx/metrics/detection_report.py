@@ -25,7 +25,7 @@ from torch import Tensor
 from torchvision.io import write_png
 from torchvision.ops import box_convert, box_iou
 
-from vision_tx.metrics.coco import CocoEvaluator, _results_coco
+from vision_tx.metrics.coco import CocoEvaluator, results_coco
 
 IOU_THRESHOLD = 0.5
 CONFIDENCES = np.arange(101) / 100  # where the curves over the confidence are sampled: 0.00, 0.01, ..., 1.00
@@ -111,7 +111,7 @@ def evaluate_at_iou(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids:
                     iou_threshold: float = IOU_THRESHOLD) -> COCOeval:
     """pycocotools' box evaluation of ``results`` over ``image_ids`` at IoU ``iou_threshold`` alone, every area, its
     largest ``maxDets`` (100), evaluated and accumulated: the matching and precision array of the validation's AP50."""
-    evaluator = COCOeval(coco_gt, _results_coco(coco_gt, list(results)), "bbox")
+    evaluator = COCOeval(coco_gt, results_coco(coco_gt, list(results)), "bbox")
     params = evaluator.params
     params.imgIds = sorted(int(i) for i in image_ids)
     params.iouThrs = np.array([iou_threshold])
