@@ -311,9 +311,7 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(arg.partition("=")[0] == "--onnx" for arg in argv):
-        from vision_tx.lightning.onnx_eval import main as onnx_eval_main
-
-        return onnx_eval_main(argv)
+        return run_entry_point(ONNX_EVAL, argv)
     parser = argparse.ArgumentParser(prog="tools/eval.py", description=eval_main.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gt", help="COCO annotation json")
@@ -374,6 +372,15 @@ SUBCOMMANDS = {
 }
 
 
+ONNX_EVAL = "vision_tx.lightning.onnx_eval:main"  # eval_main's --onnx mode
+
+
+def run_entry_point(entry_point: str, argv: Sequence[str]) -> None:
+    """Runs ``module:function(argv)``, imported only now (those modules build on this one)."""
+    module, _, function = entry_point.partition(":")
+    getattr(importlib.import_module(module), function)(list(argv))
+
+
 def train_main(argv: Sequence[str] | None = None) -> None:
     """``tools/train.py``, ``vision-tx train``: fits the model of ``--config NAME [--section.key value ...]``."""
     run_cli("fit", argv)
@@ -384,5 +391,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in SUBCOMMANDS:
         raise SystemExit(f"usage: vision-tx {{{','.join(SUBCOMMANDS)}}} [options]  (--help after one for its options)")
-    module, _, function = SUBCOMMANDS[argv[0]].partition(":")
-    getattr(importlib.import_module(module), function)(argv[1:])
+    run_entry_point(SUBCOMMANDS[argv[0]], argv[1:])
