@@ -178,3 +178,23 @@ def test_confusion_matrix_is_at_the_best_f1_confidence_unless_given() -> None:
     assert report.score_threshold == 0.51 and report.to_json()["confusion_matrix"]["score_threshold"] == 0.51
     assert torch.equal(report.matrix, detection_report(coco, CURVE_DETECTIONS, [1, 2], score_threshold=0.51).matrix)
     assert not torch.equal(report.matrix, detection_report(coco, CURVE_DETECTIONS, [1, 2], score_threshold=0.5).matrix)
+
+
+def test_a_validations_own_evaluation_gives_the_report_of_a_fresh_one() -> None:
+    """The validation's full COCOeval (ten IoU thresholds, four area ranges, three maxDets) read at its IoU 0.5 row, area
+    "all", 100 detections: the same curves, precision and matrix as an evaluation at IoU 0.5 alone; another first IoU
+    threshold is refused."""
+    for truth, count, categories, detections in ((TRUTH, 3, CATEGORIES, DETECTIONS), (CURVE_TRUTH, 2, CURVE_CATEGORIES, CURVE_DETECTIONS)):
+        coco = make_coco(truth, count, categories)
+        image_ids = list(range(1, count + 1))
+        evaluated, _ = run_cocoeval(coco, list(detections), "bbox", image_ids=image_ids)
+        fresh, reused = (detection_report(coco, detections, image_ids, evaluated=e) for e in (None, evaluated))
+        assert torch.equal(fresh.matrix, reused.matrix) and fresh.score_threshold == reused.score_threshold
+        assert fresh.curves.keys() == reused.curves.keys() and fresh.pr_precision.keys() == reused.pr_precision.keys()
+        for category in fresh.curves:
+            for name in ("precision", "recall", "f1"):
+                np.testing.assert_array_equal(fresh.curves[category][name], reused.curves[category][name])
+            np.testing.assert_array_equal(fresh.pr_precision[category], reused.pr_precision[category])
+    evaluated.params.iouThrs = evaluated.params.iouThrs[1:]
+    with pytest.raises(ValueError, match="starts at IoU 0.55"):
+        detection_report(coco, detections, image_ids, evaluated=evaluated)

@@ -13,7 +13,6 @@ from torchvision import tv_tensors
 
 from vision_tx.attention import detector_attention_pictures
 from vision_tx.backbones import load_weights
-from vision_tx.io import gather_by_image_id
 from vision_tx.lightning.common import adamw, build_task_backbone, is_fitting, param_groups
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
@@ -157,7 +156,6 @@ class DetectionModule(TaskModule):
     def on_validation_epoch_start(self) -> None:
         super().on_validation_epoch_start()
         self.evaluator = CocoEvaluator(self.trainer.datamodule.val_coco, "bbox")
-        self.validated_image_ids: list[int] = []  # this process's, for the report (images without detections included)
 
     def validation_step(self, batch: dict[str, Any], batch_index: int) -> dict[str, Any]:
         """Scores the boxes of ``batch``; returns the model's outputs (for subclasses that score more)."""
@@ -168,7 +166,6 @@ class DetectionModule(TaskModule):
         orig_sizes = torch.stack([t["orig_size"] for t in targets])
         detections = self.model.postprocess(outputs, orig_sizes)
         self.evaluator.update([{"image_id": int(t["image_id"]), **d} for t, d in zip(targets, detections)])
-        self.validated_image_ids += [int(t["image_id"]) for t in targets]
         if len(self.preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
             self._add_preview(batch, outputs)
         return outputs
@@ -191,11 +188,10 @@ class DetectionModule(TaskModule):
         self.log("val/AP", stats["AP"], prog_bar=True)
         self.per_category_tables["val/bbox_AP_per_category"] = markdown_table(self.evaluator.per_category, CLASSWISE_COLUMNS)
         log_dir = self.trainer.log_dir  # a collective call under DDP: every rank makes it
-        image_ids = list(gather_by_image_id(dict.fromkeys(self.validated_image_ids)))  # collective too
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or log_dir is None:
             return
         log_dir = Path(log_dir)
-        report, pictures = write_validation_report(self.evaluator, stats, image_ids, log_dir)
+        report, pictures = write_validation_report(self.evaluator, stats, log_dir)
         for logger in self.loggers:
             if isinstance(logger, TensorBoardLogger):
                 for name, report_picture in pictures.items():

@@ -98,7 +98,6 @@ def evaluate_onnx(onnx_path: str | Path, config_args: Sequence[str], out: str | 
     datamodule.setup("validate")
     fixed = fixed_size(session)
     evaluator = CocoEvaluator(datamodule.val_coco, "bbox")
-    image_ids: list[int] = []
     for batch in datamodule.val_dataloader():
         for image, target in zip(batch["images"], batch["targets"]):
             if fixed is not None and tuple(target["size"].tolist()) != fixed:
@@ -107,10 +106,9 @@ def evaluate_onnx(onnx_path: str | Path, config_args: Sequence[str], out: str | 
                                     "export it with a dynamic size (tools/export.py without --fixed-size)")
             detections = detect(session, image, target["size"], target["orig_size"])
             evaluator.update([{"image_id": int(target["image_id"]), **detections}])
-            image_ids.append(int(target["image_id"]))
     stats = evaluator.compute()
     out = Path(out)
-    report, pictures = write_validation_report(evaluator, stats, image_ids, out)
+    report, pictures = write_validation_report(evaluator, stats, out)
     best_f1, best_threshold = report.best
     print(evaluator.summary, end="")
     print(evaluator.table())

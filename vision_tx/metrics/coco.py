@@ -149,6 +149,8 @@ class CocoEvaluator:
     def reset(self) -> None:
         self._results: dict[int, list[dict[str, Any]]] = {}
         self.merged_results: list[dict[str, Any]] = []
+        self.image_ids: list[int] = []  # every process's images of the last compute (rank 0), detections or not
+        self.cocoeval: COCOeval | None = None  # the last compute's evaluation, evaluated and accumulated (rank 0)
 
     def update(self, predictions: Sequence[dict[str, Any]]) -> None:
         for prediction in predictions:
@@ -163,9 +165,10 @@ class CocoEvaluator:
         results = self._gathered()
         stats: dict[str, float] | None = None
         if not distributed or dist.get_rank() == 0:
-            self.merged_results = [r for image_id in sorted(results) for r in results[image_id]]
-            evaluator, self.summary = run_cocoeval(self.coco_gt, self.merged_results, self.iou_type, image_ids=list(results))
-            stats, self.per_category = _stats(evaluator), coco_per_category(evaluator)
+            self.image_ids = sorted(results)
+            self.merged_results = [r for image_id in self.image_ids for r in results[image_id]]
+            self.cocoeval, self.summary = run_cocoeval(self.coco_gt, self.merged_results, self.iou_type, image_ids=self.image_ids)
+            stats, self.per_category = _stats(self.cocoeval), coco_per_category(self.cocoeval)
             logger.info("COCO %s evaluation over %d images:\n%s", self.iou_type, len(results), self.summary)
         if distributed and dist.get_world_size() > 1:
             box = [(stats, self.per_category)]

@@ -218,13 +218,17 @@ class DetectionReport:
 
 
 def detection_report(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequence[int], score_threshold: float | None = None,
-                     iou_threshold: float = IOU_THRESHOLD) -> DetectionReport:
+                     iou_threshold: float = IOU_THRESHOLD, evaluated: COCOeval | None = None) -> DetectionReport:
     """The report of COCO results dicts ``results`` (``bbox`` xywh) over ``image_ids`` against ``coco_gt``: the curves of
     every detection, and the confusion matrix of the detections scoring at least ``score_threshold`` (None: the confidence
-    of the best mean F1, where the detector does best, so that the matrix shows what is left to fix there)."""
+    of the best mean F1, where the detector does best, so that the matrix shows what is left to fix there).
+    ``evaluated``: the box evaluation of the same results and images already evaluated and accumulated (a validation's,
+    whose first IoU threshold is ``iou_threshold``), read instead of evaluating them again."""
     categories = sorted(coco_gt.dataset.get("categories", []), key=lambda c: c["id"])
     category_ids = [int(c["id"]) for c in categories]
-    evaluator = evaluate_at_iou(coco_gt, results, image_ids, iou_threshold)
+    if evaluated is not None and evaluated.params.iouThrs[0] != iou_threshold:
+        raise ValueError(f"detection_report: the evaluation given starts at IoU {evaluated.params.iouThrs[0]}, not {iou_threshold}")
+    evaluator = evaluated or evaluate_at_iou(coco_gt, results, image_ids, iou_threshold)
     curves = confidence_curves(evaluator)
     precision = evaluator.eval["precision"][0, :, :, 0, -1]  # [R,K]
     pr_precision = {c: precision[:, evaluator.params.catIds.index(c)].copy() for c in curves}
@@ -323,14 +327,15 @@ def write_pictures(pictures: dict[str, Tensor], folder: str | Path) -> list[Path
     return paths
 
 
-def write_validation_report(evaluator: CocoEvaluator, stats: dict[str, float], image_ids: Sequence[int],
+def write_validation_report(evaluator: CocoEvaluator, stats: dict[str, float],
                             folder: str | Path) -> tuple[DetectionReport, dict[str, Tensor]]:
-    """After ``evaluator.compute()`` gave ``stats`` over ``image_ids`` (on rank 0, which holds the merged results): writes
+    """After ``evaluator.compute()`` gave ``stats`` (on rank 0, which holds the merged results, the images and their
+    evaluation, reused here): writes
     into ``folder`` the results (``bbox_results.json``), ``metrics.json``'s ``bbox`` section (``stats``, per category,
     and :meth:`DetectionReport.to_json`) and the report's pictures (the confusion matrix at the best-F1 confidence);
     returns the report and its pictures."""
     folder = Path(folder)
-    report = detection_report(evaluator.coco_gt, evaluator.merged_results, image_ids)
+    report = detection_report(evaluator.coco_gt, evaluator.merged_results, evaluator.image_ids, evaluated=evaluator.cocoeval)
     evaluator.write_results(folder / "bbox_results.json")
     evaluator.write_metrics({**stats, **report.to_json()}, folder / "metrics.json")
     pictures = report_pictures(report)
