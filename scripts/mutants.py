@@ -166,6 +166,7 @@ VERTICAL_FLIP = "tests/data/test_transforms.py::test_flip_and_turn_move_the_imag
 QUARTER_TURN = "tests/data/test_transforms.py::test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together[quarter_turn]"
 BENCHMARK_PEAKS = "tests/test_benchmark_gpu_paths.py"
 LAYOUTS = "tests/data/test_yolo_voc.py"
+DEPLOY = "tests/test_deploy.py"
 PREDICT = "tests/lightning/test_predict.py"
 DETECTION_REPORT = "tests/metrics/test_detection_report.py"
 
@@ -1177,6 +1178,18 @@ MUTANTS = [
            "if patch_h > height or patch_w > width:", "if patch_h > height and patch_w > width:", (MOSAIC,)),
     Mutant("copy-paste: the object's height held against the image's width", "vision_tx/data/mosaic.py",
            "if patch_h > height or patch_w > width:", "if patch_h > width or patch_w > height:", (MOSAIC,)),
+    # The deployment form of exported models (vision_tx/deploy.py)
+    Mutant("deploy: RepVGG's 1x1 branch dropped when merged", "vision_tx/deploy.py",
+           "merged.weight.copy_(conv3.weight + nn.functional.pad(conv1.weight, (1, 1, 1, 1)))", "merged.weight.copy_(conv3.weight)",
+           (DEPLOY,)),
+    Mutant("deploy: a norm folded into the next 1x1 convolution without its shift", "vision_tx/deploy.py",
+           "fused.bias.copy_((conv.bias if conv.bias is not None else 0) + conv.weight.flatten(1) @ shift)",
+           "fused.bias.copy_(conv.bias if conv.bias is not None else torch.zeros_like(fused.bias))", (DEPLOY,)),
+    Mutant("deploy: ConvNeXt's layer scale left out of the MLP's bias", "vision_tx/deploy.py",
+           "fc2.bias = nn.Parameter(fc2.bias * module.gamma)", "fc2.bias = nn.Parameter(fc2.bias.clone())", (DEPLOY,)),
+    Mutant("deploy: grid_sample attention with corner-aligned samples", "vision_tx/deploy.py",
+           'mode="bilinear", padding_mode="zeros", align_corners=False)', 'mode="bilinear", padding_mode="zeros", align_corners=True)',
+           (DEPLOY,)),
     # YOLO and VOC layouts read as COCO
     Mutant("layouts: VOC corners read as 0-based", "vision_tx/data/layouts.py",
            "x, y, w, h = xmin - 1, ymin - 1, xmax - xmin + 1, ymax - ymin + 1", "x, y, w, h = xmin, ymin, xmax - xmin, ymax - ymin",
