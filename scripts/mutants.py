@@ -1199,6 +1199,9 @@ MUTANTS = [
            (LAYOUTS,)),
     Mutant("layouts: VOC difficult objects trained on", "vision_tx/data/layouts.py",
            '"iscrowd": int(difficult)}', '"iscrowd": 0}', (LAYOUTS,)),
+    Mutant("far outside: the slack of the side's fraction dropped", "vision_tx/data/coco.py",
+           "slack_x, slack_y = np.maximum(2.0, OUTSIDE_TOLERANCE * width), np.maximum(2.0, OUTSIDE_TOLERANCE * height)",
+           "slack_x, slack_y = 2.0, 2.0", ("tests/data/test_coco.py", "tests/data/test_bad_input.py", LAYOUTS)),
     Mutant("layouts: a YOLO box outside the image accepted", "vision_tx/data/layouts.py",
            "            if far_outside(x, y, x + w, y + h, height, width):\n", "            if False:\n", (LAYOUTS,)),
     # Prediction over tiles

@@ -6,12 +6,13 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 from torchvision import tv_tensors
 
-from vision_tx.data.coco import CocoDetection, CocoFormatError, coco_split_paths
+from vision_tx.data.coco import CocoDetection, CocoFormatError, coco_split_paths, far_outside
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +150,14 @@ def test_wrong_root_layout_shows_the_expected_one(tmp_path: Path) -> None:
     message = str(err.value)
     assert f"{tmp_path}: not a COCO detection root, missing {tmp_path}/annotations/instances_train2017.json" in message
     assert f"{tmp_path}/train2017/*.jpg\n  {tmp_path}/annotations/instances_train2017.json" in message
+
+
+def test_a_box_is_far_outside_past_five_percent_of_the_side_or_two_pixels() -> None:
+    """On a 100x40 (w x h) image the slack is 5 px across and 2 px down (5% of 40 is under 2): the same rule for one box
+    (the YOLO and VOC readers) and for arrays of them (the COCO reader)."""
+    inside = [(-4.9, 0.0, 104.9, 40.0), (0.0, -1.9, 50.0, 41.9)]
+    outside = [(-5.1, 0.0, 50.0, 40.0), (0.0, 0.0, 105.1, 40.0), (0.0, -2.1, 50.0, 40.0), (0.0, 0.0, 50.0, 42.1)]
+    for box, expected in [*((b, False) for b in inside), *((b, True) for b in outside)]:
+        assert bool(far_outside(*box, 40, 100)) is expected, box
+    boxes = np.array(inside + outside)
+    assert far_outside(*boxes.T, np.full(6, 40.0), np.full(6, 100.0)).tolist() == [False, False, True, True, True, True]

@@ -37,6 +37,13 @@ Transforms = Callable[[tv_tensors.Image, Target], tuple[Any, Target]]
 class CocoFormatError(InvalidDataError):
     """A COCO dataset that cannot be used as it is: the message names the file and the problem."""
 
+def far_outside(x1: Any, y1: Any, x2: Any, y2: Any, height: Any, width: Any) -> Any:
+    """Whether a pixel box (corners; numbers or arrays of them) lies outside its image by more than the readers accept
+    and clip: ``max(2 px, OUTSIDE_TOLERANCE of the side)`` on each side."""
+    slack_x, slack_y = np.maximum(2.0, OUTSIDE_TOLERANCE * width), np.maximum(2.0, OUTSIDE_TOLERANCE * height)
+    return (x1 < -slack_x) | (y1 < -slack_y) | (x2 > width + slack_x) | (y2 > height + slack_y)
+
+
 
 def read_coco_json(ann_file: str | os.PathLike) -> dict[str, Any]:
     """The content of a COCO annotation file, checked to be JSON with its three lists; errors name the file."""
@@ -204,9 +211,7 @@ class CocoDetection(SkippingDataset[tuple[Any, Target]]):
         # Row -1 (an unknown image) reads the appended 0: such annotations fail the image_id check first.
         width = np.append(self.widths, 0)[rows].astype(np.float64)
         height = np.append(self.heights, 0)[rows].astype(np.float64)
-        x1, y1, x2, y2 = bbox[:, 0], bbox[:, 1], bbox[:, 0] + bbox[:, 2], bbox[:, 1] + bbox[:, 3]
-        slack_x = np.maximum(2.0, OUTSIDE_TOLERANCE * width)
-        slack_y = np.maximum(2.0, OUTSIDE_TOLERANCE * height)
+        outside = far_outside(bbox[:, 0], bbox[:, 1], bbox[:, 0] + bbox[:, 2], bbox[:, 1] + bbox[:, 3], height, width)
         checks: list[tuple[np.ndarray, Callable[[Any, int], str]]] = [
             (~well_formed, _malformed_problem),
             (rows < 0, lambda a, row: f"image_id {a['image_id']} is not in 'images'"),
@@ -214,7 +219,7 @@ class CocoDetection(SkippingDataset[tuple[Any, Target]]):
              lambda a, row: f"category_id {a['category_id']} is not in 'categories' (ids {sorted(self.category_names)})"),
             (~np.isfinite(bbox).all(1), lambda a, row: f"bbox {a['bbox']} is not finite"),
             ((bbox[:, 2:] < 0).any(1), lambda a, row: f"bbox {a['bbox']} has a negative size"),
-            ((x1 < -slack_x) | (y1 < -slack_y) | (x2 > width + slack_x) | (y2 > height + slack_y),
+            (outside,
              lambda a, row: f"bbox {a['bbox']} (x, y, w, h) lies far outside the image, "
                             f"which is {self.widths[row]} wide and {self.heights[row]} high"),
         ]

@@ -44,7 +44,7 @@ import yaml
 from PIL import Image
 from torchvision.datasets import VOCDetection
 
-from vision_tx.data.coco import OUTSIDE_TOLERANCE, read_coco_json
+from vision_tx.data.coco import far_outside, read_coco_json
 from vision_tx.data.image_io import exif_orientation
 from vision_tx.data.invalid import InvalidDataError, warn_skipped
 
@@ -73,12 +73,6 @@ def image_size(path: Path) -> tuple[int, int]:
     except (OSError, SyntaxError, ValueError) as err:
         raise LayoutFormatError(f"{path}: not an image file, or a format PIL cannot read ({err})") from err
     return height, width
-
-
-def far_outside(x1: float, y1: float, x2: float, y2: float, height: int, width: int) -> bool:
-    """Whether the pixel box lies outside its image by more than the COCO reader accepts (and clips)."""
-    slack_x, slack_y = max(2.0, OUTSIDE_TOLERANCE * width), max(2.0, OUTSIDE_TOLERANCE * height)
-    return x1 < -slack_x or y1 < -slack_y or x2 > width + slack_x or y2 > height + slack_y
 
 
 def _split_name(split: str, present: Any) -> str:
@@ -130,8 +124,9 @@ def _coco_split(coco_json: str | os.PathLike) -> tuple[dict[str, Any], dict[int,
 
 def _copy_image(source: Path, target: Path, image: dict[str, Any]) -> None:
     """Copies ``source`` to ``target`` after checking its size against the COCO ``image`` entry."""
-    if image_size(source) != (image["height"], image["width"]):
-        raise LayoutFormatError(f"{source}: the image is {image_size(source)} (h, w), its annotation says "
+    size = image_size(source)
+    if size != (image["height"], image["width"]):
+        raise LayoutFormatError(f"{source}: the image is {size} (h, w), its annotation says "
                                 f"({image['height']}, {image['width']}) for image id {image['id']}")
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, target)
