@@ -18,7 +18,8 @@ from torch import Tensor, nn
 def attention_weights(q: Tensor, k: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                       scale: float | None = None) -> Tensor:
     """``softmax(q k^T * scale + mask)`` in fp32, as ``F.scaled_dot_product_attention`` weighs the values:
-    ``q [..., Lq, d]``, ``k [..., Lk, d]``, a bool mask (True: attend) or an additive one -> ``[..., Lq, Lk]``."""
+    ``q [..., Lq, d]``, ``k [..., Lk, d]``, ``attn_mask [..., Lq, Lk]`` (broadcast; bool, True: attend, or additive),
+    ``is_causal`` (masks the keys after each query), ``scale`` (``d ** -0.5`` when None) -> ``[..., Lq, Lk]``."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = (q.float() @ k.float().transpose(-2, -1)) * scale
     if is_causal:
@@ -74,7 +75,7 @@ def attention_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def attention_rollout(attentions: Sequence[Tensor], residual: float = 0.5) -> Tensor:
-    """Attention rollout: ``[B, heads, N, N]`` per layer (first to last) -> ``[B, N, N]``, row ``i`` the
+    """Attention rollout: ``attentions`` ``[B, heads, N, N]`` per layer (first to last) -> ``[B, N, N]``, row ``i`` the
     share of each input token in output token ``i``.
 
     Each layer's heads are averaged, the residual connection added as ``residual * I + (1 - residual) * A``
@@ -110,9 +111,9 @@ def patch_grid(num_tokens: int, image_size: tuple[int, int], num_prefix_tokens: 
 
 @torch.no_grad()
 def vit_attention_maps(model: nn.Module, images: Tensor, residual: float = 0.5) -> dict[str, Tensor]:
-    """For a ViT/DeiT classifier and normalised ``images [B,3,H,W]``: ``logits``, ``rollout`` ``[B,h,w]``
-    (the class token's row of :func:`attention_rollout` over the patches) and ``last_layer``
-    ``[B,heads,h,w]`` (the last layer's class-token attention per head), each map summing to 1 over
+    """For a ViT/DeiT classifier ``model`` and normalised ``images [B,3,H,W]``: ``logits [B,classes]``, ``rollout``
+    ``[B,h,w]`` (the class token's row of :func:`attention_rollout` with ``residual`` over the patches) and
+    ``last_layer`` ``[B,heads,h,w]`` (the last layer's class-token attention per head), each map summing to 1 over
     the patches it covers. The prefix tokens are ``model.num_prefix_tokens`` when the model says so."""
     modules = attention_modules(model)
     if not modules:
@@ -139,8 +140,8 @@ def vit_attention_maps(model: nn.Module, images: Tensor, residual: float = 0.5) 
 def splat_bilinear(locations: Tensor, weights: Tensor, size: tuple[int, int]) -> Tensor:
     """Weighted points drawn on an ``h x w`` grid, each spread over its four nearest cells with the
     weights bilinear sampling (``grid_sample``, ``align_corners=False``) would read them with: the adjoint
-    of that sampling. ``locations [N,K,2]`` (x, y) in [0, 1] of the grid, ``weights [N,K]`` -> ``[N,h,w]``;
-    points outside the grid leave part or all of their weight out."""
+    of that sampling. ``locations [N,K,2]`` (x, y) in [0, 1] of the grid, ``weights [N,K]``, ``size`` (h, w)
+    -> ``[N,h,w]``; points outside the grid leave part or all of their weight out."""
     height, width = size
     x = locations[..., 0] * width - 0.5
     y = locations[..., 1] * height - 0.5
@@ -156,8 +157,9 @@ def splat_bilinear(locations: Tensor, weights: Tensor, size: tuple[int, int]) ->
 
 
 def classifier_attention_pictures(model: nn.Module, image: Tensor, transform: Any) -> list[Tensor]:
-    """Pictures ``[3,H,W]`` uint8 of a ViT/DeiT classifier's attention on ``image`` ``[3,H,W]`` uint8 after
-    ``transform`` (the validation one): the input, the rollout and the last layer's class-token attention of each head."""
+    """Pictures ``[3,H,W]`` uint8 of a ViT/DeiT classifier ``model``'s attention on ``image`` ``[3,H,W]`` uint8 after
+    ``transform`` (the validation one): the input, the rollout and the last layer's class-token attention of each
+    head."""
     from torchvision import tv_tensors
 
     from vision_tx.visualize import denormalize, overlay_heatmap
@@ -170,9 +172,10 @@ def classifier_attention_pictures(model: nn.Module, image: Tensor, transform: An
 
 def detector_attention_pictures(model: nn.Module, image: Tensor, transform: Any, category_names: Mapping[int, str] | None = None,
                                 score_threshold: float = 0.7) -> list[Tensor]:
-    """Pictures ``[3,H,W]`` uint8 of a detector's cross-attention on ``image`` ``[3,H,W]`` uint8 after ``transform``
-    (the validation one, on an image and its target): the input, then each object scored above
-    ``score_threshold`` (the 4 best when none is) with its box and the map ``model.cross_attention`` draws for it."""
+    """Pictures ``[3,H,W]`` uint8 of a detector ``model``'s cross-attention on ``image`` ``[3,H,W]`` uint8 after
+    ``transform`` (the validation one, on an image and its target): the input, then each object scored above
+    ``score_threshold`` (the 4 best when none is) with its box, its name from ``category_names`` (label -> name;
+    numbers when None) and the map ``model.cross_attention`` draws for it."""
     from torchvision import tv_tensors
 
     from vision_tx.visualize import denormalize, draw_detections, overlay_heatmap

@@ -60,7 +60,8 @@ class ChannelsLastBatchNorm(nn.Module):
 
 
 def channel_norm(norm: str, dim: int) -> nn.Module:
-    """The norm over the channels of a ``[N,H,W,C]`` map: the paper's LayerNorm or BatchNorm."""
+    """The norm over the ``dim`` channels of a ``[N,H,W,C]`` map, by ``norm``: the paper's LayerNorm (``"layernorm"``)
+    or BatchNorm."""
     if norm not in NORMS:
         raise ValueError(f"{__name__}: norm must be one of {NORMS}, got {norm!r}")
     return nn.LayerNorm(dim, eps=1e-6) if norm == "layernorm" else ChannelsLastBatchNorm(dim)

@@ -20,7 +20,8 @@ from vision_tx.ops import Linear
 
 
 def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
-    """Stochastic depth: zeroes whole samples of a residual branch with probability ``rate``, rescales the rest."""
+    """Stochastic depth: zeroes whole samples of a residual branch ``x [B,...]`` with probability ``rate``, rescales the
+    rest by ``1 / (1 - rate)``; ``x`` unchanged when not ``training`` -> ``[B,...]``."""
     if rate == 0.0 or not training:
         return x
     keep = 1.0 - rate
@@ -29,7 +30,7 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
 
 
 def init_weights(module: nn.Module) -> None:
-    """The official initialisation of one module: truncated normal linears, zero biases, unit LayerNorms."""
+    """The official initialisation of one ``module``: truncated normal linears, zero biases, unit LayerNorms."""
     if isinstance(module, nn.Linear):
         nn.init.trunc_normal_(module.weight, std=0.02)
         if module.bias is not None:

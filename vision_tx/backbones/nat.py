@@ -222,7 +222,8 @@ def _native_key(key: str, final_stage: int) -> str:
 
 
 def resize_rpb(rpb: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """Bicubic resize of a ``[heads, 2k-1, 2k-1]`` bias to ``shape`` (another ``k``); other mismatches pass unchanged."""
+    """Bicubic resize of a ``rpb [heads, 2k-1, 2k-1]`` bias to ``shape`` (another ``k``); other mismatches pass
+    unchanged."""
     if rpb.shape == shape or rpb.ndim != 3 or rpb.shape[0] != shape[0]:
         return rpb
     resized = F.interpolate(rpb.float().unsqueeze(0), size=tuple(shape[1:]), mode="bicubic", align_corners=False)

@@ -63,7 +63,7 @@ def _lookup(table: dict[str, Callable[..., nn.Module]], name: str, what: str) ->
 
 
 def build_backbone(name: str, out_indices: Sequence[int] = (0, 1, 2, 3), **kwargs) -> nn.Module:
-    """Builds a backbone for dense prediction.
+    """Builds the backbone ``name`` for dense prediction (``kwargs`` go to its builder).
 
     The module maps images ``[N, 3, H, W]`` to an ordered dict ``res{i+2} -> [N, C_i, H/s_i, W/s_i]``
     for each ``i`` in ``out_indices``; ``module.out_channels`` and ``module.strides`` list ``C_i`` and
@@ -76,5 +76,6 @@ def build_backbone(name: str, out_indices: Sequence[int] = (0, 1, 2, 3), **kwarg
 
 
 def build_classifier(name: str, num_classes: int = 1000, **kwargs) -> nn.Module:
-    """Builds the image-classification form of a backbone: ``[N, 3, H, W] -> [N, num_classes]`` logits."""
+    """Builds the image-classification form of the backbone ``name`` with ``num_classes`` outputs (``kwargs`` go to
+    its builder): ``[N, 3, H, W] -> [N, num_classes]`` logits."""
     return _lookup(_CLASSIFIERS, name, "classifier")(num_classes=num_classes, **kwargs)

@@ -47,7 +47,8 @@ _MASKED = -100.0
 @cached_size_table(maxsize=32)
 @torch.inference_mode(False)
 def relative_position_index(window: tuple[int, int], table_window: int, device: torch.device) -> torch.Tensor:
-    """``[N, N]`` rows of the ``(2M-1)^2`` bias table for each query/key pair of a ``window`` (``N = h*w``).
+    """``[N, N]`` rows of the ``(2M-1)^2`` bias table (``table_window`` is ``M``) for each query/key pair of a
+    ``window`` (``N = h*w``), on ``device``.
 
     ``window`` may be smaller than the table's ``M`` (maps smaller than a window); it then reads the
     central part of the table.
@@ -64,8 +65,9 @@ def relative_position_index(window: tuple[int, int], table_window: int, device: 
 def shift_mask(padded: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device) -> torch.Tensor:
     """``[nW, N, N]`` additive mask (0 or -100) of the rolled map: tokens attend only within their region.
 
-    After a roll by ``-shift`` the last ``shift`` rows/columns hold the wrapped-around first ones;
-    regions are the bands ``[0, H-M)``, ``[H-M, H-s)``, ``[H-s, H)`` along each rolled axis.
+    For a map of ``padded`` (h, w) size (multiples of ``window``), rolled by ``-shift``, on ``device``: the last
+    ``shift`` rows/columns hold the wrapped-around first ones; regions are the bands ``[0, H-M)``, ``[H-M, H-s)``,
+    ``[H-s, H)`` along each rolled axis.
     """
     def bands(size: int, win: int, s: int) -> torch.Tensor:
         band = torch.zeros(size, dtype=torch.long, device=device)
@@ -81,7 +83,8 @@ def shift_mask(padded: tuple[int, int], window: tuple[int, int], shift: tuple[in
 
 
 def window_partition(x: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
-    """``[B, H, W, C] -> [B, nW, h*w, C]`` windows in row-major order (H, W multiples of the window)."""
+    """``x [B, H, W, C] -> [B, nW, h*w, C]`` windows of ``window`` (h, w) in row-major order (H, W multiples of the
+    window)."""
     batch, height, width, channels = x.shape
     x = x.view(batch, height // window[0], window[0], width // window[1], window[1], channels)
     return x.transpose(2, 3).reshape(batch, -1, window[0] * window[1], channels)
@@ -96,10 +99,10 @@ def padded_size(size: tuple[int, int], window: tuple[int, int]) -> tuple[int, in
 @torch.inference_mode(False)
 def window_gather(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token indices that roll, partition and un-partition a map in one gather each.
+    """Token indices that roll, partition and un-partition a map in one gather each, on ``device``.
 
-    For a map of ``size`` zero-padded to ``padded`` (multiples of ``window``) and rolled by ``-shift``:
-    ``partition [Hp*Wp]`` is, for each token of the windows (row-major windows, row-major inside),
+    For a map of ``size`` zero-padded to ``padded`` (multiples of ``window``) and rolled by ``shift`` (h, w) back
+    (``-shift``): ``partition [Hp*Wp]`` is, for each token of the windows (row-major windows, row-major inside),
     its index in the flattened padded map; ``restore [H*W]`` is, for each token of the unpadded map,
     its position among the windows (undoing the roll and dropping the padding).
     """
@@ -115,8 +118,8 @@ def window_gather(size: tuple[int, int], window: tuple[int, int], shift: tuple[i
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor, rows_per_sample: int) -> torch.Tensor:
-    """``x [B, rows_per_sample, C]`` (any shape with those sizes) -> ``[B * len(index), C]``: each
-    sample's rows ``index``. Gathering rows of a 2-d tensor is the fastest form of ``index_select``."""
+    """``x [B, R, C]`` (any shape with those sizes, ``rows_per_sample`` is ``R``) -> ``[B * len(index), C]``: each
+    sample's rows ``index [K]``. Gathering rows of a 2-d tensor is the fastest form of ``index_select``."""
     batch = x.numel() // (rows_per_sample * x.shape[-1])
     if batch > 1:
         index = (torch.arange(batch, device=index.device)[:, None] * rows_per_sample + index).flatten()
@@ -183,7 +186,8 @@ class WindowAttention(nn.Module):
 
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``softmax(q k^T / sqrt(d) + bias) v`` with the scores in fp32: ``q, k, v [..., N, d]``, ``bias [..., N, N]``.
+    """``softmax(q k^T / sqrt(d) + bias) v`` with the scores in fp32: ``q [..., N, d]``, ``k [..., N, d]``,
+    ``v [..., N, d]``, ``bias [..., N, N]`` -> ``[..., N, d]``.
 
     In bf16 on the CPU this is 20-40% faster than torch's fused kernel for windows of 49 tokens (measured:
     Swin-T's stage shapes, batch 8); in fp32 the fused kernel is faster.
@@ -343,7 +347,7 @@ def _native_key(key: str, microsoft: bool, final_stage: int) -> str:
 
 
 def resize_bias_table(table: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """Bicubic resize of a ``[(2M-1)^2, heads]`` table to ``shape`` (another ``M``); other mismatches pass unchanged."""
+    """Bicubic resize of a ``table [(2M-1)^2, heads]`` to ``shape`` (another ``M``); other mismatches pass unchanged."""
     if table.shape == shape or table.ndim != 2 or table.shape[1] != shape[1]:
         return table
     source, target = round(table.shape[0] ** 0.5), round(shape[0] ** 0.5)

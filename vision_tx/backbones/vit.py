@@ -44,8 +44,9 @@ VARIANTS: dict[str, dict] = {
 
 def resize_pos_embed(pos_embed: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int],
                      num_prefix_tokens: int) -> torch.Tensor:
-    """``[1, P + h*w, C] -> [1, P + h'*w', C]``: the patch part resized bicubically on its grid (with
-    antialiasing, timm's choice), the ``P`` prefix tokens' embeddings unchanged."""
+    """``pos_embed [1, P + h*w, C] -> [1, P + h'*w', C]``: the patch part resized bicubically from its ``grid`` (h, w)
+    to ``new_grid`` (h', w') (with antialiasing, timm's choice), the ``num_prefix_tokens`` (``P``) prefix tokens'
+    embeddings unchanged."""
     if grid == new_grid:
         return pos_embed
     prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]

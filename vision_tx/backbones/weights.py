@@ -48,7 +48,7 @@ def load_weights(
     strict: bool = False,
     class_keys: Sequence[str] = (),
 ) -> LoadReport:
-    """Loads a checkpoint file (or a state dict) into ``model`` and reports what did not match.
+    """Loads a ``checkpoint`` file (or a state dict) into ``model`` and reports what did not match.
 
     Accepts official Microsoft Swin, timm, SHI-Labs NAT and facebookresearch DETR checkpoints, and
     vision_tx's own. Tensors whose shape differs from the model's are an error (the checkpoint is
@@ -90,5 +90,6 @@ def other_class_keys(state: Mapping[str, torch.Tensor], model: nn.Module, class_
 
 
 def save_weights(model: nn.Module, path: str | os.PathLike, **metadata: object) -> None:
-    """Writes ``{"model": state_dict, "vision_tx": metadata}`` atomically: the native checkpoint format."""
+    """Writes ``{"model": state_dict, "vision_tx": metadata}`` of ``model`` to ``path`` atomically: the native
+    checkpoint format, ``metadata`` the keyword arguments."""
     save_atomic({"model": model.state_dict(), "vision_tx": dict(metadata)}, path)
