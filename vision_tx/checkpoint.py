@@ -23,7 +23,7 @@ class CheckpointError(RuntimeError):
 
 
 def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> Any:
-    """Loads a checkpoint file on the CPU with ``weights_only=True``; errors name the file.
+    """Loads the checkpoint file at ``path`` on the CPU with ``weights_only=True``; errors name the file.
 
     ``mmap=True`` maps the tensors' bytes instead of reading them (a check of the file's structure,
     keys and shapes that costs almost nothing); it applies to the zip format that ``torch.save``
@@ -51,7 +51,8 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> Any:
 
 
 def read_training_checkpoint(path: str | os.PathLike, model: nn.Module | None = None, mmap: bool = False) -> dict[str, Any]:
-    """A training checkpoint (Lightning's, as ``tools/train.py`` writes) read with :func:`read_checkpoint`.
+    """A training checkpoint at ``path`` (Lightning's, as ``tools/train.py`` writes) read with :func:`read_checkpoint`
+    (``mmap`` as there).
 
     Refuses files that hold no training state and, given ``model``, weights that do not fit it
     exactly (a checkpoint of another model or variant); errors name the file.
@@ -103,7 +104,7 @@ def _key_list(what: str, keys: list[str]) -> str:
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then an atomic rename onto it."""
+    """``torch.save`` of ``obj`` to a temporary file beside ``path``, then an atomic rename onto it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -126,7 +127,8 @@ def _umask() -> int:
 
 
 def unwrap_state_dict(obj: Any, source: str) -> dict[str, torch.Tensor]:
-    """Finds the state dict inside the usual containers (``model``, ``state_dict``, ``model_ema``, ``ema``).
+    """Finds the state dict in ``obj`` inside the usual containers (``model``, ``state_dict``, ``model_ema``, ``ema``);
+    errors name ``source`` (the file, or ``"<state dict>"``).
 
     Lightning checkpoints (``state_dict`` with a ``model.`` prefix) and DDP prefixes (``module.``)
     are unwrapped too.

@@ -38,15 +38,17 @@ class CocoFormatError(InvalidDataError):
     """A COCO dataset that cannot be used as it is: the message names the file and the problem."""
 
 def far_outside(x1: Any, y1: Any, x2: Any, y2: Any, height: Any, width: Any) -> Any:
-    """Whether a pixel box (corners; numbers or arrays of them) lies outside its image by more than the readers accept
-    and clip: ``max(2 px, OUTSIDE_TOLERANCE of the side)`` on each side."""
+    """Whether a pixel box (corners ``x1``, ``y1``, ``x2``, ``y2``; numbers or arrays ``[N]`` of them) lies outside its
+    image of ``height`` and ``width`` by more than the readers accept and clip: ``max(2 px, OUTSIDE_TOLERANCE of the
+    side)`` on each side. Numbers or bool ``[N]``."""
     slack_x, slack_y = np.maximum(2.0, OUTSIDE_TOLERANCE * width), np.maximum(2.0, OUTSIDE_TOLERANCE * height)
     return (x1 < -slack_x) | (y1 < -slack_y) | (x2 > width + slack_x) | (y2 > height + slack_y)
 
 
 
 def read_coco_json(ann_file: str | os.PathLike) -> dict[str, Any]:
-    """The content of a COCO annotation file, checked to be JSON with its three lists; errors name the file."""
+    """The content of the COCO annotation file ``ann_file``, checked to be JSON with its three lists; errors name the
+    file."""
     ann_file = Path(ann_file)
     if not ann_file.is_file():
         raise CocoFormatError(f"{ann_file}: annotation file not found")
@@ -64,7 +66,8 @@ def read_coco_json(ann_file: str | os.PathLike) -> dict[str, Any]:
 
 
 def category_names(categories: list[Any], ann_file: str | os.PathLike) -> dict[int, str]:
-    """``{id: name}`` of a COCO file's ``categories``; an entry without an integer ``id`` or a ``name`` is an error."""
+    """``{id: name}`` of a COCO file's ``categories``; an entry without an integer ``id`` or a ``name`` is an error that
+    names ``ann_file``."""
     try:
         return {int(c["id"]): str(c["name"]) for c in categories}
     except (KeyError, TypeError, ValueError) as err:
@@ -72,7 +75,7 @@ def category_names(categories: list[Any], ann_file: str | os.PathLike) -> dict[i
 
 
 def load_coco(ann_file: str | os.PathLike) -> COCO:
-    """Reads a COCO annotation file into a pycocotools ``COCO`` index; errors name the file."""
+    """Reads the COCO annotation file ``ann_file`` into a pycocotools ``COCO`` index; errors name the file."""
     coco = COCO()
     coco.dataset = read_coco_json(ann_file)
     try:
@@ -87,7 +90,8 @@ def load_coco(ann_file: str | os.PathLike) -> COCO:
 
 
 def coco_split_paths(root: str | os.PathLike, split: str) -> tuple[Path, Path]:
-    """``(ROOT/split, ROOT/annotations/instances_{split}.json)``, checked against the standard layout."""
+    """``(root/split, root/annotations/instances_{split}.json)`` of the dataset at ``root`` and its ``split``, checked
+    against the standard layout."""
     root = Path(root)
     image_dir = root / split
     ann_file = root / "annotations" / f"instances_{split}.json"
@@ -102,7 +106,7 @@ def coco_split_paths(root: str | os.PathLike, split: str) -> tuple[Path, Path]:
 
 def read_coco_image(path: Path, image_id: int, size: tuple[int, int], ann_file: Path) -> tv_tensors.Image:
     """The image ``[3, H, W]`` uint8 RGB at ``path``, checked against the ``size`` (h, w) that ``ann_file``
-    gives it; errors name the file, the image id and the problem."""
+    gives it; errors name the file, the ``image_id`` and the problem."""
     try:
         image = read_rgb_image(path)
     except ImageReadError as err:

@@ -15,8 +15,8 @@ from vision_tx.data.coco import CocoDetection, CocoFormatError, Target
 
 
 def annotation_mask(segmentation: Any, height: int, width: int) -> np.ndarray:
-    """A COCO ``segmentation`` (polygon list, uncompressed RLE with a ``counts`` list, or compressed RLE)
-    -> bool ``[height, width]``."""
+    """A COCO ``segmentation`` (polygon list, uncompressed RLE with a ``counts`` list, or compressed RLE) of an image of
+    ``height`` and ``width`` -> bool ``[height, width]``."""
     if isinstance(segmentation, list):  # polygons: one RLE each, merged
         rle = mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width)) if segmentation else None
     elif isinstance(segmentation, dict) and isinstance(segmentation.get("counts"), list):

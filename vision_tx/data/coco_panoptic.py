@@ -40,19 +40,19 @@ MAX_SEGMENT_ID = 256**3 - 1
 
 
 def rgb_to_id(rgb: torch.Tensor) -> torch.Tensor:
-    """Segment ids ``[..., H, W]`` int64 from PNG colours ``[..., 3, H, W]`` (``R + 256 G + 65536 B``)."""
+    """Segment ids ``[..., H, W]`` int64 from PNG colours ``rgb [..., 3, H, W]`` (``R + 256 G + 65536 B``)."""
     rgb = rgb.cpu().numpy().astype(np.int64)
     return torch.from_numpy(rgb[..., 0, :, :] + 256 * rgb[..., 1, :, :] + 65536 * rgb[..., 2, :, :])
 
 
 def id_to_rgb(ids: torch.Tensor) -> torch.Tensor:
-    """PNG colours ``[..., 3, H, W]`` uint8 from segment ids ``[..., H, W]`` (inverse of :func:`rgb_to_id`)."""
+    """PNG colours ``[..., 3, H, W]`` uint8 from segment ``ids [..., H, W]`` (inverse of :func:`rgb_to_id`)."""
     ids = ids.cpu().numpy().astype(np.int64)
     return torch.from_numpy(np.stack([ids % 256, ids // 256 % 256, ids // 65536 % 256], axis=-3).astype(np.uint8))
 
 
 def read_panoptic_png(path: str | os.PathLike) -> torch.Tensor:
-    """Segment ids ``[H, W]`` int64 of a COCO panoptic PNG; errors name the file."""
+    """Segment ids ``[H, W]`` int64 of the COCO panoptic PNG at ``path``; errors name the file."""
     path = Path(path)
     if not path.is_file():
         raise CocoFormatError(f"{path}: panoptic PNG not found")
@@ -70,8 +70,8 @@ def read_panoptic_png(path: str | os.PathLike) -> torch.Tensor:
 
 
 def segment_index(ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
-    """Where each pixel's segment sits in ``segment_ids`` ``[K]``, plus one: ``[H, W]`` int64 in ``[0, K]``,
-    0 for unlabelled pixels (id 0). Raises ``ValueError`` naming the ids that ``segment_ids`` lacks."""
+    """Where each pixel's segment of ``ids [H, W]`` sits in ``segment_ids`` ``[K]``, plus one: ``[H, W]`` int64 in
+    ``[0, K]``, 0 for unlabelled pixels (id 0). Raises ``ValueError`` naming the ids that ``segment_ids`` lacks."""
     ids, segment_ids = ids.cpu().numpy().astype(np.int64), segment_ids.cpu().numpy().astype(np.int64)
     if len(segment_ids) == 0:
         index, found = np.zeros_like(ids), np.zeros(ids.shape, dtype=bool)
@@ -86,7 +86,7 @@ def segment_index(ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
 
 
 def write_panoptic_png(path: str | os.PathLike, ids: torch.Tensor) -> None:
-    """Writes segment ids ``[H, W]`` (integers in ``[0, 2**24)``) as a COCO panoptic RGB PNG."""
+    """Writes segment ``ids [H, W]`` (integers in ``[0, 2**24)``) as a COCO panoptic RGB PNG to ``path``."""
     if ids.ndim != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"{path}: segment ids must be an integer [H, W] map, got {tuple(ids.shape)} {ids.dtype}")
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) > MAX_SEGMENT_ID):
@@ -99,7 +99,7 @@ def write_panoptic_png(path: str | os.PathLike, ids: torch.Tensor) -> None:
 def load_panoptic_json(
     path: str | os.PathLike, keys: tuple[str, ...] = ("images", "annotations", "categories")
 ) -> dict[str, Any]:
-    """Reads a COCO panoptic JSON file that must hold ``keys`` (a prediction file needs only
+    """Reads the COCO panoptic JSON file at ``path``, which must hold ``keys`` (a prediction file needs only
     ``annotations``); errors name the file."""
     path = Path(path)
     if not path.is_file():
@@ -322,7 +322,8 @@ def write_panoptic_predictions(
     predictions: Iterable[dict[str, Any]],
     categories: list[dict[str, Any]],
 ) -> Path:
-    """Writes predictions as a COCO panoptic JSON file and a folder of PNGs, both atomically.
+    """Writes ``predictions`` as a COCO panoptic JSON file ``json_path`` and a folder ``png_folder`` of PNGs, both
+    atomically; a segment's ``category_id`` must be one of ``categories`` (COCO category dicts, written into the JSON).
 
     Each prediction is ``{"image_id": int, "segment_ids": [H, W] int (0 = no segment),
     "segments_info": [{"id", "category_id", ...}]}`` with an optional ``"file_name"`` (default

@@ -35,7 +35,7 @@ def exif_orientation(image: Image.Image) -> int:
 
 
 def orientation_note(path: str | os.PathLike) -> str:
-    """For a size-mismatch message: a note when the file's EXIF orientation turns its stored pixels."""
+    """For a size-mismatch message: a note when the EXIF orientation of the file at ``path`` turns its stored pixels."""
     try:
         with Image.open(path) as image:
             orientation, stored = exif_orientation(image), image.size

@@ -57,8 +57,10 @@ def train_transforms(
     rand_augment_std: float = 0.5,
     random_erasing: float = 0.25,
 ) -> v2.Compose:
-    """DeiT's training pipeline on a uint8 image: random resized crop (bicubic), flip, RandAugment,
-    normalisation, random erasing with per-pixel noise. ``rand_augment_ops=0`` turns RandAugment off."""
+    """DeiT's training pipeline on a uint8 image: random resized crop to ``size`` (bicubic, area ``scale``), flip with
+    probability ``hflip``, RandAugment (``rand_augment_ops`` ops, magnitude ``rand_augment_magnitude`` with noise of
+    std ``rand_augment_std``), normalisation, random erasing with per-pixel noise with probability
+    ``random_erasing``. ``rand_augment_ops=0`` turns RandAugment off."""
     steps: list[v2.Transform] = [
         v2.RandomResizedCrop(size, scale=scale, interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
         v2.RandomHorizontalFlip(hflip),
@@ -72,7 +74,8 @@ def train_transforms(
 
 
 def val_transforms(size: int = 224, crop_fraction: float = 0.875) -> v2.Compose:
-    """Resize the short side to ``size / crop_fraction`` (bicubic), centre crop ``size``, normalise."""
+    """Resize the short side to ``size / crop_fraction`` (bicubic, ``crop_fraction`` the share kept), centre crop
+    ``size``, normalise."""
     return v2.Compose([
         v2.Resize(int(size / crop_fraction), interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
         v2.CenterCrop(size),

@@ -27,7 +27,8 @@ class SkippedRecordsWarning(UserWarning):
 
 
 def warn_skipped(source: object, problems: Sequence[str], total: int, records: str) -> None:
-    """One warning: ``len(problems)`` of the ``total`` ``records`` of ``source`` were skipped, and why."""
+    """One warning: ``len(problems)`` of the ``total`` ``records`` of ``source`` were skipped, and why (the first
+    ``problems``, one line each)."""
     shown = "\n  ".join(problems[:EXAMPLES_SHOWN]) + ("\n  ..." if len(problems) > EXAMPLES_SHOWN else "")
     warnings.warn(
         f"{source}: skipped {len(problems)} of {total} {records} with invalid data (skip_invalid=True):\n  {shown}",

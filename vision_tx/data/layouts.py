@@ -261,7 +261,8 @@ class YoloLayout:
 
 
 def yolo_label_path(image: Path) -> Path:
-    """The label file of an image: its last ``images`` folder replaced by ``labels``, its suffix by ``.txt``."""
+    """The label file of an ``image`` path: its last ``images`` folder replaced by ``labels``, its suffix by
+    ``.txt``."""
     parts = list(image.parts)
     folders = [i for i, part in enumerate(parts[:-1]) if part == "images"]
     if folders:
@@ -271,10 +272,11 @@ def yolo_label_path(image: Path) -> Path:
 
 def write_yolo_layout(coco_json: str | os.PathLike, images_dir: str | os.PathLike, out: str | os.PathLike,
                       split: str = "train") -> Path:
-    """Writes one split of a COCO set as YOLO: ``out/images/SPLIT/`` (copies), ``out/labels/SPLIT/*.txt`` and
-    the split and its names into ``out/data.yaml`` (created, or extended: its names must agree). Category id
-    ``c`` is class ``c - 1`` (``names: {c - 1: name}``; Ultralytics itself wants the ids 1..K, names 0..K-1);
-    crowd regions get no row; an image without objects gets an empty label file. Returns ``data.yaml``."""
+    """Writes the ``split`` of a COCO set (``coco_json``, images under ``images_dir``) as YOLO under ``out``:
+    ``out/images/SPLIT/`` (copies), ``out/labels/SPLIT/*.txt`` and the split and its names into ``out/data.yaml``
+    (created, or extended: its names must agree). Category id ``c`` is class ``c - 1`` (``names: {c - 1: name}``;
+    Ultralytics itself wants the ids 1..K, names 0..K-1); crowd regions get no row; an image without objects gets an
+    empty label file. Returns ``data.yaml``."""
     out = Path(out)
     dataset, by_image = _coco_split(coco_json)
     categories = {int(c["id"]): str(c["name"]) for c in dataset["categories"]}
@@ -436,9 +438,10 @@ def _finite(value: float) -> bool:
 
 def write_voc_layout(coco_json: str | os.PathLike, images_dir: str | os.PathLike, out: str | os.PathLike,
                      split: str = "train") -> Path:
-    """Writes one split of a COCO set as Pascal VOC: ``out/JPEGImages/`` (copies), ``out/Annotations/ID.xml``
-    (ID: the file name's stem), ``out/ImageSets/Main/SPLIT.txt`` in the COCO file's order and ``out/labels.txt``
-    (line k: category id k; created, or checked to agree). Crowd regions become difficult objects. Returns ``out``."""
+    """Writes the ``split`` of a COCO set (``coco_json``, images under ``images_dir``) as Pascal VOC:
+    ``out/JPEGImages/`` (copies), ``out/Annotations/ID.xml`` (ID: the file name's stem),
+    ``out/ImageSets/Main/SPLIT.txt`` in the COCO file's order and ``out/labels.txt`` (line k: category id k; created,
+    or checked to agree). Crowd regions become difficult objects. Returns ``out``."""
     out = Path(out)
     dataset, by_image = _coco_split(coco_json)
     categories = {int(c["id"]): str(c["name"]) for c in dataset["categories"]}
@@ -483,7 +486,8 @@ def write_voc_layout(coco_json: str | os.PathLike, images_dir: str | os.PathLike
 
 def find_layout(root: str | os.PathLike, train_split: str) -> YoloLayout | VocLayout | None:
     """The layout at ``root``: YOLO where ``root`` is a ``.yaml`` file or holds ``data.yaml``, VOC where it holds
-    ``Annotations/`` and ``ImageSets/Main/``, None (COCO) otherwise."""
+    ``Annotations/`` and ``ImageSets/Main/`` (its class names read from ``train_split`` when it has no
+    ``labels.txt``), None (COCO) otherwise."""
     root = Path(root)
     if root.suffix in (".yaml", ".yml") and root.is_file():
         return YoloLayout(root)

@@ -22,7 +22,7 @@ from vision_tx.data.transforms import DetectionTransform
 
 
 def panoptic_boxes_as_coco(panoptic: dict[str, Any]) -> COCO:
-    """A pycocotools index of the *thing* segments of a COCO panoptic file, as box ground truth.
+    """A pycocotools index of the *thing* segments of a COCO ``panoptic`` file (its JSON content), as box ground truth.
 
     DETR reports the box AP of its panoptic model on the thing categories; each thing segment
     becomes one instance with the ``bbox``, ``area`` and ``iscrowd`` of its ``segments_info`` entry.

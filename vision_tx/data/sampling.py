@@ -29,7 +29,8 @@ def process_share() -> tuple[int, int]:
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """The augmentation seed of sample ``index`` in ``epoch``: a well-mixed 32-bit function of the three."""
+    """The augmentation seed of sample ``index`` in ``epoch`` of a run with ``seed``: a well-mixed 32-bit function of
+    the three."""
     return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
 
 

@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 
 
 def keep_ratio_size(height: int, width: int, scale: Sequence[int]) -> tuple[int, int]:
-    """The ``(h, w)`` that fits the image inside ``scale`` = (long, short) edge limits, keeping its ratio.
+    """The ``(h, w)`` that fits an image of ``height`` and ``width`` inside ``scale`` = (long, short) edge limits,
+    keeping its ratio.
 
     As mmcv's ``rescale_size``: factor ``min(long / max(h, w), short / min(h, w))``, sizes rounded.
     """
@@ -185,7 +186,9 @@ def train_transforms(
     cat_max_ratio: float = 0.75,
     ignore_index: int = IGNORE_INDEX,
 ) -> v2.Compose:
-    """The training pipeline: random rescale, cat-max crop, flip, photometric distortion, normalise, pad."""
+    """The training pipeline: random rescale (``scale`` (long, short) edge limits times a factor in ``ratio_range``),
+    cat-max crop to ``crop_size`` (no class over ``cat_max_ratio`` of it, ``ignore_index`` pixels not counted),
+    flip, photometric distortion, normalise, pad to ``crop_size`` (labels with ``ignore_index``)."""
     return v2.Compose([
         RandomRescale(scale, ratio_range),
         RandomCropCatMax(crop_size, cat_max_ratio, ignore_index),
@@ -214,7 +217,8 @@ class ValTransform:
 
 
 def collate_segmentation(batch: Sequence[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = IGNORE_INDEX) -> dict[str, Any]:
-    """Pads images (with 0) and labels (with ``ignore_index``) to the largest in the batch, bottom and right.
+    """Pads the images (with 0) and labels (with ``ignore_index``) of a ``batch`` of ``(image [3,H,W], label [H,W])``
+    pairs to the largest in the batch, bottom and right.
 
     Returns ``images`` ``[B, 3, H, W]`` float, ``labels`` ``[B, H', W']`` int64, ``image_sizes`` and
     ``label_sizes`` ``[B, 2]`` int64: the unpadded ``(h, w)`` of each.

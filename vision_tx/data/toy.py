@@ -28,7 +28,8 @@ CATEGORIES = (
 
 
 def shape_mask(name: str, size: int) -> np.ndarray:
-    """A filled ``size x size`` bool mask of the shape, touching all four sides of its square."""
+    """A filled ``size x size`` bool mask of the shape ``name`` (circle, square or triangle), touching all four sides of
+    its square."""
     centres = np.arange(size) + 0.5
     y, x = np.meshgrid(centres, centres, indexing="ij")
     if name == "circle":
@@ -86,7 +87,8 @@ def make_toy_coco(
     max_side: int = 192,
     seed: int = 0,
 ) -> Path:
-    """Writes the toy dataset into ``out_dir`` (which must not exist yet); same arguments, same bytes."""
+    """Writes the toy dataset into ``out_dir`` (which must not exist yet): ``num_train`` and ``num_val`` images with
+    sides from ``min_side`` to ``max_side``, drawn from ``seed``; same arguments, same bytes."""
     out_dir = Path(out_dir)
     rng = np.random.default_rng(seed)
     categories = [{"id": c["id"], "name": c["name"], "supercategory": "shape"} for c in CATEGORIES]
@@ -117,7 +119,8 @@ def cached_build(
     builder: Callable[[Path], Any],
     read_version: Callable[[Path], Any],
 ) -> Path:
-    """A generated dataset's root folder (default ``~/.cache/vision_tx/{name}``), built by ``builder(out_dir)`` once.
+    """The root folder ``cache_dir`` of the generated dataset ``name`` (default ``~/.cache/vision_tx/{name}``), built by
+    ``builder(out_dir)`` once.
 
     ``read_version(root)`` reads the version a built root was stamped with; a root that lacks it or
     holds another ``version`` is rebuilt. The data is built in a temporary folder and renamed into
@@ -157,5 +160,5 @@ def _version(root: Path) -> Any:
 
 
 def toy_coco_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The toy dataset's root folder, generated on first use (default ``~/.cache/vision_tx/toy_coco``)."""
+    """The toy dataset's root folder ``cache_dir``, generated on first use (default ``~/.cache/vision_tx/toy_coco``)."""
     return cached_build(cache_dir, "toy_coco", TOY_VERSION, make_toy_coco, _version)

@@ -40,7 +40,8 @@ def _draw(rng: np.random.Generator, class_name: str, side: int) -> np.ndarray:
 def make_toy_classification(
     out_dir: str | os.PathLike, num_train_per_class: int = 40, num_val_per_class: int = 10, side: int = 64, seed: int = 0
 ) -> Path:
-    """Writes the toy set into ``out_dir`` (which must not exist yet); same arguments, same bytes."""
+    """Writes the toy set into ``out_dir`` (which must not exist yet): ``num_train_per_class`` and
+    ``num_val_per_class`` images of ``side`` pixels per class, drawn from ``seed``; same arguments, same bytes."""
     out_dir = Path(out_dir)
     rng = np.random.default_rng(seed)
     for split, count in (("train", num_train_per_class), ("val", num_val_per_class)):
@@ -59,5 +60,5 @@ def _version(root: Path) -> Any:
 
 
 def toy_classification_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The toy set's root, generated on first use (default ``~/.cache/vision_tx/toy_classification``)."""
+    """The toy set's root ``cache_dir``, generated on first use (default ``~/.cache/vision_tx/toy_classification``)."""
     return cached_build(cache_dir, "toy_classification", TOY_VERSION, make_toy_classification, _version)

@@ -88,7 +88,8 @@ def make_toy_coco_panoptic(
     max_side: int = 128,
     seed: int = 0,
 ) -> Path:
-    """Writes the toy dataset into ``out_dir`` (which must not exist yet); same arguments, same bytes."""
+    """Writes the toy dataset into ``out_dir`` (which must not exist yet): ``num_train`` and ``num_val`` images with
+    sides from ``min_side`` to ``max_side``, drawn from ``seed``; same arguments, same bytes."""
     out_dir = Path(out_dir)
     rng = np.random.default_rng(seed)
     image_id = 0
@@ -117,5 +118,6 @@ def _version(root: Path) -> Any:
 
 
 def toy_coco_panoptic_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The toy dataset's root, generated on first use (default ``~/.cache/vision_tx/toy_coco_panoptic``)."""
+    """The toy dataset's root ``cache_dir``, generated on first use (default
+    ``~/.cache/vision_tx/toy_coco_panoptic``)."""
     return cached_build(cache_dir, "toy_coco_panoptic", TOY_VERSION, make_toy_coco_panoptic, _version)

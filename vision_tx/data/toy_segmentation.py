@@ -48,7 +48,8 @@ def _draw(rng: np.random.Generator, min_side: int, max_side: int) -> tuple[np.nd
 def make_toy_segmentation(
     out_dir: str | os.PathLike, num_train: int = 48, num_val: int = 16, min_side: int = 96, max_side: int = 160, seed: int = 0
 ) -> Path:
-    """Writes the toy dataset into ``out_dir`` (which must not exist yet); same arguments, same bytes."""
+    """Writes the toy dataset into ``out_dir`` (which must not exist yet): ``num_train`` and ``num_val`` images with
+    sides from ``min_side`` to ``max_side``, drawn from ``seed``; same arguments, same bytes."""
     out_dir = Path(out_dir)
     rng = np.random.default_rng(seed)
     base = out_dir / "ADEChallengeData2016"
@@ -70,5 +71,6 @@ def _version(root: Path) -> Any:
 
 
 def toy_segmentation_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The toy dataset's root, generated on first use (default ``~/.cache/vision_tx/toy_segmentation``)."""
+    """The toy dataset's root ``cache_dir``, generated on first use (default
+    ``~/.cache/vision_tx/toy_segmentation``)."""
     return cached_build(cache_dir, "toy_segmentation", TOY_VERSION, make_toy_segmentation, _version)
