@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 
 def gather_by_image_id(records: dict[int, Any]) -> dict[int, Any]:
-    """Every process's ``{image_id: record}`` merged, on every rank (a collective call under DDP).
+    """Every process's ``records`` ``{image_id: record}`` merged, on every rank (a collective call under DDP).
 
     The first record of an id wins: the distributed sampler repeats samples to even out the shards.
     """
@@ -39,7 +39,8 @@ def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:
 
 
 def merge_metrics_json(section: str, values: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Adds or replaces ``{section: values}`` in ``metrics.json`` (other sections are kept)."""
+    """Adds or replaces ``{section: values}`` (the ``section`` name and its ``values``) in the ``metrics.json`` at
+    ``path`` (other sections are kept); returns ``path``."""
     path = Path(path)
     data = json.loads(path.read_text()) if path.is_file() else {}
     data[section] = values

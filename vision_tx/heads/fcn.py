@@ -26,7 +26,7 @@ class ConvBNReLU(nn.Sequential):
 
 
 def init_classifier(classifier: nn.Conv2d) -> None:
-    """mmsegmentation's initialisation of a 1x1 classifier: weights from N(0, 0.01), zero bias."""
+    """mmsegmentation's initialisation of a 1x1 ``classifier``: weights from N(0, 0.01), zero bias."""
     nn.init.normal_(classifier.weight, std=0.01)
     nn.init.zeros_(classifier.bias)
 

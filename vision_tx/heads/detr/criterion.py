@@ -13,7 +13,7 @@ from vision_tx.heads.detr.matcher import HungarianMatcher
 
 
 def normalize_targets(targets: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-    """Turns data-pipeline targets (absolute xyxy ``boxes [K,4]``, ``size`` = (h, w) of the unpadded
+    """Turns data-pipeline ``targets`` (absolute xyxy ``boxes [K,4]``, ``size`` = (h, w) of the unpadded
     image) into the model's: ``labels`` int64 ``[K]`` and ``boxes [K,4]`` cxcywh normalised to [0, 1].
     Panoptic ``masks`` (bool ``[K,h,w]``, unpadded) pass unchanged; :class:`SetCriterion` pads them.
     Targets without ``size`` are the model's already and pass unchanged."""
@@ -32,7 +32,8 @@ def normalize_targets(targets: list[dict[str, torch.Tensor]]) -> list[dict[str, 
 
 
 def num_boxes_in_batch(targets: list[dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
-    """The number of target boxes per process of the whole (distributed) batch, at least 1: the loss normaliser."""
+    """The number of target boxes (``labels``) of ``targets`` per process of the whole (distributed) batch, at least 1:
+    the loss normaliser, a float scalar tensor on ``device``."""
     num_boxes = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(num_boxes)

@@ -15,7 +15,7 @@ from vision_tx.heads.detr.mlp import MLP
 def weighting_function(reg_max: int, up: torch.Tensor, reg_scale: torch.Tensor) -> torch.Tensor:
     """W(n), ``[reg_max + 1]``: 0 in the middle, ``+-(step**k - 1)`` for ``k = 1 .. reg_max/2 - 1`` either
     side with ``step = (a + 1) ** (2 / (reg_max - 2))``, ``a = |up * reg_scale|``, and ``+-2a`` at the ends
-    (``up``, ``reg_scale``: one-element tensors)."""
+    (``reg_max`` the number of bins, even; ``up [1]``, ``reg_scale [1]``: one-element tensors)."""
     bound = (up * reg_scale).abs().reshape(1)
     step = (bound + 1) ** (2 / (reg_max - 2))
     right = step ** torch.arange(1, reg_max // 2, dtype=bound.dtype, device=bound.device) - 1
@@ -31,7 +31,8 @@ def integral(corners: torch.Tensor, project: torch.Tensor) -> torch.Tensor:
 
 def distances_to_boxes(initial: torch.Tensor, distances: torch.Tensor, reg_scale: torch.Tensor) -> torch.Tensor:
     """Boxes ``[..., 4]`` (cxcywh) whose left, top, right and bottom edges lie ``(reg_scale / 2 + d) * size /
-    reg_scale`` from the centre of ``initial [..., 4]`` (cxcywh), for the ``distances d [..., 4]``."""
+    reg_scale`` from the centre of ``initial [..., 4]`` (cxcywh), for the ``distances d [..., 4]`` and
+    ``reg_scale [1]``."""
     scale = reg_scale.abs()
     centre, size = torch.cat([initial[..., :2]] * 2, -1), torch.cat([initial[..., 2:]] * 2, -1)
     sign = distances.new_tensor([-1.0, -1.0, 1.0, 1.0])
@@ -44,8 +45,9 @@ def edge_targets(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fine-grained localisation targets of the edges of ``target_boxes [M,4]`` seen from ``initial [M,4]``
     (both cxcywh): each edge's distance (the inverse of :func:`distances_to_boxes`) lies between bins ``left``
-    and ``left + 1`` of W(n); returns ``left [M*4]`` (int64, in ``[0, reg_max - 1]``) and the right bin's
-    share ``[M*4]`` (linear; a distance below W(0) is all bin 0's, above W(reg_max) all bin reg_max's)."""
+    and ``left + 1`` of W(n) (:func:`weighting_function` of ``reg_max``, ``up [1]`` and ``reg_scale [1]``); returns
+    ``left [M*4]`` (int64, in ``[0, reg_max - 1]``) and the right bin's share ``[M*4]`` (linear; a distance below
+    W(0) is all bin 0's, above W(reg_max) all bin reg_max's)."""
     scale = reg_scale.abs()
     edges = box_convert(target_boxes, "cxcywh", "xyxy")
     sign = edges.new_tensor([-1.0, -1.0, 1.0, 1.0])

@@ -109,8 +109,9 @@ class ContrastiveDenoising(nn.Module):
 
 
 def denoising_attention_mask(num_groups: int, group_queries: int, num_matching: int, device: torch.device | None = None) -> torch.Tensor:
-    """``[N+Q,N+Q]`` bool, True where a query may not look: the matching queries (last ``Q``) see no
-    denoising query, and each group of ``group_queries`` denoising queries sees no other group."""
+    """``[N+Q,N+Q]`` bool on ``device``, True where a query may not look: the ``num_matching`` matching queries (last
+    ``Q``) see no denoising query, and each of the ``num_groups`` groups of ``group_queries`` denoising queries
+    (``N = num_groups * group_queries``) sees no other group."""
     num_denoising = num_groups * group_queries
     group = torch.arange(num_denoising + num_matching, device=device) // group_queries
     is_denoising = group < num_groups

@@ -16,13 +16,15 @@ from vision_tx.ops.feed_forward import residual_feed_forward
 
 
 def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """``log(x / (1 - x))`` with ``x`` clamped to ``[eps, 1 - eps]``-safe values."""
+    """``log(x / (1 - x))`` of ``x [...]`` clamped to [0, 1], numerator and denominator at least ``eps`` ->
+    ``[...]``."""
     x = x.clamp(0, 1)
     return torch.log(x.clamp(min=eps) / (1 - x).clamp(min=eps))
 
 
 def box_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:
-    """``boxes [..., 4]`` in [0, 1] -> ``[..., 4 * num_feats]``: a sine embedding of each coordinate in turn."""
+    """``boxes [..., 4]`` in [0, 1] -> ``[..., 4 * num_feats]``: a sine embedding (``num_feats`` features,
+    ``temperature`` the longest wavelength's base) of each coordinate in turn."""
     return sine_embedding(boxes * (2 * math.pi), num_feats, temperature).flatten(-2)
 
 

@@ -13,8 +13,9 @@ from vision_tx.ops import Linear
 
 def sincos_position_embedding(height: int, width: int, dim: int, temperature: float = 10000.0,
                               dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> torch.Tensor:
-    """``[h*w, dim]`` (row-major tokens): ``[sin(y w_k) | cos(y w_k) | sin(x w_k) | cos(x w_k)]`` with
-    ``w_k = temperature ** (-k / (dim / 4))``, ``x``, ``y`` the integer column and row."""
+    """``[h*w, dim]`` (row-major tokens of a ``height`` x ``width`` map, ``dim`` a multiple of 4) of ``dtype`` on
+    ``device``: ``[sin(y w_k) | cos(y w_k) | sin(x w_k) | cos(x w_k)]`` with ``w_k = temperature ** (-k / (dim / 4))``
+    (``temperature`` the wavelengths' base), ``x``, ``y`` the integer column and row."""
     if dim % 4:
         raise ValueError(f"{__name__}: the embedding width {dim} is not divisible by 4")
     omega = temperature ** -(torch.arange(dim // 4, dtype=torch.float64, device=device) / (dim // 4))
