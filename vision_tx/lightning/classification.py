@@ -41,7 +41,7 @@ def warmup_cosine_factor(step: int, total_steps: int, warmup_steps: int, warmup_
 
 
 def class_and_distillation_logits(outputs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A classifier's output as ``(class logits [B,C], distillation logits [B,C] or None)``: a tensor is
+    """A classifier's ``outputs`` as ``(class logits [B,C], distillation logits [B,C] or None)``: a tensor is
     the class head alone; a pair (tuple, list or the two values of a dict) is DeiT's two heads."""
     if isinstance(outputs, torch.Tensor):
         return outputs, None
@@ -52,9 +52,9 @@ def class_and_distillation_logits(outputs: Any) -> tuple[torch.Tensor, torch.Ten
 
 
 def load_teacher(path: str, name: str, num_classes: int, kwargs: dict[str, Any] | None = None) -> nn.Module:
-    """A frozen classifier in eval mode: ``name`` from the factory (``build_classifier``) or
-    ``torchvision:NAME`` (``torchvision.models.get_model``), its weights read strictly from ``path``
-    (a native, official or Lightning checkpoint)."""
+    """A frozen classifier in eval mode with ``num_classes`` outputs: ``name`` from the factory (``build_classifier``)
+    or ``torchvision:NAME`` (``torchvision.models.get_model``), built with the keyword arguments ``kwargs``, its
+    weights read strictly from ``path`` (a native, official or Lightning checkpoint)."""
     if name.startswith(TORCHVISION_PREFIX):
         teacher = torchvision.models.get_model(name[len(TORCHVISION_PREFIX):], num_classes=num_classes, **(kwargs or {}))
         teacher.load_state_dict(unwrap_state_dict(read_checkpoint(path), path))

@@ -21,7 +21,8 @@ def param_groups(
     decay_norms_and_biases: bool = True,
     backbone_prefix: str = "backbone.",
 ) -> list[dict[str, Any]]:
-    """Optimiser parameter groups: ``{backbone_prefix}*`` at ``backbone_lr`` (default ``lr``), the rest at ``lr``.
+    """Optimiser parameter groups of ``model``: the names starting with ``backbone_prefix`` at ``backbone_lr`` (default
+    ``lr``), the rest at ``lr``, all with ``weight_decay``.
 
     With ``decay_norms_and_biases=False`` the parameters ``model.no_weight_decay()`` names (norms,
     biases, position/bias tables, tokens) get no weight decay (Swin/UperNet recipe); DETR decays
@@ -42,9 +43,9 @@ def adamw(module: pl.LightningModule, groups: list[dict[str, Any]], **kwargs: An
     """AdamW over ``groups`` (:func:`param_groups`; ``kwargs`` as ``torch.optim.AdamW``'s), fused into one
     kernel where torch has one (parameters on a CPU or CUDA device): on a CPU the step of
     ``rtdetr_convnext_toy``'s 312 tensors takes 2 ms fused against 8 ms for the loop over them. Not fused
-    under ``16-mixed`` or ``bf16-mixed`` precision, where Lightning refuses to clip the gradients of an
-    optimiser that could unscale them itself: there torch picks (its multi-tensor step on a GPU, 2.5 ms
-    against 20 for the loop on an H200; ``fused=False`` would turn that off too)."""
+    under ``16-mixed`` or ``bf16-mixed`` precision of the trainer of ``module``, where Lightning refuses to clip the
+    gradients of an optimiser that could unscale them itself: there torch picks (its multi-tensor step on a GPU,
+    2.5 ms against 20 for the loop on an H200; ``fused=False`` would turn that off too)."""
     devices = {param.device.type for group in groups for param in group["params"]}
     precision = module.trainer.precision if module._trainer is not None else None
     fused = devices <= {"cpu", "cuda"} and precision not in ("16-mixed", "bf16-mixed")
@@ -60,8 +61,9 @@ def is_fitting(module: pl.LightningModule) -> bool:
 def build_task_backbone(
     module: pl.LightningModule, out_indices: Sequence[int] = (0, 1, 2, 3)
 ) -> nn.Module:
-    """The backbone named by ``module.hparams`` (``backbone``, ``backbone_kwargs``, ``pretrained``),
-    returning the stages ``out_indices`` the task's head reads unless ``backbone_kwargs`` says otherwise.
+    """The backbone named by the hyperparameters of the task ``module`` (``backbone``, ``backbone_kwargs``,
+    ``pretrained``), returning the stages ``out_indices`` the task's head reads unless ``backbone_kwargs`` says
+    otherwise.
 
     Also resolves ``hparams.num_classes`` when it is None, from the trainer's datamodule, so that a
     checkpoint records it and rebuilds the same model.

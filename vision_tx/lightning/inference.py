@@ -44,7 +44,8 @@ def load_trained(config_args: Sequence[str], ckpt: str | Path) -> tuple[Any, Any
 
 
 def infer_image(config_args: Sequence[str], ckpt: str | Path, image: str | Path, out: str | Path) -> Path:
-    """Loads the model of ``ckpt`` (its class from the config), predicts on ``image``, writes a PNG to ``out``.
+    """Loads the model of ``ckpt`` (its class from the config of ``config_args``, ``--config NAME ...``), predicts on
+    ``image``, writes a PNG to ``out``.
 
     The config's datamodule supplies the validation resize and the class names.
     """
@@ -57,7 +58,8 @@ def infer_image(config_args: Sequence[str], ckpt: str | Path, image: str | Path,
 
 
 def infer_main(argv: Sequence[str] | None = None) -> None:
-    """``tools/infer.py``, ``vision-tx infer``: ``--ckpt``, ``--image``, ``--out`` and the config's arguments."""
+    """``tools/infer.py``, ``vision-tx infer``: ``--ckpt``, ``--image``, ``--out`` and the config's arguments, from
+    ``argv`` (the command line when None)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", required=True, help="Lightning checkpoint of the model")
     parser.add_argument("--image", required=True, help="input image (any format PIL reads)")

@@ -17,7 +17,8 @@ from vision_tx.visualize import palette
 
 
 def draw_instances(image: torch.Tensor, masks: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """``image [3,H,W]`` uint8 with bool ``masks [N,H,W]`` filled in their class colours."""
+    """``image [3,H,W]`` uint8 with bool ``masks [N,H,W]`` filled in the colours of their ``labels [N]`` (a palette of
+    ``num_classes``) -> ``[3,H,W]`` uint8."""
     if len(masks) == 0:
         return image
     colours = palette(num_classes)

@@ -60,21 +60,23 @@ def open_session(path: str | Path, threads: int = 0) -> Any:
 
 
 def fixed_size(session: Any) -> tuple[int, int] | None:
-    """The ``(height, width)`` an ONNX model was exported at when its size is fixed (``--fixed-size``), else None."""
+    """The ``(height, width)`` the ONNX model of ``session`` (an onnxruntime ``InferenceSession``) was exported at when
+    its size is fixed (``--fixed-size``), else None."""
     height, width = session.get_inputs()[0].shape[2:]
     return (height, width) if isinstance(height, int) and isinstance(width, int) else None
 
 
 def unnormalize(image: torch.Tensor) -> torch.Tensor:
-    """A validation image ``[3,H,W]`` normalised with the ImageNet mean and std -> RGB in [0, 1], what an export reads."""
+    """A validation ``image [3,H,W]`` normalised with the ImageNet mean and std -> ``[3,H,W]`` RGB in [0, 1], what an
+    export reads."""
     mean, std = image.new_tensor(IMAGENET_MEAN)[:, None, None], image.new_tensor(IMAGENET_STD)[:, None, None]
     return image * std + mean
 
 
 def detect(session: Any, image: torch.Tensor, size: torch.Tensor, orig_size: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The detections of the exported model for one normalised validation ``image`` ``[3,H,W]`` (maybe padded) whose
-    unpadded ``size`` and original ``orig_size`` are ``[2]`` (h, w): ``{"boxes" [K,4] xyxy in original pixels, "scores"
-    [K], "labels" [K]}``, the empty NMS slots (label -1) left out."""
+    """The detections of the exported model of ``session`` (onnxruntime) for one normalised validation ``image``
+    ``[3,H,W]`` (maybe padded) whose unpadded ``size`` and original ``orig_size`` are ``[2]`` (h, w): ``{"boxes" [K,4]
+    xyxy in original pixels, "scores" [K], "labels" [K]}``, the empty NMS slots (label -1) left out."""
     height, width = (int(v) for v in size)
     pixels = unnormalize(image[:, :height, :width].float())[None].contiguous().numpy()
     boxes, scores, labels = (torch.from_numpy(array)[0] for array in session.run(DETECTION_OUTPUTS, {"images": pixels}))
@@ -84,10 +86,10 @@ def detect(session: Any, image: torch.Tensor, size: torch.Tensor, orig_size: tor
 
 
 def evaluate_onnx(onnx_path: str | Path, config_args: Sequence[str], out: str | Path = ".", threads: int = 0) -> dict[str, Any]:
-    """Scores the exported detector at ``onnx_path`` on the validation set of ``config_args`` (``--config NAME
-    [--data.root DIR ...]``; no ``--data.root``: the toy set): prints pycocotools' table, the ten worst categories and the
-    best F1, writes ``metrics.json``, ``bbox_results.json`` and the report's pictures into ``out``; returns the bbox
-    section written."""
+    """Scores the exported detector at ``onnx_path`` (onnxruntime with ``threads`` threads, 0: its own choice) on the
+    validation set of ``config_args`` (``--config NAME [--data.root DIR ...]``; no ``--data.root``: the toy set):
+    prints pycocotools' table, the ten worst categories and the best F1, writes ``metrics.json``,
+    ``bbox_results.json`` and the report's pictures into ``out``; returns the bbox section written."""
     session = open_session(onnx_path, threads)
     args = resolve_config_args(config_args)
     cli = VisionTxCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, run=False,
@@ -119,7 +121,8 @@ def evaluate_onnx(onnx_path: str | Path, config_args: Sequence[str], out: str | 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``tools/eval.py --onnx FILE --config NAME [--section.key value ...] [--out DIR]``."""
+    """``tools/eval.py --onnx FILE --config NAME [--section.key value ...] [--out DIR]``, from ``argv`` (the command
+    line when None)."""
     parser = argparse.ArgumentParser(prog="tools/eval.py --onnx", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--onnx", required=True, help="the exported detector (tools/export.py --format onnx)")
     parser.add_argument("--out", default=".", help="folder of the metrics.json, results and pictures written (default: the working directory)")

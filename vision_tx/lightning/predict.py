@@ -130,7 +130,8 @@ def read_pictures(files: Sequence[Path], frame_step: int = 1) -> Iterator[Pictur
 
 
 def picture_count(files: Sequence[Path], frame_step: int = 1) -> int | None:
-    """How many pictures :func:`read_pictures` gives, or None where a video does not declare its frame count."""
+    """How many pictures :func:`read_pictures` gives for ``files`` (each video's every ``frame_step``-th frame), or None
+    where a video does not declare its frame count."""
     counts = [math.ceil(n / frame_step) if (n := video_frame_count(f)) else None for f in files if is_video(f)]
     return None if None in counts else len(files) - len(counts) + sum(counts)
 
@@ -176,13 +177,15 @@ def tile_windows(height: int, width: int, tile: int, overlap: float, whole_image
 def merge_windows(
     detections: Sequence[Mapping[str, Tensor]], windows: Sequence[Window], height: int, width: int, iou_threshold: float = 0.5,
 ) -> dict[str, Tensor]:
-    """One image's detections from those of its ``windows`` (each ``{"boxes" [K,4] xyxy in the window's pixels,
-    "scores", "labels"}``), in the image's pixels, best score first.
+    """One image of ``height`` and ``width`` pixels: its ``detections`` per window (each ``{"boxes" [K,4] xyxy in the
+    window's pixels, "scores" [K], "labels" [K]}``) of ``windows`` (x0, y0, x1, y1) merged into ``{"boxes" [M,4],
+    "scores" [M], "labels" [M]}`` in the image's pixels, best score first.
 
     The boxes are shifted back into the image. A box reaching (within :data:`CUT_MARGIN` of the window's size) a
     window side inside the image is dropped: the object runs across that side, and lies whole in the neighbouring
     window where it is no larger than the overlap; larger ones come from the whole-image window, whose sides are the
-    image's. Per-class NMS (``batched_nms`` at ``iou_threshold``) then keeps one box of an object seen in several windows.
+    image's. Per-class NMS (``batched_nms`` at ``iou_threshold``) then keeps one box of an object seen in several
+    windows.
     """
     boxes, scores, labels = [], [], []
     for found, (x0, y0, x1, y1) in zip(detections, windows, strict=True):
@@ -262,7 +265,9 @@ def write_predictions(
     category_names: Mapping[int, str],
     save_pictures: bool = True,
 ) -> list[dict[str, Any]]:
-    """Writes the files of the module docstring for ``predictions`` into ``out``; returns the ``images.json`` entries."""
+    """Writes the files of the module docstring for ``predictions`` (pictures and their ``{"boxes" [K,4] xyxy pixels,
+    "scores" [K], "labels" [K]}``) into ``out``, naming the categories by ``category_names`` (id -> name), drawing
+    the pictures when ``save_pictures``; returns the ``images.json`` entries."""
     out = Path(out)
     results: list[dict[str, Any]] = []
     images: list[dict[str, Any]] = []
@@ -286,7 +291,8 @@ def write_predictions(
 
 
 def predict_main(argv: Sequence[str] | None = None) -> None:
-    """``tools/predict.py``, ``vision-tx predict``: the options below and the config's arguments."""
+    """``tools/predict.py``, ``vision-tx predict``: the options below and the config's arguments, from ``argv`` (the
+    command line when None)."""
     parser = argparse.ArgumentParser(
         prog="tools/predict.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Every other option is the config's: --config NAME [--data.X VALUE ...] (its datamodule gives the resize "

@@ -25,8 +25,9 @@ from vision_tx.visualize import draw_semantic
 
 
 def warmup_poly_factor(step: int, total_steps: int, warmup_steps: int, warmup_ratio: float, power: float) -> float:
-    """The learning-rate multiplier at ``step``: ``(1 - step / total) ** power``, times a linear ramp from
-    ``warmup_ratio`` to 1 over the first ``warmup_steps`` (mmcv's ``poly`` policy with ``linear`` warmup)."""
+    """The learning-rate multiplier at ``step`` of ``total_steps``: ``(1 - step / total) ** power`` (``power`` the
+    exponent), times a linear ramp from ``warmup_ratio`` to 1 over the first ``warmup_steps`` (mmcv's ``poly`` policy
+    with ``linear`` warmup)."""
     factor = max(1.0 - step / max(total_steps, 1), 0.0) ** power
     if step < warmup_steps:
         factor *= 1.0 - (1.0 - step / warmup_steps) * (1.0 - warmup_ratio)
