@@ -17,7 +17,8 @@ COCO_COLUMNS = (("AP", None, 0), ("AP50", 0, 0), ("AP75", 5, 0), ("APs", None, 1
 def coco_per_category(evaluator: COCOeval, category_names: dict[int, str] | None = None) -> list[dict[str, Any]]:
     """``[{"id", "name", "AP", "AP50", "AP75", "APs", "APm", "APl"}]`` per category of an accumulated
     ``evaluator``, from ``evaluator.eval["precision"]`` ``[T, R, K, A, M]``: the mean of the
-    precisions above -1 (None where the category has no ground truth in that area range)."""
+    precisions above -1 (None where the category has no ground truth in that area range). The names come from
+    ``category_names`` (id -> name; default: the ground truth's categories)."""
     precision = evaluator.eval["precision"]
     names = category_names or {int(c["id"]): c["name"] for c in evaluator.cocoGt.dataset.get("categories", [])}
     rows = []
@@ -32,7 +33,8 @@ def coco_per_category(evaluator: COCOeval, category_names: dict[int, str] | None
 
 
 def worst(rows: Sequence[dict[str, Any]], key: str, count: int = 10) -> list[dict[str, Any]]:
-    """The ``count`` rows with the lowest ``key`` (rows where it is None or NaN left out), lowest first."""
+    """The ``count`` ``rows`` (per-category dicts) with the lowest ``key`` (rows where it is None or NaN left out),
+    lowest first."""
     scored = [row for row in rows if row.get(key) is not None and not math.isnan(row[key])]
     return sorted(scored, key=lambda row: row[key])[:count]
 
@@ -46,7 +48,8 @@ def _cell(value: Any, percent: bool) -> str:
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: str = "", percent: bool = True) -> str:
-    """``rows`` as an aligned plain-text table of ``"name"`` and ``columns`` (fractions shown in %)."""
+    """``rows`` as an aligned plain-text table of ``"name"`` and ``columns`` under the line ``title`` (none when empty);
+    with ``percent`` fractions are shown in %, else with three decimals."""
     header = ["category", *columns]
     cells = [[str(row["name"]), *(_cell(row.get(c), percent) for c in columns)] for row in rows]
     widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
@@ -57,7 +60,8 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: 
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], percent: bool = True) -> str:
-    """``rows`` as a Markdown table (TensorBoard renders it in its text tab)."""
+    """``rows`` as a Markdown table of ``"name"`` and ``columns`` (TensorBoard renders it in its text tab); with
+    ``percent`` fractions are shown in %, else with three decimals."""
     lines = ["| category | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for row in rows:
         lines.append(f"| {row['name']} | " + " | ".join(_cell(row.get(c), percent) for c in columns) + " |")
@@ -65,6 +69,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], perce
 
 
 def worst_table(rows: Sequence[dict[str, Any]], key: str, columns: Sequence[str], what: str, count: int = 10) -> str:
-    """The printed summary: the ``count`` categories with the lowest ``key``, in %."""
+    """The printed summary: the ``count`` ``rows`` (categories) with the lowest ``key``, their ``columns`` in %, under a
+    title that starts with ``what``."""
     shown = worst(rows, key, count)
     return format_table(shown, columns, title=f"{what}: the {len(shown)} lowest {key} of {len(rows)} categories (all in metrics.json)")

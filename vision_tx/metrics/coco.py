@@ -31,7 +31,8 @@ CLASSWISE_COLUMNS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
 
 def results_coco(coco_gt: COCO, results: list[dict[str, Any]]) -> COCO:
-    """``coco_gt.loadRes(results)``, which also accepts an empty list (pycocotools' raises on one)."""
+    """``coco_gt.loadRes(results)`` of the COCO ground truth ``coco_gt`` and the COCO ``results`` dicts, which also
+    accepts an empty list (pycocotools' raises on one)."""
     if results:
         with contextlib.redirect_stdout(io.StringIO()):
             return coco_gt.loadRes([dict(r) for r in results])  # loadRes adds keys to the dicts it gets
@@ -47,8 +48,9 @@ def results_coco(coco_gt: COCO, results: list[dict[str, Any]]) -> COCO:
 def run_cocoeval(
     coco_gt: COCO, results: list[dict[str, Any]], iou_type: str = "bbox", image_ids: Sequence[int] | None = None
 ) -> tuple[COCOeval, str]:
-    """Runs COCOeval (evaluate, accumulate, summarize) on ``results`` (COCO results dicts), over
-    ``image_ids`` (default: every image); returns the evaluator and pycocotools' printed summary table."""
+    """Runs COCOeval (evaluate, accumulate, summarize) of ``iou_type`` (``"bbox"`` or ``"segm"``) on ``results`` (COCO
+    results dicts) against ``coco_gt``, over ``image_ids`` (default: every image); returns the evaluator and
+    pycocotools' printed summary table."""
     if iou_type not in IOU_TYPES:
         raise ValueError(f"iou_type must be one of {IOU_TYPES}, got {iou_type!r}")
     if not results:
@@ -69,7 +71,8 @@ def run_cocoeval(
 def coco_stats(
     coco_gt: COCO, results: list[dict[str, Any]], iou_type: str = "bbox", image_ids: Sequence[int] | None = None
 ) -> tuple[dict[str, float], str]:
-    """The 12 stats of :func:`run_cocoeval` by name (``STAT_NAMES``) and pycocotools' printed summary table."""
+    """The 12 stats of :func:`run_cocoeval` (``coco_gt``, ``results``, ``iou_type``, ``image_ids`` as there) by name
+    (``STAT_NAMES``) and pycocotools' printed summary table."""
     evaluator, summary = run_cocoeval(coco_gt, results, iou_type, image_ids)
     return _stats(evaluator), summary
 
@@ -84,9 +87,10 @@ def evaluate_results_file(
     iou_type: str = "bbox",
     metrics_json: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Scores a COCO results file against a ground-truth file; prints pycocotools' summary and the ten
-    categories of lowest AP, returns the stats with ``"per_category"`` (:func:`coco_per_category`).
-    With ``metrics_json`` they are merged into that file as ``{iou_type: {...}}`` (atomically)."""
+    """Scores the COCO results file ``results_json`` against the ground-truth file ``gt_json`` (``iou_type``
+    ``"bbox"`` or ``"segm"``); prints pycocotools' summary and the ten categories of lowest AP, returns the stats
+    with ``"per_category"`` (:func:`coco_per_category`). With ``metrics_json`` they are merged into that file as
+    ``{iou_type: {...}}`` (atomically)."""
     results_json = Path(results_json)
     try:
         results = json.loads(results_json.read_text())
@@ -111,7 +115,8 @@ def evaluate_results_file(
 
 
 def to_results(prediction: dict[str, Any], iou_type: str) -> list[dict[str, Any]]:
-    """One image's prediction as COCO results dicts (bbox xywh, or segmentation RLE)."""
+    """One image's ``prediction`` (``image_id``, ``scores [K]``, ``labels [K]`` and ``boxes [K,4]`` xyxy pixels or bool
+    ``masks [K,H,W]``) as COCO results dicts of ``iou_type``: ``"bbox"`` (xywh), else segmentation RLE."""
     image_id = int(prediction["image_id"])
     scores = torch.as_tensor(prediction["scores"]).tolist()
     labels = torch.as_tensor(prediction["labels"]).tolist()

@@ -61,10 +61,10 @@ def confusion_matrix(
     background, columns the predicted class then background.
 
     Per image, ``truth[i]`` ``{"boxes" [G,4] xyxy, "labels" [G] category ids}`` and ``detections[i]`` (the same with
-    ``"scores" [D]``): the detections scoring at least ``score_threshold`` are matched to the ground truth of any class by
-    :func:`match_boxes`; a pair counts in (true class, predicted class), a detection left unmatched in (background,
-    predicted class), a ground truth left unmatched in (true class, background). Detections of ids outside
-    ``category_ids`` are left out, as COCOeval leaves them out.
+    ``"scores" [D]``): the detections scoring at least ``score_threshold`` are matched to the ground truth of any
+    class by :func:`match_boxes` at IoU ``iou_threshold``; a pair counts in (true class, predicted class), a detection
+    left unmatched in (background, predicted class), a ground truth left unmatched in (true class, background).
+    Detections of ids outside ``category_ids`` are left out, as COCOeval leaves them out.
     """
     index = {int(c): i for i, c in enumerate(category_ids)}
     background = len(index)
@@ -88,8 +88,9 @@ def confusion_matrix(
 
 
 def coco_boxes(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequence[int]) -> tuple[list[dict[str, Tensor]], list[dict[str, Tensor]]]:
-    """The ground truth (crowd regions left out) and the COCO results dicts (``bbox`` xywh) of ``image_ids``, per image,
-    as :func:`confusion_matrix` reads them (xyxy)."""
+    """The ground truth of ``coco_gt`` (crowd regions left out) and the COCO ``results`` dicts (``bbox`` xywh) of
+    ``image_ids``, per image, as :func:`confusion_matrix` reads them: ``{"boxes" [G,4] xyxy, "labels" [G]}`` and
+    ``{"boxes" [D,4] xyxy, "labels" [D], "scores" [D]}``."""
     by_image: dict[int, list[dict[str, Any]]] = {int(i): [] for i in image_ids}
     for result in results:
         by_image.setdefault(int(result["image_id"]), []).append(result)
@@ -109,8 +110,9 @@ def coco_boxes(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequ
 
 def evaluate_at_iou(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequence[int],
                     iou_threshold: float = IOU_THRESHOLD) -> COCOeval:
-    """pycocotools' box evaluation of ``results`` over ``image_ids`` at IoU ``iou_threshold`` alone, every area, its
-    largest ``maxDets`` (100), evaluated and accumulated: the matching and precision array of the validation's AP50."""
+    """pycocotools' box evaluation of ``results`` against ``coco_gt`` over ``image_ids`` at IoU ``iou_threshold`` alone,
+    every area, its largest ``maxDets`` (100), evaluated and accumulated: the matching and precision array of the
+    validation's AP50."""
     evaluator = COCOeval(coco_gt, results_coco(coco_gt, list(results)), "bbox")
     params = evaluator.params
     params.imgIds = sorted(int(i) for i in image_ids)
@@ -124,9 +126,10 @@ def evaluate_at_iou(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids:
 
 def confidence_curves(evaluator: COCOeval, confidences: np.ndarray = CONFIDENCES) -> dict[int, dict[str, np.ndarray]]:
     """Per category with ground truth: ``{"precision", "recall", "f1"}`` ``[len(confidences)]`` of the detections
-    scoring at least each confidence, counted from ``evaluator.evalImgs`` at its first IoU threshold, first area range
-    and largest ``maxDets`` (a detection matched to a ground truth is a true positive; those COCOeval ignores, on
-    crowd regions, are left out). Precision is 1 where no detection scores that high; F1 is ``2PR / (P + R)``, 0 where both are 0."""
+    scoring at least each of the ``confidences [S]``, counted from ``evaluator.evalImgs`` of the evaluated
+    ``evaluator`` at its first IoU threshold, first area range and largest ``maxDets`` (a detection matched to a ground
+    truth is a true positive; those COCOeval ignores, on crowd regions, are left out). Precision is 1 where no
+    detection scores that high; F1 is ``2PR / (P + R)``, 0 where both are 0."""
     params = evaluator.params
     images, areas = len(params.imgIds), len(params.areaRng)
     curves = {}
@@ -152,13 +155,15 @@ def confidence_curves(evaluator: COCOeval, confidences: np.ndarray = CONFIDENCES
 
 
 def best_f1(f1: np.ndarray, confidences: np.ndarray = CONFIDENCES) -> tuple[float, float]:
-    """``(best F1, its confidence)`` of a curve ``f1 [len(confidences)]``: the lowest confidence where a tie."""
+    """``(best F1, its confidence)`` of a curve ``f1 [S]`` over ``confidences [S]``: the lowest confidence where a
+    tie."""
     i = int(np.argmax(f1))
     return float(f1[i]), float(confidences[i])
 
 
 def mean_f1(curves: dict[int, dict[str, np.ndarray]], confidences: np.ndarray = CONFIDENCES) -> np.ndarray:
-    """The F1 curve ``[len(confidences)]`` of :func:`confidence_curves` averaged over the categories (zeros without any)."""
+    """The F1 curve ``[S]`` of :func:`confidence_curves` (``curves``, over ``confidences [S]``) averaged over the
+    categories (zeros without any)."""
     return np.mean([c["f1"] for c in curves.values()], 0) if curves else np.zeros_like(confidences)
 
 
@@ -247,8 +252,8 @@ def _rendered(figure: Figure) -> Tensor:
 
 
 def draw_confusion_matrix(report: DetectionReport) -> Tensor:
-    """The confusion matrix, each row shaded by its fraction of the row (white 0, dark blue 1) and its counts written
-    in while there are at most 30 rows; ``[3,H,W]`` uint8."""
+    """The confusion matrix of ``report``, each row shaded by its fraction of the row (white 0, dark blue 1) and its
+    counts written in while there are at most 30 rows; ``[3,H,W]`` uint8."""
     counts = report.matrix.double()
     fractions = (counts / counts.sum(1, keepdim=True).clamp_min(1)).numpy()
     labels = [*report.names, BACKGROUND]
@@ -291,8 +296,8 @@ def _draw_curves(axes: Any, x: np.ndarray, ys: dict[int, np.ndarray], labels: di
 
 
 def draw_pr_curves(report: DetectionReport) -> Tensor:
-    """Precision over recall per category (COCO's interpolated precision at IoU 0.5, AP50 in the legend) and their
-    mean; ``[3,H,W]`` uint8."""
+    """Precision over recall per category of ``report`` (COCO's interpolated precision at IoU 0.5, AP50 in the legend)
+    and their mean; ``[3,H,W]`` uint8."""
     figure, axes = _curve_figure("recall", "precision", f"precision-recall at IoU {report.iou_threshold:g} (legend: AP50)")
     name = dict(zip(report.category_ids, report.names))
     labels = {c: f"{name[c]} {p.mean():.3f}" for c, p in report.pr_precision.items()}
@@ -302,8 +307,8 @@ def draw_pr_curves(report: DetectionReport) -> Tensor:
 
 
 def draw_f1_curves(report: DetectionReport) -> Tensor:
-    """F1 over the confidence per category (its best in the legend) and their mean, whose best is the report's
-    ``best_f1`` at ``best_f1_threshold``; ``[3,H,W]`` uint8."""
+    """F1 over the confidence per category of ``report`` (its best in the legend) and their mean, whose best is the
+    report's ``best_f1`` at ``best_f1_threshold``; ``[3,H,W]`` uint8."""
     figure, axes = _curve_figure("confidence", "F1", f"F1 over the confidence at IoU {report.iou_threshold:g} (legend: best F1 at its confidence)")
     name = dict(zip(report.category_ids, report.names))
     f1 = {c: curve["f1"] for c, curve in report.curves.items()}
@@ -313,12 +318,13 @@ def draw_f1_curves(report: DetectionReport) -> Tensor:
 
 
 def report_pictures(report: DetectionReport) -> dict[str, Tensor]:
-    """``{"confusion_matrix", "pr_curve", "f1_curve"}``: the report's pictures, ``[3,H,W]`` uint8 each."""
+    """``{"confusion_matrix", "pr_curve", "f1_curve"}``: the pictures of ``report``, ``[3,H,W]`` uint8 each."""
     return {"confusion_matrix": draw_confusion_matrix(report), "pr_curve": draw_pr_curves(report), "f1_curve": draw_f1_curves(report)}
 
 
 def write_pictures(pictures: dict[str, Tensor], folder: str | Path) -> list[Path]:
-    """Writes each of :func:`report_pictures` as ``folder/<name>.png``; returns the paths."""
+    """Writes each of the ``pictures`` (:func:`report_pictures`, ``[3,H,W]`` uint8) as ``folder/<name>.png`` under
+    ``folder``; returns the paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"{name}.png" for name in pictures]
@@ -330,10 +336,9 @@ def write_pictures(pictures: dict[str, Tensor], folder: str | Path) -> list[Path
 def write_validation_report(evaluator: CocoEvaluator, stats: dict[str, float],
                             folder: str | Path) -> tuple[DetectionReport, dict[str, Tensor]]:
     """After ``evaluator.compute()`` gave ``stats`` (on rank 0, which holds the merged results, the images and their
-    evaluation, reused here): writes
-    into ``folder`` the results (``bbox_results.json``), ``metrics.json``'s ``bbox`` section (``stats``, per category,
-    and :meth:`DetectionReport.to_json`) and the report's pictures (the confusion matrix at the best-F1 confidence);
-    returns the report and its pictures."""
+    evaluation, reused here): writes into ``folder`` the results of ``evaluator`` (``bbox_results.json``),
+    ``metrics.json``'s ``bbox`` section (``stats``, per category, and :meth:`DetectionReport.to_json`) and the
+    report's pictures (the confusion matrix at the best-F1 confidence); returns the report and its pictures."""
     folder = Path(folder)
     report = detection_report(evaluator.coco_gt, evaluator.merged_results, evaluator.image_ids, evaluated=evaluator.cocoeval)
     evaluator.write_results(folder / "bbox_results.json")

@@ -41,9 +41,10 @@ def panoptic_image_stats(
 ) -> dict[int, list[float]]:
     """One image's ``{category_id: [tp, fp, fn, iou_sum]}`` (categories with any count).
 
-    ``gt_ids`` and ``pred_ids`` are ``[H, W]`` segment-id maps (0 = unlabelled); the segments are
-    ``{"id", "category_id"}`` dicts, ground truth with ``"iscrowd"``. A predicted segment listed but
-    absent from its map is an error, as in panopticapi; ``image`` names the image in errors.
+    ``gt_ids`` and ``pred_ids`` are ``[H, W]`` segment-id maps (0 = unlabelled); the segments ``gt_segments`` and
+    ``pred_segments`` are ``{"id", "category_id"}`` dicts, ground truth with ``"iscrowd"``, their categories among the
+    ids ``categories``. A predicted segment listed but absent from its map is an error, as in panopticapi; ``image``
+    names the image in errors.
     """
     if gt_ids.shape != pred_ids.shape:
         raise ValueError(
@@ -230,8 +231,8 @@ def evaluate_panoptic_files(
     pred_folder: str | os.PathLike,
     metrics_json: str | os.PathLike | None = None,
 ) -> dict[str, float]:
-    """Scores COCO panoptic prediction files against ground-truth files and prints the table (the ten
-    categories of lowest PQ, then the averages).
+    """Scores COCO panoptic prediction files (``pred_json`` and its PNGs in ``pred_folder``) against ground-truth files
+    (``gt_json``, ``gt_folder``) and prints the table (the ten categories of lowest PQ, then the averages).
 
     Every ground-truth image needs a prediction. With ``metrics_json`` the results, with
     ``"per_category"`` (:meth:`PanopticEvaluator.per_category`), are merged into that file as
