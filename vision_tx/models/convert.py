@@ -13,7 +13,8 @@ from vision_tx.models import DETECTORS, DETR, DETRPanoptic
 
 def detr_panoptic_for_conversion(backbone: str, num_classes: int | None = None) -> DETRPanoptic:
     """The model an official DETR panoptic checkpoint with backbone ``backbone`` loads into: DETR on the backbone's
-    four stages (its mask head reads them all) in :class:`DETRPanoptic`, COCO panoptic's 250 classes by default."""
+    four stages (its mask head reads them all) in :class:`DETRPanoptic`, with ``num_classes`` classes (None: COCO
+    panoptic's 250)."""
     return DETRPanoptic(DETR.for_conversion(backbone, num_classes or 250))
 
 
@@ -35,9 +36,9 @@ def convertible_model(arch: str) -> tuple[Callable[[str, int | None], nn.Module]
 
 
 def build_for_conversion(arch: str, form: str = "classifier", num_classes: int | None = None) -> nn.Module:
-    """The model a checkpoint of ``arch`` loads into: a classifier or backbone, or ``<model>_<backbone>`` for
-    a model of :data:`CONVERTIBLE_MODELS` (``detr_``, ``detr_panoptic_``, ``dino_``; official class counts:
-    91 for detection, 250 for panoptic)."""
+    """The model a checkpoint of ``arch`` loads into: a classifier or backbone (``form``), or ``<model>_<backbone>`` for
+    a model of :data:`CONVERTIBLE_MODELS` (``detr_``, ``detr_panoptic_``, ``dino_``), with ``num_classes`` classes
+    (None: the official class counts, 1000 for a classifier, 91 for detection, 250 for panoptic)."""
     found = convertible_model(arch)
     if found is not None:
         for_conversion, backbone = found
@@ -51,9 +52,10 @@ def convert_checkpoint(
     arch: str, src: str | os.PathLike, dst: str | os.PathLike, form: str = "classifier",
     num_classes: int | None = None, strict: bool = False,
 ) -> LoadReport:
-    """Loads ``src`` into the ``arch`` model through ``load_weights`` and writes it natively to ``dst``. A whole
-    model of another ``num_classes`` than the checkpoint keeps its own tensors with a row per class (its
-    ``class_keys``), which the report names."""
+    """Loads ``src`` into the ``arch`` model (of ``form`` and ``num_classes``, as :func:`build_for_conversion`) through
+    ``load_weights`` (``strict`` as there) and writes it natively to ``dst``. A whole model of another
+    ``num_classes`` than the checkpoint keeps its own tensors with a row per class (its ``class_keys``), which the
+    report names."""
     model = build_for_conversion(arch, form, num_classes)
     class_keys = model.class_keys if convertible_model(arch) is not None else ()
     report = load_weights(model, src, strict=strict, class_keys=class_keys)

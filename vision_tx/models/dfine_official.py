@@ -33,12 +33,12 @@ _DERIVED = re.compile(r"^decoder\.decoder\.(up|reg_scale)$|\.cross_attn\.num_poi
 
 
 def is_official_dfine(state_dict: Mapping[str, torch.Tensor]) -> bool:
-    """True for a state dict in Peterande/D-FINE's layout."""
+    """True for a ``state_dict`` in Peterande/D-FINE's layout."""
     return "decoder.enc_score_head.weight" in state_dict and "decoder.pre_bbox_head.layers.0.weight" in state_dict
 
 
 def convert_official_dfine(state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """Renames an official D-FINE state dict to the keys of ``model`` (a :class:`vision_tx.models.DFINE`): the
+    """Renames an official D-FINE ``state_dict`` to the keys of ``model`` (a :class:`vision_tx.models.DFINE`): the
     GELAN blocks' ``cv1``..``cv4`` (``cv2``, ``cv3``: a CSP layer and a conv) and SCDown's ``cv1``, ``cv2`` take
     transformers' names, the rest is RT-DETR's layout (enc heads as the last heads, the denoising padding row
     dropped, the backbone through its own converter). The derived tensors (``_DERIVED``) are dropped."""

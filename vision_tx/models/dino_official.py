@@ -32,12 +32,12 @@ _RENAMES = (
 
 
 def is_official_dino(state_dict: Mapping[str, torch.Tensor]) -> bool:
-    """True for a state dict in IDEA-Research/DINO's layout."""
+    """True for a ``state_dict`` in IDEA-Research/DINO's layout."""
     return "transformer.level_embed" in state_dict or "label_enc.weight" in state_dict
 
 
 def convert_official_dino(state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """Renames an official DINO state dict to the keys of ``model`` (a :class:`vision_tx.models.DINO`).
+    """Renames an official DINO ``state_dict`` to the keys of ``model`` (a :class:`vision_tx.models.DINO`).
 
     - The decoder layers' class and box heads are one shared module in the official model (also
       listed under ``transformer.decoder.``); each layer's head here starts as a copy of it. The

@@ -21,7 +21,7 @@ from vision_tx.models.mask2former_official import convert_official_mask2former, 
 
 
 def semantic_targets(labels: torch.Tensor, ignore_index: int = 255) -> list[dict[str, torch.Tensor]]:
-    """Label maps ``[B,H,W]`` -> per image ``{"labels" [K], "masks" bool [K,H,W]}``: one mask per class present
+    """Label maps ``labels [B,H,W]`` -> per image ``{"labels" [K], "masks" bool [K,H,W]}``: one mask per class present
     (``ignore_index`` pixels belong to no mask), as the official semantic dataset mapper."""
     targets = []
     for label in labels:

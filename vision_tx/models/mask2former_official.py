@@ -30,14 +30,16 @@ _FPN = re.compile(_PIXEL + r"(adapter|layer)_(\d+)\.(weight|norm\.weight|norm\.b
 
 
 def is_official_mask2former(state_dict: Mapping[str, torch.Tensor]) -> bool:
+    """True for a ``state_dict`` in facebookresearch/Mask2Former's layout (it has ``sem_seg_head.predictor.`` keys)."""
     return any(key.startswith("sem_seg_head.predictor.") for key in state_dict)
 
 
 def convert_official_mask2former(state_dict: Mapping[str, torch.Tensor], backbone: torch.nn.Module, num_fpn_levels: int
                                  ) -> dict[str, torch.Tensor]:
-    """Renames an official checkpoint's ``model`` dict. ``backbone.*`` goes through the backbone's own
-    converter (the D2SwinTransformer is the mmdetection Swin layout); ``adapter_k``/``layer_k`` (k = 1 for
-    the finest map) become ``lateral_convs``/``output_convs``, stored coarsest first; the criterion's
+    """Renames an official checkpoint's ``model`` dict, ``state_dict``. ``backbone.*`` goes through the converter of
+    ``backbone`` (the model's backbone module; the D2SwinTransformer is the mmdetection Swin layout);
+    ``adapter_k``/``layer_k`` (k = 1 for the finest map) become ``lateral_convs``/``output_convs``, stored coarsest
+    first (index ``num_fpn_levels - k``, ``num_fpn_levels`` the pixel decoder's lateral levels); the criterion's
     ``empty_weight`` is dropped (recomputed from ``eos_coef``)."""
     backbone_keys, converted = {}, {}
     for key, value in state_dict.items():

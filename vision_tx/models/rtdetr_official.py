@@ -31,12 +31,12 @@ _RENAMES = (
 
 
 def is_official_rtdetr(state_dict: Mapping[str, torch.Tensor]) -> bool:
-    """True for a state dict in lyuwenyu/RT-DETR's layout."""
+    """True for a ``state_dict`` in lyuwenyu/RT-DETR's layout."""
     return "decoder.enc_score_head.weight" in state_dict
 
 
 def convert_official_rtdetr(state_dict: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """Renames an official RT-DETR state dict to the keys of ``model`` (a :class:`vision_tx.models.RTDETR`).
+    """Renames an official RT-DETR ``state_dict`` to the keys of ``model`` (a :class:`vision_tx.models.RTDETR`).
 
     - The encoder's proposal heads ``decoder.enc_{score,bbox}_head`` are the last class and box heads here.
     - ``denoising_class_embed`` has a last padding row (``padding_idx=num_classes``), dropped here (padding

@@ -37,8 +37,9 @@ class SinePositionEncoding(nn.Module):
 
 
 def sine_embedding(position: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:
-    """``position [...]`` (already scaled, e.g. to [0, 2 pi]) -> ``[..., num_feats]``: channel ``i`` holds
-    ``sin`` (even ``i``) or ``cos`` (odd ``i``) of ``position / temperature ** (2 * (i // 2) / num_feats)``."""
+    """``position [...]`` (already scaled, e.g. to [0, 2 pi]) -> ``[..., num_feats]``: channel ``i`` of the
+    ``num_feats`` holds ``sin`` (even ``i``) or ``cos`` (odd ``i``) of ``position / temperature ** (2 * (i // 2) /
+    num_feats)``, ``temperature`` the wavelengths' base."""
     exponent = (torch.arange(num_feats, device=position.device) // 2).to(position.dtype) * 2 / num_feats
     angles = position[..., None] / temperature**exponent
     return torch.stack([angles[..., 0::2].sin(), angles[..., 1::2].cos()], dim=-1).flatten(-2)

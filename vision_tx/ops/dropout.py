@@ -19,7 +19,8 @@ _LEVELS = 1 << 16
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """Zeroes each element of ``x`` with probability ``p`` and scales the rest by ``1 / (1 - p)``; any shape."""
+    """Zeroes each element of ``x`` (any shape) with probability ``p`` and scales the rest by ``1 / (1 - p)`` when
+    ``training``, else returns ``x``; same shape."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu" or not 0.0 < p < 1.0 or torch.compiler.is_compiling():

@@ -39,7 +39,7 @@ _PACKED: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary(
 
 
 def set_weight_packing(enabled: bool) -> None:
-    """Whether :class:`Linear` layers in ``eval()`` mode keep a oneDNN-arranged copy of their weight
+    """Whether (``enabled``) :class:`Linear` layers in ``eval()`` mode keep a oneDNN-arranged copy of their weight
     for CPU inference (faster; one more copy of the weights in memory). On by default."""
     global _PACK_WEIGHTS
     _PACK_WEIGHTS = enabled

@@ -20,8 +20,8 @@ from vision_tx.ops.onednn import _ONEDNN_LINEAR, onednn_linear_may_run, onednn_t
 
 
 def onednn_trains(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`onednn_linear_with_grad` may compute ``x @ weight.T`` with a gradient: float32 CPU
-    tensors outside autocast (which picks its own dtype), compiling and dispatch modes, with some rows, where
+    """Whether :func:`onednn_linear_with_grad` may compute ``x [..., in] @ weight [out, in].T`` with a gradient: float32
+    CPU tensors outside autocast (which picks its own dtype), compiling and dispatch modes, with some rows, where
     the training products run on oneDNN (:func:`vision_tx.ops.onednn.onednn_training_enabled`)."""
     return (
         onednn_training_enabled()
@@ -73,14 +73,15 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 def onednn_linear_with_grad(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: bool = False) -> torch.Tensor:
-    """``x [..., in] @ weight[out, in].T + bias [out]``, then exact GELU if ``gelu``: ``[..., out]``, with a
-    backward of oneDNN products. Only where :func:`onednn_trains` holds."""
+    """``x [..., in] @ weight [out, in].T + bias [out]`` (``bias`` may be None), then exact GELU if ``gelu``:
+    ``[..., out]``, with a backward of oneDNN products. Only where :func:`onednn_trains` holds."""
     return _OneDNNLinear.apply(x, weight, bias, gelu)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` (then exact GELU if ``gelu``), through :func:`onednn_linear_with_grad`
-    where a gradient is asked for and :func:`onednn_trains` holds."""
+    """``F.linear(x, weight, bias)`` of ``x [..., in]``, ``weight [out, in]``, ``bias [out]`` or None (then exact GELU
+    if ``gelu``) -> ``[..., out]``, through :func:`onednn_linear_with_grad` where a gradient is asked for and
+    :func:`onednn_trains` holds."""
     if torch.is_grad_enabled() and onednn_trains(x, weight):
         return onednn_linear_with_grad(x, weight, bias, gelu)
     x = F.linear(x, weight, bias)

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 
 def level_shapes(spatial_shapes: torch.Tensor | Sequence[Sequence[int]]) -> list[tuple[int, int]]:
-    """The levels' ``(height, width)`` as Python ints, from a list or an int tensor ``[L, 2]`` (symbolic sizes,
-    under ``torch.export``, stay symbolic)."""
+    """The levels' ``(height, width)`` as Python ints, from ``spatial_shapes``: a list or an int tensor ``[L, 2]``
+    (symbolic sizes, under ``torch.export``, stay symbolic)."""
     if isinstance(spatial_shapes, torch.Tensor):
         spatial_shapes = spatial_shapes.tolist()
     return [(h if isinstance(h, torch.SymInt) else int(h), w if isinstance(w, torch.SymInt) else int(w)) for h, w in spatial_shapes]

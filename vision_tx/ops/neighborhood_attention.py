@@ -108,11 +108,11 @@ def na2d(
     """Neighborhood attention over a 2-D map, NATTEN's ``na2d`` with the original relative position bias.
 
     Args:
-        q, k, v: ``[B, H, W, heads, head_dim]`` (``v`` may have another ``head_dim``).
-        kernel_size: odd neighborhood size (or a pair: rows, columns).
-        dilation: neighbor spacing (or a pair); needs ``H >= kernel * dilation`` along each axis.
-        rpb: optional relative position bias ``[heads, 2*kernel-1, 2*kernel-1]``.
-        scale: query scale, ``head_dim ** -0.5`` by default.
+        ``q``, ``k``, ``v``: ``[B, H, W, heads, head_dim]`` (``v`` may have another ``head_dim``).
+        ``kernel_size``: odd neighborhood size (or a pair: rows, columns).
+        ``dilation``: neighbor spacing (or a pair); needs ``H >= kernel * dilation`` along each axis.
+        ``rpb``: optional relative position bias ``[heads, 2*kernel-1, 2*kernel-1]``.
+        ``scale``: query scale, ``head_dim ** -0.5`` by default.
 
     Returns:
         ``[B, H, W, heads, head_dim_v]``.

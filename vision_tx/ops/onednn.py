@@ -65,8 +65,8 @@ def _training_default() -> bool:
 
 
 def set_onednn_training(enabled: bool) -> None:
-    """Whether the training step's float32 products of linear layers (forward, input and weight gradients) run
-    on oneDNN (:mod:`vision_tx.ops.linear_autograd`) or through torch's own operators. Default: oneDNN unless
+    """Whether (``enabled``) the training step's float32 products of linear layers (forward, input and weight gradients)
+    run on oneDNN (:mod:`vision_tx.ops.linear_autograd`) or through torch's own operators. Default: oneDNN unless
     :func:`mkl_products_keep_up`, or as the environment variable ``VISION_TX_ONEDNN_TRAINING`` (0 or 1) says."""
     global _TRAIN_ON_ONEDNN
     _TRAIN_ON_ONEDNN = bool(enabled) and _ONEDNN_LINEAR is not None

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 def resize_concat_conv2d(
     maps: Sequence[torch.Tensor], weight: torch.Tensor, size: Sequence[int], align_corners: bool = False
 ) -> torch.Tensor:
-    """``conv2d(cat([interpolate(m, size, "bilinear") for m in maps], 1), weight, padding=k // 2)``.
+    """``conv2d(cat([interpolate(m, size, "bilinear") for m in maps], 1), weight, padding=k // 2)``, the resize with
+    ``align_corners`` as ``interpolate``'s.
 
     ``maps``: ``[B, C_i, h_i, w_i]``; ``weight``: ``[O, sum(C_i), k, k]`` with ``k`` odd, no bias,
     stride 1. Maps already of ``size`` are convolved directly. Returns ``[B, O, *size]``.

@@ -11,9 +11,9 @@ T = TypeVar("T")
 
 
 def cached_size_table(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """``functools.lru_cache(maxsize)`` for a function of hashable sizes (ints, tuples, devices) returning
-    tensors; code being compiled calls the function itself, which ``torch.compile`` traces into its graph
-    (it would skip the cache anyway, with a warning at every such call)."""
+    """``functools.lru_cache(maxsize)`` (``maxsize`` the entries kept) for a function of hashable sizes (ints, tuples,
+    devices) returning tensors; code being compiled calls the function itself, which ``torch.compile`` traces into its
+    graph (it would skip the cache anyway, with a warning at every such call)."""
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
         cached = functools.lru_cache(maxsize=maxsize)(fn)
 
