@@ -17,7 +17,7 @@ from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 
 def denormalize(image: torch.Tensor) -> torch.Tensor:
-    """Undoes the ImageNet normalisation: ``[3,H,W]`` float -> uint8."""
+    """Undoes the ImageNet normalisation of ``image [3,H,W]`` float -> ``[3,H,W]`` uint8 on the CPU."""
     mean = image.new_tensor(IMAGENET_MEAN)[:, None, None]
     std = image.new_tensor(IMAGENET_STD)[:, None, None]
     return (image.float() * std + mean).clamp(0, 1).mul(255).round().to(torch.uint8).cpu()
@@ -38,7 +38,9 @@ def draw_detections(
     category_names: Mapping[int, str] | None = None,
     score_threshold: float = 0.5,
 ) -> Tensor:
-    """Draws boxes ``[K,4]`` (xyxy pixels) with ``name score`` captions on ``image`` ``[3,H,W]`` uint8."""
+    """Draws ``boxes [K,4]`` (xyxy pixels) of ``labels [K]`` with ``name score`` captions (names from
+    ``category_names``, label -> name, else the label; ``scores [K]`` when given) on ``image`` ``[3,H,W]`` uint8,
+    those scoring under ``score_threshold`` left out; returns ``[3,H,W]`` uint8."""
     keep = scores >= score_threshold if scores is not None else torch.ones(len(boxes), dtype=torch.bool)
     boxes, labels = boxes[keep], labels[keep]
     if not len(boxes):
@@ -54,7 +56,8 @@ def draw_detections(
 
 
 def draw_semantic(image: Tensor, segmentation: Tensor, num_classes: int, alpha: float = 0.5, ignore_index: int = 255) -> Tensor:
-    """Blends class colours of ``segmentation`` ``[H,W]`` (class indices) into ``image`` ``[3,H,W]`` uint8."""
+    """Blends the colours (a palette of ``num_classes``, opacity ``alpha``) of the classes of ``segmentation`` ``[H,W]``
+    (class indices, ``ignore_index`` left uncoloured) into ``image`` ``[3,H,W]`` uint8; returns ``[3,H,W]`` uint8."""
     present = [int(c) for c in segmentation.unique() if int(c) != ignore_index]
     if not present:
         return image
@@ -64,7 +67,9 @@ def draw_semantic(image: Tensor, segmentation: Tensor, num_classes: int, alpha: 
 
 
 def draw_panoptic(image: Tensor, segment_ids: Tensor, segment_classes: Mapping[int, int], num_classes: int, alpha: float = 0.5) -> Tensor:
-    """Colours each segment of ``segment_ids`` ``[H,W]`` by its class and outlines it in white."""
+    """Colours each segment of ``segment_ids`` ``[H,W]`` on ``image [3,H,W]`` uint8 by its class (``segment_classes``:
+    segment id -> class; a palette of ``num_classes``, opacity ``alpha``) and outlines it in white; segments without a
+    class are left out. Returns ``[3,H,W]`` uint8."""
     ids = [int(i) for i in segment_ids.unique() if int(i) in segment_classes]
     if not ids:
         return image
@@ -78,7 +83,7 @@ def draw_panoptic(image: Tensor, segment_ids: Tensor, segment_classes: Mapping[i
 
 
 def grid(images: Sequence[Tensor], nrow: int = 4) -> Tensor:
-    """uint8 ``[3,H,W]`` images (padded to one size) side by side, ``nrow`` to a row: one uint8 ``[3,H',W']`` image."""
+    """uint8 ``images [3,H,W]`` (padded to one size) side by side, ``nrow`` to a row: one uint8 ``[3,H',W']`` image."""
     height = max(i.shape[1] for i in images)
     width = max(i.shape[2] for i in images)
     padded = [torch.nn.functional.pad(i, (0, width - i.shape[2], 0, height - i.shape[1])) for i in images]
@@ -86,7 +91,7 @@ def grid(images: Sequence[Tensor], nrow: int = 4) -> Tensor:
 
 
 def save_grid(images: Sequence[Tensor], path: str | Path, nrow: int = 4) -> Path:
-    """Writes :func:`grid` of uint8 ``[3,H,W]`` images into a PNG."""
+    """Writes :func:`grid` of uint8 ``images [3,H,W]``, ``nrow`` to a row, into a PNG at ``path``; returns ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_png(grid(images, nrow), str(path))
@@ -103,7 +108,8 @@ def _text_block(lines: Sequence[str], width: int, line_height: int = 12) -> Imag
 
 def draw_top_classes(image: Tensor, probabilities: Tensor, class_names: Sequence[str], k: int = 5) -> Tensor:
     """``image`` ``[3,H,W]`` uint8 with the ``k`` most probable classes of ``probabilities`` ``[C]``
-    written under it (``name probability`` per line); returns ``[3,H+h,max(W,w)]`` uint8."""
+    written under it (``name probability`` per line, the names from ``class_names``); returns ``[3,H+h,max(W,w)]``
+    uint8."""
     scores, indices = probabilities.float().topk(min(k, len(probabilities)))
     lines = [f"{class_names[int(i)]} {float(s):.2f}" for s, i in zip(scores, indices)]
     width = max(image.shape[2], 7 * max(len(line) for line in lines) + 6)
@@ -133,9 +139,9 @@ def worst_classes(confusion: Tensor, count: int) -> list[int]:
 
 
 def draw_confusion(confusion: Tensor, class_names: Sequence[str], count: int = 10, cell: int = 20) -> Tensor:
-    """The confusion matrix ``[C,C]`` (rows true, columns predicted) restricted to :func:`worst_classes`,
-    each row normalised and drawn from white (0) to dark red (1), true class names on the left,
-    column numbers matching the rows' ``#``; returns ``[3,H,W]`` uint8."""
+    """The ``confusion`` matrix ``[C,C]`` (rows true, columns predicted) restricted to :func:`worst_classes` (``count``
+    of them), each row normalised and drawn from white (0) to dark red (1) in cells of ``cell`` pixels, true class
+    names from ``class_names`` on the left, column numbers matching the rows' ``#``; returns ``[3,H,W]`` uint8."""
     chosen = worst_classes(confusion, count)
     if not chosen:
         chosen = list(range(min(len(class_names), count)))
@@ -160,7 +166,7 @@ def draw_confusion(confusion: Tensor, class_names: Sequence[str], count: int = 1
 
 def overlay_heatmap(image: Tensor, heat: Tensor, alpha: float = 0.6) -> Tensor:
     """``heat`` ``[h,w]`` scaled to its own range, resized to ``image`` ``[3,H,W]`` uint8 and blended
-    in as red (high) over blue (low); returns ``[3,H,W]`` uint8."""
+    in with opacity ``alpha`` as red (high) over blue (low); returns ``[3,H,W]`` uint8."""
     heat = heat.float().cpu()
     heat = (heat - heat.min()) / (heat.max() - heat.min()).clamp_min(1e-12)
     heat = torch.nn.functional.interpolate(heat[None, None], size=image.shape[-2:], mode="bilinear", align_corners=False)[0, 0]

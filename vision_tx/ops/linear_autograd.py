@@ -20,9 +20,9 @@ from vision_tx.ops.onednn import _ONEDNN_LINEAR, onednn_linear_may_run, onednn_t
 
 
 def onednn_trains(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`onednn_linear_with_grad` may compute ``x [..., in] @ weight [out, in].T`` with a gradient: float32
-    CPU tensors outside autocast (which picks its own dtype), compiling and dispatch modes, with some rows, where
-    the training products run on oneDNN (:func:`vision_tx.ops.onednn.onednn_training_enabled`)."""
+    """Whether :func:`onednn_linear_with_grad` may compute ``x @ weight.T`` (``x [..., in]``, ``weight [out, in]``)
+    with a gradient: float32 CPU tensors outside autocast (which picks its own dtype), compiling and dispatch modes,
+    with some rows, where the training products run on oneDNN (:func:`vision_tx.ops.onednn.onednn_training_enabled`)."""
     return (
         onednn_training_enabled()
         and onednn_linear_may_run(x)
@@ -35,15 +35,16 @@ def onednn_trains(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def onednn_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a [M, K] @ b [K, N] -> [M, N]`` by oneDNN (strided views taken as they are, except broadcast ones:
-    a stride-0 operand, such as the gradient of ``out.sum()``, sends oneDNN down a path about 400x slower)."""
+    """``a @ b`` of ``a [M, K]`` and ``b [K, N]`` -> ``[M, N]`` by oneDNN (strided views taken as they are, except
+    broadcast ones: a stride-0 operand, such as the gradient of ``out.sum()``, sends oneDNN down a path about 400x
+    slower)."""
     a, b = (t.contiguous() if 0 in t.stride() else t for t in (a, b))
     return _ONEDNN_LINEAR(a, b.t(), None, "none", [], "")
 
 
 def onednn_weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``grad [T, out]^T @ rows [T, in] -> [out, in]``, computed with the shorter side as the output's rows
-    (measured up to 2x faster than the other orientation), transposed back as a view where needed."""
+    """``grad^T @ rows`` of ``grad [T, out]`` and ``rows [T, in]`` -> ``[out, in]``, computed with the shorter side as
+    the output's rows (measured up to 2x faster than the other orientation), transposed back as a view where needed."""
     if grad.shape[1] <= rows.shape[1]:
         return onednn_product(grad.t(), rows)
     return onednn_product(rows.t(), grad).t()
@@ -73,8 +74,8 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 def onednn_linear_with_grad(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: bool = False) -> torch.Tensor:
-    """``x [..., in] @ weight [out, in].T + bias [out]`` (``bias`` may be None), then exact GELU if ``gelu``:
-    ``[..., out]``, with a backward of oneDNN products. Only where :func:`onednn_trains` holds."""
+    """``x @ weight.T + bias`` of ``x [..., in]``, ``weight [out, in]`` and ``bias [out]`` (or None), then exact GELU
+    if ``gelu``: ``[..., out]``, with a backward of oneDNN products. Only where :func:`onednn_trains` holds."""
     return _OneDNNLinear.apply(x, weight, bias, gelu)
 
 
