@@ -108,9 +108,9 @@ def grid_sample_deform_attn(value: torch.Tensor, spatial_shapes: list[tuple[int,
                             attention_weights: torch.Tensor) -> torch.Tensor:
     """:func:`vision_tx.ops.ms_deform_attn` through one bilinear, zero-padded ``grid_sample`` per level (inference only:
     a NaN location is ``grid_sample``'s to read). Same arguments: ``value [B, S, heads, head_dim]`` (the levels'
-    tokens, row-major, ``S = sum h*w``), ``spatial_shapes`` (h, w) per level, ``sampling_locations
-    [B, Q, heads, L, P, 2]`` (x, y) in [0, 1] and ``attention_weights [B, Q, heads, L, P]``; same result,
-    ``[B, Q, heads * head_dim]``."""
+    tokens, row-major, ``S = sum h*w``), ``spatial_shapes`` (h, w) per level,
+    ``sampling_locations [B, Q, heads, L, P, 2]`` (x, y) in [0, 1] and ``attention_weights [B, Q, heads, L, P]``;
+    same result, ``[B, Q, heads * head_dim]``."""
     batch, _, heads, head_dim = value.shape
     queries, levels, points = sampling_locations.shape[1], sampling_locations.shape[3], sampling_locations.shape[4]
     shapes = level_shapes(spatial_shapes)

@@ -101,8 +101,8 @@ def window_gather(size: tuple[int, int], window: tuple[int, int], shift: tuple[i
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token indices that roll, partition and un-partition a map in one gather each, on ``device``.
 
-    For a map of ``size`` zero-padded to ``padded`` (multiples of ``window``) and rolled by ``shift`` (h, w) back
-    (``-shift``): ``partition [Hp*Wp]`` is, for each token of the windows (row-major windows, row-major inside),
+    For a map of ``size`` zero-padded to ``padded`` (multiples of ``window``) and rolled by ``-shift`` (``shift``:
+    rows, columns): ``partition [Hp*Wp]`` is, for each token of the windows (row-major windows, row-major inside),
     its index in the flattened padded map; ``restore [H*W]`` is, for each token of the unpadded map,
     its position among the windows (undoing the roll and dropping the padding).
     """

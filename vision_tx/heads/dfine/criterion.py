@@ -110,8 +110,8 @@ class DFINECriterion(RTDETRCriterion):
 
 
 def matched_pairs(matches: Indices, targets: list[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The ``matches`` per image, ``(queries [K], targets [K])`` indices, with the ``targets`` (``boxes [K,4]``) -> the
-    pairs' ``image [M]``, ``query [M]`` and target ``boxes [M,4]`` on ``device``."""
+    """Per image, the ``matches`` ``(query indices [K], target indices [K])`` and the ``targets`` (``boxes [G,4]``) ->
+    the pairs' ``image [M]``, ``query [M]`` and target ``boxes [M,4]`` on ``device``."""
     image = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(matches)]).to(device)
     query = torch.cat([q for q, _ in matches]).to(device)
     return image, query, torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, matches)]).to(device)

@@ -15,7 +15,7 @@ from vision_tx.heads.detr.mlp import MLP
 def weighting_function(reg_max: int, up: torch.Tensor, reg_scale: torch.Tensor) -> torch.Tensor:
     """W(n), ``[reg_max + 1]``: 0 in the middle, ``+-(step**k - 1)`` for ``k = 1 .. reg_max/2 - 1`` either
     side with ``step = (a + 1) ** (2 / (reg_max - 2))``, ``a = |up * reg_scale|``, and ``+-2a`` at the ends
-    (``reg_max`` the number of bins, even; ``up [1]``, ``reg_scale [1]``: one-element tensors)."""
+    (``reg_max`` even; ``up [1]``, ``reg_scale [1]``: one-element tensors)."""
     bound = (up * reg_scale).abs().reshape(1)
     step = (bound + 1) ** (2 / (reg_max - 2))
     right = step ** torch.arange(1, reg_max // 2, dtype=bound.dtype, device=bound.device) - 1

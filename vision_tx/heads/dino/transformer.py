@@ -23,8 +23,8 @@ def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
 
 
 def box_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:
-    """``boxes [..., 4]`` in [0, 1] -> ``[..., 4 * num_feats]``: a sine embedding (``num_feats`` features,
-    ``temperature`` the longest wavelength's base) of each coordinate in turn."""
+    """``boxes [..., 4]`` in [0, 1] -> ``[..., 4 * num_feats]``: a sine embedding (:func:`sine_embedding` of
+    ``num_feats`` features, ``temperature`` the wavelengths' base) of each coordinate in turn."""
     return sine_embedding(boxes * (2 * math.pi), num_feats, temperature).flatten(-2)
 
 
