@@ -63,6 +63,9 @@ MUTANTS = [
     Mutant("cli: a config's bases not read", "vision_tx/lightning/cli.py",
            "            content = yaml.safe_dump(resolve_bases(loaded, file), sort_keys=False)\n",
            "            pass\n", (CONFIG_BASES,)),
+    Mutant("cli: VisionTxCLI built with LightningCLI's parser, which reads no bases", "vision_tx/lightning/cli.py",
+           '        kwargs.setdefault("parser_class", VisionTxArgumentParser)\n', "        pass\n",
+           ("tests/lightning/test_cli.py::test_model_options_are_read_from_the_command_line_lightning_parses",)),
     Mutant("cli: a missing base shown as a traceback", "vision_tx/lightning/cli.py",
            "(InvalidDataError, CheckpointError, ConfigError)", "(InvalidDataError, CheckpointError)", (CONFIG_BASES,)),
     # Packaging: the configs travel in the wheel

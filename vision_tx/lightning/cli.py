@@ -145,9 +145,11 @@ class VisionTxArgumentParser(LightningArgumentParser):
 
 
 class VisionTxCLI(LightningCLI):
-    """LightningCLI for any vision_tx task: the config names the LightningModule and DataModule classes."""
+    """LightningCLI for any vision_tx task: the config names the LightningModule and DataModule classes; its parser
+    (unless ``parser_class`` says otherwise) is :class:`VisionTxArgumentParser`, which reads a config's bases."""
 
     def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("parser_class", VisionTxArgumentParser)
         # The tools leave sys.argv as it is (DDP relaunches the script with it) and pass the resolved
         # arguments in ``args``, which LightningCLI would otherwise warn about when the process has arguments.
         with warnings.catch_warnings():
