@@ -135,3 +135,16 @@ def test_the_command_line_names_a_missing_base_and_its_file(tmp_path: Path) -> N
 def test_the_module_prints_a_config_with_its_bases_merged(capsys) -> None:
     main(["dino_swin_s"])
     assert yaml.safe_load(capsys.readouterr().out) == FIXTURE["dino_swin_s"]
+
+
+def test_print_config_of_a_shipped_config_shows_its_bases_merged() -> None:
+    """``dino_swin_s`` sets two values; the printed config has its bases' classes, schedule and callbacks."""
+    printed = print_config(["--config", "dino_swin_s"])
+    expected = FIXTURE["dino_swin_s"]
+    assert (printed["model"]["class_path"], printed["data"]["class_path"]) == (
+        expected["model"]["class_path"], expected["data"]["class_path"])
+    assert {k: printed["model"]["init_args"][k] for k in expected["model"]["init_args"]} == expected["model"]["init_args"]
+    assert {k: printed["trainer"][k] for k in ("max_epochs", "gradient_clip_val", "log_every_n_steps")} == {
+        "max_epochs": 12, "gradient_clip_val": 0.1, "log_every_n_steps": 50}
+    assert [c["class_path"] for c in printed["trainer"]["callbacks"]] == [
+        "lightning.pytorch.callbacks.ModelCheckpoint", "vision_tx.lightning.callbacks.LatestCheckpoint"]

@@ -27,7 +27,7 @@ MUTANTS = [
     Mutant("configs: dino_swin_toy back on the official cell shares", "vision_tx/configs/dino_swin_toy.yaml",
            "      exact_valid_ratios: true", "      exact_valid_ratios: false",
            ("tests/lightning/test_configs.py::test_dino_swin_toy_reads_each_level_at_the_pixel_a_box_names",)),
-    Mutant("configs: detr_swin_t writes no last.ckpt", "vision_tx/configs/detr_swin_t.yaml",
+    Mutant("configs: the COCO detection base writes no last.ckpt", "vision_tx/configs/_base/coco_detection.yaml",
            "    - class_path: vision_tx.lightning.callbacks.LatestCheckpoint", "    - class_path: vision_tx.lightning.callbacks.RandomStateCheckpoint",
            (EVERY_LAST_CKPT,)),
     Mutant("LatestCheckpoint: nothing written when training ends", "vision_tx/lightning/callbacks.py",
@@ -70,7 +70,9 @@ MUTANTS = [
            "(InvalidDataError, CheckpointError, ConfigError)", "(InvalidDataError, CheckpointError)", (CONFIG_BASES,)),
     # Packaging: the configs travel in the wheel
     Mutant("install: the configs left out of the wheel", "pyproject.toml",
-           'vision_tx = ["configs/*.yaml"]', "vision_tx = []", ("tests/test_install.py",)),
+           'vision_tx = ["configs/*.yaml", "configs/_base/*.yaml"]', "vision_tx = []", ("tests/test_install.py",)),
+    Mutant("install: the config bases left out of the wheel", "pyproject.toml",
+           'vision_tx = ["configs/*.yaml", "configs/_base/*.yaml"]', 'vision_tx = ["configs/*.yaml"]', ("tests/test_install.py",)),
     # What each validation shows in TensorBoard (the task modules' shared report)
     Mutant("report: classification's pictures drawn as the ground truth", "vision_tx/lightning/classification.py",
            "self.preview.append(draw_top_classes(", "self.preview_truth.append(draw_top_classes(",
