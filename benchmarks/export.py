@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-import yaml
 
 from benchmarks.timing import Row, compare
+from vision_tx.config_loader import load_config
 from vision_tx.export import deployable, example_images, export
 from vision_tx.lightning.cli import resolve_config
 
@@ -30,7 +30,7 @@ NUM_CLASSES = 4  # the toy set's three shapes (category ids 1-3)
 
 def main_job_module(config: str = CONFIG) -> torch.nn.Module:
     """The task module ``configs/<config>.yaml`` builds (random weights: the speed does not depend on them)."""
-    section = yaml.safe_load(resolve_config(config).read_text())["model"]
+    section = load_config(resolve_config(config))["model"]
     module_name, _, class_name = section["class_path"].rpartition(".")
     module = getattr(importlib.import_module(module_name), class_name)(**{**section["init_args"], "num_classes": NUM_CLASSES})
     module.configure_model()

@@ -398,13 +398,14 @@ def train_on_processes(args: argparse.Namespace, out: Path, extra: Sequence[str]
     (Lightning's DDP, started by ``tools/train.py`` in processes of its own), each with that share of the
     config's batch (unless ``--data.batch_size`` is among ``extra``): the global batches of one process.
     Returns the run's log folder, with the predictions of its final validation, and its clock."""
+    from vision_tx.config_loader import load_config
     from vision_tx.lightning.cli import resolve_config
 
     if args.threads % args.processes:
         raise SystemExit(f"error: --threads {args.threads} cannot be shared among --processes {args.processes}")
     batch: list[str] = []
     if "--data.batch_size" not in extra:
-        config_batch = yaml.safe_load(resolve_config(args.config).read_text())["data"]["init_args"]["batch_size"]
+        config_batch = load_config(resolve_config(args.config))["data"]["init_args"]["batch_size"]
         if config_batch % args.processes:
             raise SystemExit(f"error: {args.config}'s batch of {config_batch} cannot be shared among --processes "
                              f"{args.processes} (give each process's after --: --data.batch_size B)")

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import lightning.pytorch as pl
-import yaml
 
+from vision_tx.config_loader import load_config
 from vision_tx.lightning.budget import TrainingBudget
 
 
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/compare_mask2former_toy")
     args = parser.parse_args()
     name, overrides, metric = RUNS[args.run]
-    config = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    config = load_config(CONFIGS / f"{name}.yaml")
     pl.seed_everything(config.get("seed_everything", 0))
     model_node = copy.deepcopy(config["model"])
     model_node["init_args"].update(overrides)

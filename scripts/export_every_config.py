@@ -43,12 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/ holds the perturbation and the comparisons
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
 from tests.test_export import (IS_THING, TOLERANCE, assert_detections_close, assert_outputs_close,  # noqa: E402
                                build_task, run_onnx)
 from vision_tx.export import (Deployable, PanopticExport, SigmoidDetectionExport, SoftmaxDetectionExport,  # noqa: E402
                                deployable, example_images, export)
+from vision_tx.config_loader import load_config  # noqa: E402
 from vision_tx.lightning.cli import resolve_config  # noqa: E402
 
 SIGMOID_DETECTORS = ("dino", "rtdetr", "dfine")  # detector names whose class logits stay as they are (see build_task)
@@ -60,7 +60,7 @@ RTOL = 1e-6  # besides the tests' 1e-4: boxes in pixels of a 640-wide image are 
 
 def task_setting(config: str) -> tuple[int, dict[int, bool] | None, tuple[int, int]]:
     """(class count, panoptic is_thing or None, image size H, W) of ``config``'s task at full size."""
-    section = yaml.safe_load(resolve_config(config).read_text())["model"]
+    section = load_config(resolve_config(config))["model"]
     task = section["class_path"].rsplit(".", 2)[-2]
     if "toy" in config:
         return 4, IS_THING if task == "panoptic" else None, (128, 128)
@@ -161,7 +161,7 @@ def network_outputs_difference(model: Deployable, size: tuple[int, int], path: P
 def check_config(config: str, folder: Path) -> dict[str, Any]:
     """Exports ``config``'s full-size model to ``folder`` and compares onnxruntime with eager; the figures."""
     num_classes, is_thing, size = task_setting(config)
-    detector = str(yaml.safe_load(resolve_config(config).read_text())["model"]["init_args"].get("detector", ""))
+    detector = str(load_config(resolve_config(config))["model"]["init_args"].get("detector", ""))
     class_scale = 1.0 if detector.startswith(SIGMOID_DETECTORS) else 20.0
     module = build_task(config, class_scale=class_scale, num_classes=num_classes)
     model = deployable(module, config, is_thing)

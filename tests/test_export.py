@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from torchvision.transforms.v2.functional import normalize
 
 from tests.conftest import require_reference
@@ -21,6 +20,7 @@ from tests.parity import perturb_
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vision_tx.export import (FORMATS, ExportError, SigmoidDetectionExport, SoftmaxDetectionExport, deployable, example_images, export,
                               main)
+from vision_tx.config_loader import load_config
 from vision_tx.lightning.cli import resolve_config
 
 NUM_CLASSES = 4
@@ -32,7 +32,7 @@ CLASS_LOGIT_SCALE = 20.0  # softmax heads; sigmoid heads (DINO, RT-DETR) keep th
 def build_task(config: str, seed: int = 0, class_scale: float = CLASS_LOGIT_SCALE, **init_args: Any) -> torch.nn.Module:
     """The task module of ``configs/<config>.yaml`` (its ``model`` section, ``init_args`` overriding), with
     ``NUM_CLASSES`` classes, built, weights perturbed, class heads scaled by ``class_scale``, in eval mode."""
-    section = yaml.safe_load(resolve_config(config).read_text())["model"]
+    section = load_config(resolve_config(config))["model"]
     module_name, _, class_name = section["class_path"].rpartition(".")
     module_class = getattr(importlib.import_module(module_name), class_name)
     torch.manual_seed(seed)  # the initialisation that perturb_ moves from: the same model on every run
@@ -48,7 +48,7 @@ def build_task(config: str, seed: int = 0, class_scale: float = CLASS_LOGIT_SCAL
 
 def detector_kwargs(config: str) -> dict[str, Any]:
     """The ``detector_kwargs`` of ``configs/<config>.yaml``."""
-    return dict(yaml.safe_load(resolve_config(config).read_text())["model"]["init_args"]["detector_kwargs"])
+    return dict(load_config(resolve_config(config))["model"]["init_args"]["detector_kwargs"])
 
 
 def run_onnx(path: Path, images: torch.Tensor) -> list[torch.Tensor]:

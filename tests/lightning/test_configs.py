@@ -10,9 +10,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-import yaml
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from vision_tx.config_loader import load_config
 from vision_tx.lightning.cli import run_cli
 from vision_tx.models import DETECTORS, DINO, RTDETR, SEGMENTATION_HEADS, Mask2Former, UperNetSegmentor
 
@@ -48,7 +48,7 @@ SHORT = [
 
 def small_args(config: Path) -> list[str]:
     """The command-line overrides that make ``config`` small; its classes and structure stay."""
-    model = yaml.safe_load(config.read_text())["model"]
+    model = load_config(config)["model"]
     init, module = model["init_args"], model["class_path"].rpartition(".")[2]
     backbone_kwargs = SMALL_BACKBONES[init.get("backbone", "swin_t").split("_")[0].rstrip("0123456789")]
     args = ["--model.backbone_kwargs", backbone_kwargs] if backbone_kwargs else []
@@ -73,7 +73,7 @@ def small_args(config: Path) -> list[str]:
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_config_trains_and_validates_on_cpu(config: Path, tmp_path_factory, tmp_path: Path) -> None:
     # Each toy set is generated once, for all the configs that read it.
-    data_class = yaml.safe_load(config.read_text())["data"]["class_path"]
+    data_class = load_config(config)["data"]["class_path"]
     toy_cache = tmp_path_factory.getbasetemp() / "toy_cache" / data_class
     run_cli("fit", [
         "--config", str(config), *small_args(config), *SHORT,
@@ -89,7 +89,7 @@ CHECKPOINT_CLASSES = ("lightning.pytorch.callbacks.ModelCheckpoint", "vision_tx.
 
 def checkpoint_callbacks(config: Path) -> list[tuple[str, dict]]:
     """The class path and ``init_args`` of each checkpoint-writing callback the config lists, in order."""
-    callbacks = yaml.safe_load(config.read_text())["trainer"].get("callbacks") or []
+    callbacks = load_config(config)["trainer"].get("callbacks") or []
     return [(c["class_path"], c.get("init_args") or {}) for c in callbacks if c["class_path"] in CHECKPOINT_CLASSES]
 
 

@@ -1,7 +1,7 @@
 """Planted bugs in the task modules and the command line: validation classes, step schedules, TensorBoard, packaging (see ``tests/mutants/__init__.py``)."""
 
 from tests.mutants.mutant import Mutant
-from tests.mutants.targets import CLI_MODEL_OPTIONS, CLI_OVER_CHECKPOINT, CLI_WITHOUT_ARGS, DISTILLATION, EVERY_LAST_CKPT, IMAGEFOLDER, LAST_CKPT, LAST_CKPT_AT_END, SHAPES, SHARE_FROM_EPOCH, STEP_SCHEDULE
+from tests.mutants.targets import CLI_MODEL_OPTIONS, CLI_OVER_CHECKPOINT, CLI_WITHOUT_ARGS, CONFIG_BASES, DISTILLATION, EVERY_LAST_CKPT, IMAGEFOLDER, LAST_CKPT, LAST_CKPT_AT_END, SHAPES, SHARE_FROM_EPOCH, STEP_SCHEDULE
 
 MUTANTS = [
     # Classes a validation run scores against; the step schedule of runs budgeted in steps
@@ -27,7 +27,7 @@ MUTANTS = [
     Mutant("configs: dino_swin_toy back on the official cell shares", "vision_tx/configs/dino_swin_toy.yaml",
            "      exact_valid_ratios: true", "      exact_valid_ratios: false",
            ("tests/lightning/test_configs.py::test_dino_swin_toy_reads_each_level_at_the_pixel_a_box_names",)),
-    Mutant("configs: detr_swin_t writes no last.ckpt", "vision_tx/configs/detr_swin_t.yaml",
+    Mutant("configs: the COCO detection base writes no last.ckpt", "vision_tx/configs/_base/coco_detection.yaml",
            "    - class_path: vision_tx.lightning.callbacks.LatestCheckpoint", "    - class_path: vision_tx.lightning.callbacks.RandomStateCheckpoint",
            (EVERY_LAST_CKPT,)),
     Mutant("LatestCheckpoint: nothing written when training ends", "vision_tx/lightning/callbacks.py",
@@ -46,9 +46,33 @@ MUTANTS = [
            'arg.removeprefix("--model.").partition("=")[0]', 'arg.removeprefix("--model.")', (CLI_OVER_CHECKPOINT, CLI_MODEL_OPTIONS)),
     Mutant("cli: a CLI without args reads no command line", "vision_tx/lightning/cli.py",
            "        return sys.argv[1:]\n", "        return []\n", (CLI_WITHOUT_ARGS,)),
+    # Config bases (vision_tx/config_loader.py) and the command line that reads them
+    Mutant("config bases: a mapping of a later file replaces the earlier one whole", "vision_tx/config_loader.py",
+           "            merged[key] = merge(merged[key], value)\n", "            merged[key] = value\n",
+           (CONFIG_BASES,)),
+    Mutant("config bases: each base merged under the ones before it", "vision_tx/config_loader.py",
+           "merged = merge(merged, _load(_base_file(entry, file, where), chain))",
+           "merged = merge(_load(_base_file(entry, file, where), chain), merged)", (CONFIG_BASES,)),
+    Mutant("config bases: the bases over the file's own keys", "vision_tx/config_loader.py",
+           "return merge(merged, {key: value for key, value in content.items() if key != BASE_KEY})",
+           "return merge({key: value for key, value in content.items() if key != BASE_KEY}, merged)", (CONFIG_BASES,)),
+    Mutant("config bases: no circle check", "vision_tx/config_loader.py", "    if file in chain:\n", "    if False:\n",
+           (CONFIG_BASES,)),
+    Mutant("config bases: found from the working directory, not the naming file's folder", "vision_tx/config_loader.py",
+           "(file.parent if file else Path.cwd()) / entry", "Path.cwd() / entry", (CONFIG_BASES,)),
+    Mutant("cli: a config's bases not read", "vision_tx/lightning/cli.py",
+           "            content = yaml.safe_dump(resolve_bases(loaded, file), sort_keys=False)\n",
+           "            pass\n", (CONFIG_BASES,)),
+    Mutant("cli: VisionTxCLI built with LightningCLI's parser, which reads no bases", "vision_tx/lightning/cli.py",
+           '        kwargs.setdefault("parser_class", VisionTxArgumentParser)\n', "        pass\n",
+           ("tests/lightning/test_cli.py::test_model_options_are_read_from_the_command_line_lightning_parses",)),
+    Mutant("cli: a missing base shown as a traceback", "vision_tx/lightning/cli.py",
+           "(InvalidDataError, CheckpointError, ConfigError)", "(InvalidDataError, CheckpointError)", (CONFIG_BASES,)),
     # Packaging: the configs travel in the wheel
     Mutant("install: the configs left out of the wheel", "pyproject.toml",
-           'vision_tx = ["configs/*.yaml"]', "vision_tx = []", ("tests/test_install.py",)),
+           'vision_tx = ["configs/*.yaml", "configs/_base/*.yaml"]', "vision_tx = []", ("tests/test_install.py",)),
+    Mutant("install: the config bases left out of the wheel", "pyproject.toml",
+           'vision_tx = ["configs/*.yaml", "configs/_base/*.yaml"]', 'vision_tx = ["configs/*.yaml"]', ("tests/test_install.py",)),
     # What each validation shows in TensorBoard (the task modules' shared report)
     Mutant("report: classification's pictures drawn as the ground truth", "vision_tx/lightning/classification.py",
            "self.preview.append(draw_top_classes(", "self.preview_truth.append(draw_top_classes(",

@@ -5,7 +5,8 @@
 
 ``--config`` takes a name from ``configs/`` in the working directory or from the package's
 ``vision_tx/configs/`` (without ``.yaml``), or a path to a YAML file; every value in it can be
-overridden with ``--section.key value`` (``--model.lr 2e-4``).
+overridden with ``--section.key value`` (``--model.lr 2e-4``). A config's ``__base__`` files are merged
+under it as it is read (:mod:`vision_tx.config_loader`); ``--print_config`` shows the result.
 """
 
 from __future__ import annotations
@@ -19,24 +20,24 @@ import re
 import shutil
 import sys
 import warnings
+from os import PathLike
 from pathlib import Path
 from typing import NoReturn, Sequence
 
 import torch.distributed
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from vision_tx.backbones import list_backbones
 from vision_tx.checkpoint import CheckpointError, read_training_checkpoint
+from vision_tx.config_loader import BASE_KEY, CONFIG_DIRS, ConfigError, resolve_bases
 from vision_tx.data.invalid import InvalidDataError
 from vision_tx.lightning.budget import TrainingBudget
 from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint, TrainingMonitor, ValidationReport
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
 from vision_tx.io import merge_metrics_json
-
-# A folder of the user's own configs first, then those shipped inside the package (package data).
-CONFIG_DIRS = (Path.cwd() / "configs", Path(__file__).resolve().parents[1] / "configs")
 
 
 def available_configs() -> list[str]:
@@ -115,7 +116,28 @@ def explain_unknown_options(message: str) -> str:
 
 
 class VisionTxArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser, whose errors about unknown options also list the valid ones."""
+    """LightningCLI's parser, which reads a config file's ``__base__`` files under it, and whose errors about unknown
+    options also list the valid ones."""
+
+    _config_file: Path | None = None  # the file parse_path hands to parse_string
+
+    def parse_path(self, path: str | PathLike, *args, **kwargs) -> Namespace:
+        self._config_file = Path(str(path)).resolve()  # before jsonargparse enters the file's folder
+        try:
+            return super().parse_path(path, *args, **kwargs)
+        finally:
+            self._config_file = None
+
+    def parse_string(self, content: str, *args, **kwargs) -> Namespace:
+        """``content`` (a config file's text, or a ``--config`` string) with its ``__base__`` files merged under it."""
+        file, self._config_file = self._config_file, None
+        try:
+            loaded = yaml.safe_load(content) if BASE_KEY in content else None
+        except yaml.YAMLError:
+            loaded = None  # jsonargparse's own error follows
+        if isinstance(loaded, dict) and BASE_KEY in loaded:
+            content = yaml.safe_dump(resolve_bases(loaded, file), sort_keys=False)
+        return super().parse_string(content, *args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         # Nested parsers raise (their message is folded into the outer one): explain once, in the shown one.
@@ -123,9 +145,11 @@ class VisionTxArgumentParser(LightningArgumentParser):
 
 
 class VisionTxCLI(LightningCLI):
-    """LightningCLI for any vision_tx task: the config names the LightningModule and DataModule classes."""
+    """LightningCLI for any vision_tx task: the config names the LightningModule and DataModule classes; its parser
+    (unless ``parser_class`` says otherwise) is :class:`VisionTxArgumentParser`, which reads a config's bases."""
 
     def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("parser_class", VisionTxArgumentParser)
         # The tools leave sys.argv as it is (DDP relaunches the script with it) and pass the resolved
         # arguments in ``args``, which LightningCLI would otherwise warn about when the process has arguments.
         with warnings.catch_warnings():
@@ -266,10 +290,10 @@ def end_process_group() -> None:
 
 
 def input_error(err: BaseException | None) -> BaseException | None:
-    """The bad-data or bad-checkpoint error (whose message names the file and the problem) behind ``err``,
-    if any: jsonargparse wraps the errors raised while it builds the classes in its own."""
+    """The bad-data, bad-checkpoint or bad-config-base error (whose message names the file and the problem) behind
+    ``err``, if any: jsonargparse wraps the errors raised while it builds the classes in its own."""
     while err is not None:
-        if isinstance(err, (InvalidDataError, CheckpointError)):
+        if isinstance(err, (InvalidDataError, CheckpointError, ConfigError)):
             return err
         err = err.__cause__ or err.__context__
     return None
