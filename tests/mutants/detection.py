@@ -394,7 +394,7 @@ MUTANTS = [
            "image_sizes, self.num_detections, self.nms_threshold)", (PROTOCOL_SHARE,)),
     # Named sizes (vision_tx/models/__init__.py: named_sizes) and the tables keyed by a detector's class
     Mutant("named sizes: a size's settings dropped (rtdetr_toy builds RT-DETR-R50)", "vision_tx/models/__init__.py",
-           "table[name] = functools.partial(cls, **config)", "table[name] = functools.partial(cls)",
+           "table[name] = NamedSize(cls, **config)", "table[name] = NamedSize(cls)",
            ("tests/models/test_detectors.py::test_named_sizes_build_their_size_and_build_time_kwargs_win",)),
     Mutant("named sizes: the panoptic task names every detector as one that segments", "vision_tx/lightning/panoptic.py",
            'known = ", ".join(name for name, build in DETECTORS.items() if build.func in PANOPTIC_WRAPPERS)', 'known = ", ".join(DETECTORS)',
