@@ -3,6 +3,7 @@ backbone maps and weights, and the contract of its contrastive denoising."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import re
@@ -87,7 +88,7 @@ def tiny_dino(maps: list[torch.Tensor], **overrides) -> DINO:
         num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_encoder_layers=LAYERS, num_decoder_layers=LAYERS,
         dim_feedforward=96, num_points=3, **DEFORMABLE_DETR,
     )
-    return DINO(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides})
+    return DINO.build(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +252,7 @@ DINO_4SCALE_MATCHER = dict(cost_class=2.0, cost_bbox=5.0, cost_giou=2.0, focal_a
 def test_defaults_are_the_official_dino_4scale_config() -> None:
     from vision_tx.heads.dino import ContrastiveDenoising
 
-    defaults = {k: p.default for k, p in inspect.signature(DINO).parameters.items() if p.default is not inspect.Parameter.empty}
+    defaults = {k: p.default for k, p in inspect.signature(DINO.build).parameters.items() if p.default is not inspect.Parameter.empty}
     assert {k: defaults[k] for k in DINO_4SCALE} == DINO_4SCALE
     assert {k: defaults[k] for k in DINO_OWN} == DINO_OWN
     assert defaults["look_forward_twice"] is True
@@ -390,7 +391,7 @@ def test_mixed_selection_and_query_positions_follow_the_paper(batch) -> None:
     with torch.no_grad():
         levels = model.neck(batch[3], pixel_mask)
         memory = model.encoder(levels.tokens, levels.position, levels.padding_mask, levels.shapes, levels.valid_ratios)
-        out = model.forward_decoder(memory, levels)
+        out = model.forward_decoder(dataclasses.replace(levels, tokens=memory))
         # The proposals' scores by hand: every valid token's best class logit.
         _, valid = proposal_anchors(levels)
         features = model.enc_output_norm(model.enc_output(memory * valid[..., None]))
