@@ -117,12 +117,12 @@ def run(device: str, quick: bool) -> list[Row]:
         return copy.deepcopy(swin).train() if in_step else MapsBackbone(maps)
 
     torch.manual_seed(0)
-    deformable = DINO(backbone(), NUM_CLASSES, **SETTINGS, **DEFORMABLE_DETR).to(device).train()
+    deformable = DINO.build(backbone(), NUM_CLASSES, **SETTINGS, **DEFORMABLE_DETR).to(device).train()
     reference = _reference_model(deformable, backbone()).to(device)
     print(f"decoder losses, vision_tx (Deformable DETR mode) vs transformers: largest difference "
           f"{_check_losses(deformable, reference, images, pixel_mask, targets, labels):.1e}", flush=True)
     torch.manual_seed(0)
-    dino = DINO(backbone(), NUM_CLASSES, **SETTINGS).to(device).train()
+    dino = DINO.build(backbone(), NUM_CLASSES, **SETTINGS).to(device).train()
 
     loss_seconds: dict[str, list[float]] = {"deformable": [], "dino": []}
 

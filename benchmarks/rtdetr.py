@@ -49,7 +49,7 @@ def _setting(setting: dict, device: str) -> tuple[RTDETR, torch.nn.Module, torch
     with torch.no_grad():
         name, kwargs = setting["backbone"]
         maps = list(build_backbone(name, out_indices=(1, 2, 3), **kwargs).to(device).eval()(images).values())
-    model = perturb_(RTDETR(MapsBackbone(maps), setting["num_classes"], look_forward_twice=False, num_blocks=3, **setting["model"]))
+    model = perturb_(RTDETR.build(MapsBackbone(maps), setting["num_classes"], look_forward_twice=False, num_blocks=3, **setting["model"]))
     decoder, encoder = model.decoder.layers[0], model.encoder
     config = transformers.RTDetrConfig(
         backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], embedding_size=8,

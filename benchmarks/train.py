@@ -61,7 +61,7 @@ def _nat(device: str, quick: bool) -> Row:
 
 def _rtdetr_toy_products(quick: bool) -> Row:
     torch.manual_seed(0)
-    model = RTDETR(build_backbone("convnext_toy", out_indices=(1, 2, 3)), 4, **{**RTDETR.variants["rtdetr_toy"], "num_queries": 100}).train()
+    model = RTDETR.build(build_backbone("convnext_toy", out_indices=(1, 2, 3)), 4, **{**RTDETR.variants["rtdetr_toy"], "num_queries": 100}).train()
     generator = torch.Generator().manual_seed(0)
     batches = []
     for height, width in TOY_BATCH_SIZES:  # multi-scale training: each timed call a step at each size, as the recipe varies them

@@ -68,8 +68,8 @@ def test_composed_models_add_their_own_norms_and_biases_to_the_backbones_exempti
     detr = dict(num_queries=5, hidden_dim=128, num_heads=8, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=64)
     models = {
         "detr": DETR(build_backbone("deit_tiny_distilled", depth=1, out_indices=(3,)), 4, **detr),
-        "dino": DINO(build_backbone("swin_t", out_indices=(1, 2, 3), **swin), 4, **{**detr, "num_decoder_layers": 2}),
-        "rtdetr": RTDETR(build_backbone("swin_t", out_indices=(1, 2, 3), **swin), 4, **{**detr, "num_decoder_layers": 2, "expansion": 0.5, "num_blocks": 1}),
+        "dino": DINO.build(build_backbone("swin_t", out_indices=(1, 2, 3), **swin), 4, **{**detr, "num_decoder_layers": 2}),
+        "rtdetr": RTDETR.build(build_backbone("swin_t", out_indices=(1, 2, 3), **swin), 4, **{**detr, "num_decoder_layers": 2, "expansion": 0.5, "num_blocks": 1}),
         "panoptic": DETRPanoptic(DETR(build_backbone("swin_t", **swin), 4, **detr)),
         "upernet": UperNetSegmentor(build_backbone("nat_mini", **swin), 5, channels=16, aux_channels=8),
         "mask2former": Mask2Former(

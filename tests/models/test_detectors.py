@@ -6,6 +6,8 @@ the data pipeline gives them, per-query post-processing in query order, cross-at
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from torchvision.ops import box_convert
@@ -159,3 +161,18 @@ def test_named_sizes_build_their_size_and_build_time_kwargs_win() -> None:
     assert (official.num_queries, official.enc_output.in_features, len(official.decoder.layers)) == (300, 256, 6)
     with pytest.raises(ValueError, match="RTDETR registers 'rtdetr', which RTDETR has"):
         named_sizes(DETECTORS["rtdetr"].func, DETECTORS["rtdetr"].func)
+
+
+@pytest.mark.parametrize("name", [name for name in OFFICIAL if hasattr(DETECTORS[name].func, "build")])
+def test_composed_detectors_take_their_parts_by_keyword_and_build_the_same_twice(name: str) -> None:
+    """A detector composed from its parts (docs/CONVENTIONS.md, "Detectors"): its constructor takes the parts and
+    settings by keyword only, its builder makes them from a size, and two builds from the same seed are equal (one
+    state: nothing depends on what was built before)."""
+    cls = DETECTORS[name].func
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    assert parameters and all(p.kind is p.KEYWORD_ONLY and p.default is p.empty for p in parameters)
+    assert {"backbone", "decoder", "heads", "denoising", "criterion"} <= {p.name for p in parameters}
+    with pytest.raises(TypeError):
+        cls(build_backbone("swin_t", out_indices=cls.backbone_out_indices, **SWIN), NUM_CLASSES)
+    first, second = build(name).state_dict(), build(name).state_dict()
+    assert list(first) == list(second) and all(torch.equal(first[key], second[key]) for key in first)

@@ -44,7 +44,7 @@ def ours_and_transformers(dtype: torch.dtype = torch.float32, **overrides) -> tu
         num_blocks=1, num_decoder_layers=LAYERS, dim_feedforward=40, num_points=POINTS, reg_max=REG_MAX, lqe_hidden_dim=16,
         num_denoising=0, criterion_kwargs={"reg_max": REG_MAX, "union_matching": False},  # transformers' port matches per layer
     )
-    ours = perturb_(DFINE(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides}))
+    ours = perturb_(DFINE.build(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides}))
     with torch.no_grad():  # perturb_ leaves zero-initialised layers near 0 (2e-3): the quality term would not show
         for lqe in ours.decoder.lqe_layers:
             lqe.reg_conf.layers[-1].weight.copy_(torch.randn(lqe.reg_conf.layers[-1].weight.shape, generator=torch.Generator().manual_seed(1)))
@@ -201,7 +201,7 @@ def test_gradients_match_transformers() -> None:
 def test_registered_trains_with_denoising_and_on_images_without_objects() -> None:
     assert DETECTORS["dfine"].func is DFINE and not DETECTORS["dfine"].keywords
     torch.manual_seed(0)
-    ours = DFINE(MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_decoder_layers=LAYERS,
+    ours = DFINE.build(MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_decoder_layers=LAYERS,
                  num_blocks=1, num_denoising=12)
     images, pixel_mask = images_and_mask()
     losses = ours.train().loss(ours(images, pixel_mask, rtdetr_targets()), rtdetr_targets())

@@ -23,7 +23,7 @@ DERIVED = 4 + 6  # decoder.decoder.{up,reg_scale}, decoder.{anchors,valid_mask},
 def test_l_head_loads_every_tensor_and_runs() -> None:
     official = random_state(read_layout("dfine_hgnetv2_l_coco_head"))
     maps = [torch.randn(1, channels, 16 // 2**i, 16 // 2**i, dtype=torch.float64) for i, channels in enumerate((512, 1024, 2048))]
-    model = DFINE(MapsBackbone(maps), NUM_CLASSES).double()
+    model = DFINE.build(MapsBackbone(maps), NUM_CLASSES).double()
     report = load_weights(model, {"model": official})
     assert report.missing_keys == [] and report.unexpected_keys == []
     assert len(report.loaded_keys) == len(official) - DERIVED

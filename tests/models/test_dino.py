@@ -3,6 +3,7 @@ backbone maps and weights, and the contract of its contrastive denoising."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import re
@@ -16,7 +17,7 @@ from torch import nn
 from vision_tx.heads.detr import HungarianMatcher
 from vision_tx.heads.dino import DINOCriterion
 from vision_tx.models import DINO
-from vision_tx.models.query_detector import proposal_anchors
+from vision_tx.models.query_detector import QueryHeads, proposal_anchors
 
 from tests.conftest import require_reference
 from tests.models.detr_helpers import padded_batch
@@ -87,7 +88,7 @@ def tiny_dino(maps: list[torch.Tensor], **overrides) -> DINO:
         num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_encoder_layers=LAYERS, num_decoder_layers=LAYERS,
         dim_feedforward=96, num_points=3, **DEFORMABLE_DETR,
     )
-    return DINO(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides})
+    return DINO.build(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +252,7 @@ DINO_4SCALE_MATCHER = dict(cost_class=2.0, cost_bbox=5.0, cost_giou=2.0, focal_a
 def test_defaults_are_the_official_dino_4scale_config() -> None:
     from vision_tx.heads.dino import ContrastiveDenoising
 
-    defaults = {k: p.default for k, p in inspect.signature(DINO).parameters.items() if p.default is not inspect.Parameter.empty}
+    defaults = {k: p.default for k, p in inspect.signature(DINO.build).parameters.items() if p.default is not inspect.Parameter.empty}
     assert {k: defaults[k] for k in DINO_4SCALE} == DINO_4SCALE
     assert {k: defaults[k] for k in DINO_OWN} == DINO_OWN
     assert defaults["look_forward_twice"] is True
@@ -390,7 +391,7 @@ def test_mixed_selection_and_query_positions_follow_the_paper(batch) -> None:
     with torch.no_grad():
         levels = model.neck(batch[3], pixel_mask)
         memory = model.encoder(levels.tokens, levels.position, levels.padding_mask, levels.shapes, levels.valid_ratios)
-        out = model.forward_decoder(memory, levels)
+        out = model.forward_decoder(dataclasses.replace(levels, tokens=memory))
         # The proposals' scores by hand: every valid token's best class logit.
         _, valid = proposal_anchors(levels)
         features = model.enc_output_norm(model.enc_output(memory * valid[..., None]))
@@ -522,3 +523,24 @@ def test_exact_valid_ratios_place_every_level_on_the_pixels_its_cells_cover(batc
     cells = torch.stack([torch.tensor([[1.0, 1.0], [w_valid / w, h_valid / h]]) for (h, w), (h_valid, w_valid) in
                          zip(shapes, [(7, 9), (4, 5), (2, 2), (1, 2)])], 1)  # the second image's valid cells, nearest-sampled
     torch.testing.assert_close(seen[False], cells)
+
+
+def test_the_constructor_takes_one_query_selections_parts(batch) -> None:
+    """DINO's constructor keeps the parts :meth:`DINO.build` makes: the learned query content (mixed selection) or
+    the proposals' projection (two-stage), never both nor neither, and the selection follows from which."""
+    mixed = tiny_dino(batch[3], query_selection="mixed", num_denoising=0)
+    two_stage = tiny_dino(batch[3])
+    parts = dict(
+        backbone=mixed.backbone, neck=mixed.neck, encoder=mixed.encoder, decoder=mixed.decoder,
+        heads=QueryHeads(mixed.class_embed, mixed.bbox_embed, mixed.enc_output, mixed.enc_output_norm),
+        denoising=None, criterion=mixed.criterion, num_classes=NUM_CLASSES, num_queries=QUERIES,
+        look_forward_twice=True, exact_valid_ratios=False, num_detections=100, nms_threshold=None, share_scores=False,
+    )
+    projection = dict(pos_trans=two_stage.pos_trans, pos_trans_norm=two_stage.pos_trans_norm)
+    assert DINO(**parts, query_embed=mixed.query_embed, pos_trans=None, pos_trans_norm=None).query_selection == "mixed"
+    assert DINO(**parts, query_embed=None, **projection).query_selection == "two_stage"
+    neither = dict(query_embed=None, pos_trans=None, pos_trans_norm=None)
+    half = dict(query_embed=None, pos_trans=two_stage.pos_trans, pos_trans_norm=None)
+    for wrong in (dict(query_embed=mixed.query_embed, **projection), neither, half):
+        with pytest.raises(ValueError, match="give query_embed"):
+            DINO(**parts, **wrong)

@@ -44,7 +44,7 @@ def official_state(name: str, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def build_dino(backbone: str, device: str = "cpu", **backbone_kwargs) -> DINO:
     with torch.device(device):
-        return DINO(build_backbone(backbone, out_indices=(1, 2, 3), **backbone_kwargs), NUM_CLASSES)
+        return DINO.build(build_backbone(backbone, out_indices=(1, 2, 3), **backbone_kwargs), NUM_CLASSES)
 
 
 def check_loaded(model: DINO, official: dict[str, torch.Tensor]):

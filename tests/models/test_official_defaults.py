@@ -38,7 +38,7 @@ OWN = "vision_tx's own option (no official counterpart)"
 
 # name -> (official value, the file it comes from), per constructor.
 TABLES: dict[str, tuple[Callable[..., Any], dict[str, tuple[Any, str]]]] = {
-    "RTDETR": (RTDETR, {
+    "RTDETR": (RTDETR.build, {
         "num_queries": (300, RT_YML), "hidden_dim": (256, RT_YML), "num_heads": (8, RT_YML), "num_encoder_layers": (1, RT_YML),
         "encoder_feedforward": (1024, RT_YML), "expansion": (1.0, RT_YML), "num_blocks": (3, RT_ENCODER),
         "num_decoder_layers": (6, RT_YML), "dim_feedforward": (1024, RT_DECODER), "dropout": (0.0, RT_YML), "num_levels": (3, RT_YML),
@@ -53,7 +53,7 @@ TABLES: dict[str, tuple[Callable[..., Any], dict[str, tuple[Any, str]]]] = {
         "vfl_gamma": (2.0, RT_YML), "focal_alpha": (0.25, f"{RT_YML}: the matcher's alpha"), "focal_gamma": (2.0, f"{RT_YML}: the matcher's gamma"),
         "class_loss": ("vfl", f"{RT_YML}: losses ['vfl', 'boxes']"), "mal_alpha": (None, DEIM_YML), "mal_gamma": (1.5, DEIM_YML),
     }),
-    "DFINE": (DFINE, {
+    "DFINE": (DFINE.build, {
         "num_queries": (300, DF_YML), "hidden_dim": (256, DF_YML), "num_heads": (8, DF_YML), "num_encoder_layers": (1, DF_YML),
         "encoder_feedforward": (1024, DF_YML), "expansion": (1.0, DF_YML), "num_blocks": (3, f"{DF_YML}: round(3 * depth_mult 1)"),
         "num_decoder_layers": (6, DF_YML), "dim_feedforward": (1024, DF_DECODER), "dropout": (0.0, DF_YML), "num_levels": (3, DF_YML),

@@ -94,7 +94,7 @@ def ours_and_transformers(dtype: torch.dtype = torch.float32, **overrides) -> tu
         num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_encoder_layers=2, encoder_feedforward=48,
         num_decoder_layers=LAYERS, dim_feedforward=40, num_points=3, num_denoising=DENOISING, look_forward_twice=False,
     )
-    ours = RTDETR(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides}).eval()
+    ours = RTDETR.build(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides}).eval()
     perturb_(ours)
     config = transformers.RTDetrConfig(
         backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], hidden_sizes=[8, *CHANNELS], embedding_size=8, depths=[1, 1, 1, 1]),
@@ -312,7 +312,7 @@ def test_box_refinement_refines_the_last_layers_detached_boxes_from_the_finest_m
     queries, without their gradient, read from the stride-8 memory and its valid ratios; the last layer's boxes become
     the last auxiliary output, and its logits score both; the denoising queries' last boxes are repeated."""
     torch.manual_seed(0)
-    ours = RTDETR(
+    ours = RTDETR.build(
         MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4, encoder_feedforward=48,
         num_decoder_layers=LAYERS, dim_feedforward=40, num_points=3, num_denoising=DENOISING, box_refinement=True,
     )
@@ -344,7 +344,7 @@ def test_memory_levels_and_proposal_anchors_name_each_tokens_pixel() -> None:
     valid ratio is the image's share of the pixels its cells cover (the backbone's strides, doubled per extra level),
     and each valid token's proposal anchor is centred on its pixel, ``(i + 0.5) * stride`` over the image's side."""
     torch.manual_seed(0)
-    ours = RTDETR(MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4,
+    ours = RTDETR.build(MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4,
                   encoder_feedforward=48, num_decoder_layers=LAYERS, dim_feedforward=40, num_levels=4).eval()
     images, pixel_mask = images_and_mask()
     pixel_mask[1, 40:] = True

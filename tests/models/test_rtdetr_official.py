@@ -22,7 +22,7 @@ NUM_CLASSES = 80
 def test_r50vd_head_loads_every_tensor_and_runs() -> None:
     official = random_state(read_layout("rtdetr_r50vd_6x_coco_head"))
     maps = [torch.randn(1, channels, 16 // 2**i, 16 // 2**i, dtype=torch.float64) for i, channels in enumerate((512, 1024, 2048))]
-    model = RTDETR(MapsBackbone(maps), NUM_CLASSES).double()
+    model = RTDETR.build(MapsBackbone(maps), NUM_CLASSES).double()
     report = load_weights(model, {"ema": {"module": official}})  # the released files keep the EMA weights there
     assert report.missing_keys == [] and report.unexpected_keys == []
     assert len(report.loaded_keys) == len(official)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from torch import nn
 
@@ -15,16 +16,26 @@ from vision_tx.models.rtdetr import RTDETR
 from vision_tx.models.segmentor import UperNetSegmentor
 
 
-def named_sizes(*classes: type[nn.Module]) -> dict[str, functools.partial[nn.Module]]:
-    """``name -> functools.partial(cls, **config)`` for every ``name -> config`` of each class's ``variants``
+class NamedSize(functools.partial):
+    """``functools.partial(cls, **size)`` (``func`` the class, ``keywords`` the size) whose call builds through the
+    class's builder ``cls.build(*args, **size)`` where it has one (the query detectors, whose constructors take
+    their parts), else through ``cls`` itself."""
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> nn.Module:
+        build = getattr(self.func, "build", self.func)
+        return build(*self.args, *args, **{**self.keywords, **kwargs})
+
+
+def named_sizes(*classes: type[nn.Module]) -> dict[str, NamedSize]:
+    """``name -> NamedSize(cls, **config)`` for every ``name -> config`` of each class's ``variants``
     table (its named sizes, as the backbones' ``VARIANTS``); keyword arguments given at build time override
     the config, and ``table[name].func`` is the class."""
-    table: dict[str, functools.partial[nn.Module]] = {}
+    table: dict[str, NamedSize] = {}
     for cls in classes:
         for name, config in cls.variants.items():
             if name in table:
                 raise ValueError(f"{__name__}: {cls.__name__} registers {name!r}, which {table[name].func.__name__} has")
-            table[name] = functools.partial(cls, **config)
+            table[name] = NamedSize(cls, **config)
     return table
 
 
@@ -49,5 +60,5 @@ SEGMENTATION_HEADS = named_sizes(UperNetSegmentor, Mask2Former)
 
 __all__ = [
     "DETECTORS", "PANOPTIC_WRAPPERS", "SEGMENTATION_HEADS", "DETR", "DETRFeatures", "DETRPanoptic", "DFINE", "DINO", "Mask2Former", "RTDETR",
-    "UperNetSegmentor", "named_sizes",
+    "NamedSize", "UperNetSegmentor", "named_sizes",
 ]

@@ -9,12 +9,20 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.dfine.criterion import DFINECriterion
 from vision_tx.heads.dfine.decoder import FDRDecoder, FDRDecoderLayer
 from vision_tx.heads.dfine.encoder import GELANHybridEncoder
+from vision_tx.heads.dino.denoising import ContrastiveDenoising
 from vision_tx.models.dfine_official import convert_official_dfine, is_official_dfine
-from vision_tx.models.query_detector import HybridEncoderDetector, decoder_outputs
+from vision_tx.models.query_detector import (
+    HybridEncoderDetector,
+    QueryHeads,
+    decoder_outputs,
+    denoising_queries,
+    detector_criterion,
+    level_projections,
+    query_heads,
+)
 from vision_tx.necks.multiscale import MultiScaleLevels
 
 
@@ -33,17 +41,18 @@ class DFINE(HybridEncoderDetector):
     as RT-DETR's.
     """
 
-    encoder_class = GELANHybridEncoder
     # Named sizes (``DetectionModule(detector=...)``): D-FINE-L's (the defaults below), and RT-DETR's toy size.
     variants: dict[str, dict[str, Any]] = {
         "dfine": {},
         "dfine_toy": dict(num_queries=30, hidden_dim=64, num_heads=4, encoder_feedforward=256, num_decoder_layers=3, dim_feedforward=256),
     }
 
-    def __init__(
-        self,
+    @classmethod
+    def build(
+        cls,
         backbone: nn.Module,
         num_classes: int,
+        *,
         num_queries: int = 300,
         hidden_dim: int = 256,
         num_heads: int = 8,
@@ -71,26 +80,65 @@ class DFINE(HybridEncoderDetector):
         num_detections: int = 300,
         nms_threshold: float | None = None,
         share_scores: bool = False,
-    ) -> None:
+    ) -> "DFINE":
+        """D-FINE over ``backbone`` (its stride 8, 16 and 32 maps) from the settings above (a size of ``variants``)."""
         points = [num_points] * num_levels if isinstance(num_points, int) else list(num_points)
         if len(points) != num_levels:
             raise ValueError(f"{__name__}: num_points {points} must give one count per level ({num_levels})")
-        super().__init__(backbone, num_classes, num_queries, False, num_detections, nms_threshold, share_scores)
-        self.build_encoder(hidden_dim, num_heads, num_encoder_layers, encoder_feedforward, expansion, num_blocks, dropout, num_levels)
-        for level in range(len(backbone.out_channels)):  # the encoder's maps are the decoder's levels as they are
-            self.decoder_input_proj[level] = nn.Identity()
-        self.decoder = FDRDecoder(
-            FDRDecoderLayer(hidden_dim, num_heads, points, dim_feedforward, dropout), num_decoder_layers, hidden_dim,
-            reg_max, reg_scale, up, lqe_top_k, lqe_hidden_dim, lqe_layers,
+        in_channels = list(backbone.out_channels)
+        return cls(
+            backbone=backbone,
+            encoder=GELANHybridEncoder(
+                in_channels, dim=hidden_dim, num_heads=num_heads, dim_feedforward=encoder_feedforward, dropout=dropout,
+                num_encoder_layers=num_encoder_layers, expansion=expansion, num_blocks=num_blocks,
+            ),
+            decoder_input_proj=level_projections(
+                hidden_dim=hidden_dim, num_maps=len(in_channels), num_levels=num_levels, project_maps=False
+            ),
+            decoder=FDRDecoder(
+                FDRDecoderLayer(
+                    dim=hidden_dim, num_heads=num_heads, num_points=points, dim_feedforward=dim_feedforward,
+                    dropout=dropout,
+                ),
+                num_layers=num_decoder_layers, dim=hidden_dim, reg_max=reg_max, reg_scale=reg_scale, up=up,
+                lqe_top_k=lqe_top_k, lqe_hidden_dim=lqe_hidden_dim, lqe_layers=lqe_layers,
+            ),
+            heads=query_heads(  # each layer's box head gives the distributions of the four edges
+                num_classes=num_classes, hidden_dim=hidden_dim, num_decoder_layers=num_decoder_layers,
+                layer_box_outputs=4 * (reg_max + 1),
+            ),
+            query_embed=nn.Embedding(num_queries, hidden_dim) if learn_query_content else None,
+            denoising=denoising_queries(
+                num_classes=num_classes, hidden_dim=hidden_dim, num_denoising=num_denoising,
+                label_noise_ratio=label_noise_ratio, box_noise_scale=box_noise_scale, eps=1e-5,
+            ),
+            criterion=detector_criterion(
+                DFINECriterion, num_classes=num_classes, matcher_kwargs=matcher_kwargs,
+                criterion_kwargs={"reg_max": reg_max, **(criterion_kwargs or {})},
+            ),
+            num_classes=num_classes, num_queries=num_queries, num_detections=num_detections,
+            nms_threshold=nms_threshold, share_scores=share_scores,
         )
-        self.build_query_heads(num_classes, hidden_dim, num_decoder_layers)
-        for layer in range(num_decoder_layers):  # the edges' distributions
-            self.bbox_embed[layer] = MLP(hidden_dim, hidden_dim, 4 * (reg_max + 1), 3)
-        self.query_embed = nn.Embedding(num_queries, hidden_dim) if learn_query_content else None
-        criterion_kwargs = {"reg_max": reg_max, **(criterion_kwargs or {})}
-        self.build_training_parts(
-            hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, 1e-5, DFINECriterion, matcher_kwargs, criterion_kwargs
+
+    def __init__(
+        self, *, backbone: nn.Module, encoder: nn.Module, decoder_input_proj: nn.ModuleList, decoder: FDRDecoder,
+        heads: QueryHeads, query_embed: nn.Embedding | None, denoising: ContrastiveDenoising | None,
+        criterion: nn.Module, num_classes: int, num_queries: int, num_detections: int, nms_threshold: float | None,
+        share_scores: bool,
+    ) -> None:
+        """D-FINE from its parts (what :meth:`build` makes) and settings (see the class)."""
+        super().__init__(
+            num_classes=num_classes, num_queries=num_queries, num_detections=num_detections,
+            nms_threshold=nms_threshold, share_scores=share_scores,
         )
+        self.backbone = backbone
+        self.encoder = encoder
+        self.decoder_input_proj = decoder_input_proj
+        self.decoder = decoder
+        self.class_embed, self.bbox_embed, self.enc_output, self.enc_output_norm = heads
+        self.query_embed = query_embed
+        self.denoising = denoising
+        self.criterion = criterion
 
     def forward_decoder(self, levels: MultiScaleLevels, targets: list[dict] | None = None) -> dict:
         """Query selection from the memory ``levels``, the decoder and the heads: RT-DETR's outputs, every

@@ -7,6 +7,7 @@ with two-stage proposals and iterative box refinement.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 from vision_tx.backbones import build_backbone
 from vision_tx.heads.detr.criterion import normalize_targets
 from vision_tx.heads.dino.criterion import DINOCriterion
+from vision_tx.heads.dino.denoising import ContrastiveDenoising
 from vision_tx.heads.dino.transformer import (
     DeformableDecoder,
     DeformableDecoderLayer,
@@ -23,7 +25,16 @@ from vision_tx.heads.dino.transformer import (
     box_sine_embedding,
 )
 from vision_tx.models.dino_official import convert_official_dino, is_official_dino
-from vision_tx.models.query_detector import DeformableQueryDetector, checked_pixel_mask, decoder_outputs, select_proposals
+from vision_tx.models.query_detector import (
+    DeformableQueryDetector,
+    QueryHeads,
+    checked_pixel_mask,
+    decoder_outputs,
+    denoising_queries,
+    detector_criterion,
+    query_heads,
+    select_proposals,
+)
 from vision_tx.necks.multiscale import MultiScaleLevels, MultiScaleProjection
 
 QUERY_SELECTIONS = ("mixed", "two_stage")
@@ -69,10 +80,12 @@ class DINO(DeformableQueryDetector):
         ),
     }
 
-    def __init__(
-        self,
+    @classmethod
+    def build(
+        cls,
         backbone: nn.Module,
         num_classes: int,
+        *,
         num_queries: int = 900,
         hidden_dim: int = 256,
         num_heads: int = 8,
@@ -97,34 +110,70 @@ class DINO(DeformableQueryDetector):
         nms_threshold: float | None = None,
         share_scores: bool = False,
         exact_valid_ratios: bool = False,
-    ) -> None:
+    ) -> "DINO":
+        """DINO over ``backbone`` (its stride 8, 16 and 32 maps) from the settings above (a size of ``variants``)."""
         if query_selection not in QUERY_SELECTIONS:
             raise ValueError(f"{__name__}: query_selection must be one of {QUERY_SELECTIONS}, got {query_selection!r}")
         if query_selection == "two_stage" and num_denoising:
             raise ValueError(f"{__name__}: denoising needs query_selection='mixed' (set num_denoising=0)")
-        super().__init__(backbone, num_classes, num_queries, look_forward_twice, num_detections, nms_threshold, share_scores)
-        self.query_selection = query_selection
-        self.exact_valid_ratios = exact_valid_ratios
-        self.neck = MultiScaleProjection(
+        two_stage = query_selection == "two_stage"
+        neck = MultiScaleProjection(
             backbone.out_channels, hidden_dim, num_levels, temperature=position_temperature, offset=position_offset
         )
-        self.encoder = DeformableEncoder(
-            DeformableEncoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout), num_encoder_layers
+        layer = dict(dim=hidden_dim, num_heads=num_heads, num_levels=num_levels, num_points=num_points,
+                     dim_feedforward=dim_feedforward, dropout=dropout)
+        encoder = DeformableEncoder(DeformableEncoderLayer(**layer), num_layers=num_encoder_layers)
+        decoder = DeformableDecoder(
+            DeformableDecoderLayer(**layer), num_layers=num_decoder_layers, dim=hidden_dim,
+            query_pos_from_boxes=not two_stage, final_norm=decoder_norm, eps=inverse_sigmoid_eps,
         )
-        self.decoder = DeformableDecoder(
-            DeformableDecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout),
-            num_decoder_layers, hidden_dim, query_pos_from_boxes=query_selection == "mixed", final_norm=decoder_norm,
-            eps=inverse_sigmoid_eps,
+        heads = query_heads(num_classes=num_classes, hidden_dim=hidden_dim, num_decoder_layers=num_decoder_layers)
+        pos_trans = nn.Linear(2 * hidden_dim, 2 * hidden_dim) if two_stage else None
+        pos_trans_norm = nn.LayerNorm(2 * hidden_dim) if two_stage else None
+        return cls(
+            backbone=backbone, neck=neck, encoder=encoder, decoder=decoder, heads=heads,
+            query_embed=None if two_stage else nn.Embedding(num_queries, hidden_dim),
+            pos_trans=pos_trans, pos_trans_norm=pos_trans_norm,
+            denoising=denoising_queries(
+                num_classes=num_classes, hidden_dim=hidden_dim, num_denoising=num_denoising,
+                label_noise_ratio=label_noise_ratio, box_noise_scale=box_noise_scale, eps=inverse_sigmoid_eps,
+            ),
+            criterion=detector_criterion(
+                DINOCriterion, num_classes=num_classes, matcher_kwargs=matcher_kwargs, criterion_kwargs=criterion_kwargs
+            ),
+            num_classes=num_classes, num_queries=num_queries, look_forward_twice=look_forward_twice,
+            exact_valid_ratios=exact_valid_ratios, num_detections=num_detections, nms_threshold=nms_threshold,
+            share_scores=share_scores,
         )
-        self.build_query_heads(num_classes, hidden_dim, num_decoder_layers)
-        if query_selection == "two_stage":
-            self.pos_trans = nn.Linear(2 * hidden_dim, 2 * hidden_dim)
-            self.pos_trans_norm = nn.LayerNorm(2 * hidden_dim)
-        else:
-            self.query_embed = nn.Embedding(num_queries, hidden_dim)
-        self.build_training_parts(
-            hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, inverse_sigmoid_eps, DINOCriterion, matcher_kwargs, criterion_kwargs
+
+    def __init__(
+        self, *, backbone: nn.Module, neck: MultiScaleProjection, encoder: DeformableEncoder,
+        decoder: DeformableDecoder, heads: QueryHeads, query_embed: nn.Embedding | None, pos_trans: nn.Linear | None,
+        pos_trans_norm: nn.LayerNorm | None, denoising: ContrastiveDenoising | None, criterion: nn.Module,
+        num_classes: int, num_queries: int, look_forward_twice: bool, exact_valid_ratios: bool, num_detections: int,
+        nms_threshold: float | None, share_scores: bool,
+    ) -> None:
+        """DINO from its parts (what :meth:`build` makes) and settings (see the class): mixed query selection with
+        the learned content ``query_embed``, two-stage (Deformable DETR) with the proposals' projection ``pos_trans``
+        and ``pos_trans_norm`` in its place."""
+        if (query_embed is None) == (pos_trans is None) or (pos_trans is None) != (pos_trans_norm is None):
+            raise ValueError(f"{__name__}: give query_embed (mixed selection) or pos_trans and pos_trans_norm")
+        super().__init__(
+            num_classes=num_classes, num_queries=num_queries, look_forward_twice=look_forward_twice,
+            num_detections=num_detections, nms_threshold=nms_threshold, share_scores=share_scores,
         )
+        self.query_selection = "mixed" if pos_trans is None else "two_stage"
+        self.exact_valid_ratios = exact_valid_ratios
+        self.backbone = backbone
+        self.neck = neck
+        self.encoder = encoder
+        self.decoder = decoder
+        self.class_embed, self.bbox_embed, self.enc_output, self.enc_output_norm = heads
+        self.pos_trans = pos_trans
+        self.pos_trans_norm = pos_trans_norm
+        self.query_embed = query_embed
+        self.denoising = denoising
+        self.criterion = criterion
 
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
@@ -136,10 +185,13 @@ class DINO(DeformableQueryDetector):
         strides = self.level_strides(len(self.neck.input_proj)) if self.exact_valid_ratios else None
         levels = self.neck(list(self.backbone(images).values()), pixel_mask, strides)
         memory = self.encoder(levels.tokens, levels.position, levels.padding_mask, levels.shapes, levels.valid_ratios)
-        return self.forward_decoder(memory, levels, normalize_targets(targets) if self.training and targets is not None else None)
+        targets = normalize_targets(targets) if self.training and targets is not None else None
+        return self.forward_decoder(dataclasses.replace(levels, tokens=memory), targets)
 
-    def forward_decoder(self, memory: torch.Tensor, levels: MultiScaleLevels, targets: list[dict] | None = None) -> dict:
-        """Query selection from the encoder's ``memory [B,S,D]``, the decoder and the heads."""
+    def forward_decoder(self, levels: MultiScaleLevels, targets: list[dict] | None = None) -> dict:
+        """Query selection from the encoder's memory ``levels`` (``tokens [B,S,D]`` the encoder's), the decoder
+        and the heads."""
+        memory = levels.tokens
         _, _, proposal_logits, proposal_boxes = select_proposals(
             memory, levels, self.enc_output, self.enc_output_norm, self.class_embed[-1], self.bbox_embed[-1], self.num_queries,
             class_agnostic=self.query_selection == "two_stage",
@@ -157,7 +209,7 @@ class DINO(DeformableQueryDetector):
     @classmethod
     def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "DINO":
         """The model an official checkpoint with backbone ``backbone`` loads into (COCO's 91 classes by default)."""
-        return cls(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 91)
+        return cls.build(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 91)
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads IDEA-Research/DINO checkpoints (see :func:`convert_official_dino`); native keys pass."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -21,7 +21,6 @@ from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections, postprocess_sigmoid_per_query
 from vision_tx.heads.dino.denoising import ContrastiveDenoising, DenoisingQueries
 from vision_tx.heads.dino.transformer import DeformableDecoder
-from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
 from vision_tx.necks.multiscale import MultiScaleLevels, flatten_levels
 
 
@@ -41,21 +40,92 @@ def checked_pixel_mask(images: torch.Tensor, pixel_mask: torch.Tensor | None, wh
 
 
 
+class QueryHeads(NamedTuple):
+    """A query detector's heads: a class head and a box head per decoder layer and a last pair that scores and
+    places the encoder's proposals (``class_embed``, ``bbox_embed``), and the proposals' projection
+    (``enc_output``, ``enc_output_norm``); the detector keeps each under its own name."""
+
+    class_embed: nn.ModuleList
+    bbox_embed: nn.ModuleList
+    enc_output: nn.Linear
+    enc_output_norm: nn.LayerNorm
+
+
+def query_heads(
+    *, num_classes: int, hidden_dim: int, num_decoder_layers: int, layer_box_outputs: int = 4
+) -> QueryHeads:
+    """The heads of a decoder of ``num_decoder_layers`` layers of width ``hidden_dim``, initialised by
+    :func:`init_heads`: each decoder layer's box head gives ``layer_box_outputs`` numbers (4: the change of a box;
+    D-FINE: the distribution of each edge's distance), the proposals' box head 4."""
+    class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_decoder_layers + 1))
+    box_outputs = [layer_box_outputs] * num_decoder_layers + [4]
+    bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, outputs, 3) for outputs in box_outputs)
+    init_heads(class_embed, bbox_embed)
+    return QueryHeads(class_embed, bbox_embed, nn.Linear(hidden_dim, hidden_dim), nn.LayerNorm(hidden_dim))
+
+
+def denoising_queries(
+    *, num_classes: int, hidden_dim: int, num_denoising: int, label_noise_ratio: float, box_noise_scale: float,
+    eps: float,
+) -> ContrastiveDenoising | None:
+    """The contrastive denoising queries (:class:`ContrastiveDenoising`; none when ``num_denoising`` is 0), their
+    noised boxes stored through ``inverse_sigmoid(eps)``."""
+    if not num_denoising:
+        return None
+    return ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, eps=eps)
+
+
+def detector_criterion(
+    criterion_class: Callable[..., nn.Module], *, num_classes: int, matcher_kwargs: dict[str, Any] | None,
+    criterion_kwargs: dict[str, Any] | None,
+) -> nn.Module:
+    """``criterion_class(num_classes, HungarianMatcher(**matcher_kwargs), **criterion_kwargs)``: the criterion's own
+    matcher when no ``matcher_kwargs``, its own weights when no ``criterion_kwargs``."""
+    matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
+    return criterion_class(num_classes, matcher, **(criterion_kwargs or {}))
+
+
+def level_projections(*, hidden_dim: int, num_maps: int, num_levels: int, project_maps: bool = True) -> nn.ModuleList:
+    """The decoder's input projections of ``num_levels`` levels from an encoder's ``num_maps`` maps of width
+    ``hidden_dim``: a 1x1 conv + BatchNorm per map (RT-DETR; ``nn.Identity`` without ``project_maps``: D-FINE reads
+    the maps as they are), and a 3x3 stride-2 conv + BatchNorm per extra level."""
+    if num_levels < num_maps:
+        raise ValueError(f"{__name__}: num_levels={num_levels} is below the {num_maps} backbone maps")
+
+    def projection(kernel: int, stride: int) -> nn.Module:
+        convolution = nn.Conv2d(hidden_dim, hidden_dim, kernel, stride, kernel // 2, bias=False)
+        return nn.Sequential(convolution, nn.BatchNorm2d(hidden_dim))
+
+    maps = [projection(1, 1) if project_maps else nn.Identity() for _ in range(num_maps)]
+    return nn.ModuleList(maps + [projection(3, 2) for _ in range(num_levels - num_maps)])
+
+
 class DeformableQueryDetector(nn.Module):
-    """What DINO and RT-DETR share past their encoders: the protocol methods of a detector whose refining
-    deformable decoder (``self.decoder``) scores every query with sigmoid logits, trained by
-    ``self.criterion``; ``self.num_detections``, ``self.nms_threshold`` and ``self.share_scores`` set its
-    post-processing (:func:`~vision_tx.heads.detr.postprocess.postprocess_sigmoid_detections`)."""
+    """What DINO, RT-DETR and D-FINE share past their encoders: the protocol methods of a detector whose refining
+    deformable decoder (``decoder``) scores every query with sigmoid logits (its :class:`QueryHeads` kept as
+    ``class_embed``, ``bbox_embed``, ``enc_output``, ``enc_output_norm``), trained by ``criterion`` with the
+    ``denoising`` queries (or None). Each detector's constructor takes these parts, built by its classmethod
+    ``build`` from its settings (its ``variants``), and keeps them in the order it builds them (the order of
+    the parameters, which an optimiser's saved state follows). ``num_detections``, ``nms_threshold`` and
+    ``share_scores`` set its post-processing
+    (:func:`~vision_tx.heads.detr.postprocess.postprocess_sigmoid_detections`)."""
 
     class_keys = (r"^class_embed\.", r"^denoising\.label_embed\.")  # a row per class (fine-tuning: load_weights)
+    backbone: nn.Module
+    decoder: nn.Module
+    class_embed: nn.ModuleList
+    bbox_embed: nn.ModuleList
+    enc_output: nn.Linear
+    enc_output_norm: nn.LayerNorm
+    denoising: ContrastiveDenoising | None
+    criterion: nn.Module
 
     def __init__(
-        self, backbone: nn.Module, num_classes: int, num_queries: int, look_forward_twice: bool, num_detections: int,
-        nms_threshold: float | None, share_scores: bool,
+        self, *, num_classes: int, num_queries: int, num_detections: int, nms_threshold: float | None,
+        share_scores: bool, look_forward_twice: bool = False,
     ) -> None:
-        """The constructors' common start: the settings every query detector reads (see DINO's and RT-DETR's)."""
+        """The settings every query detector reads (see each one's ``build``); the parts are the subclass's."""
         super().__init__()
-        self.backbone = backbone
         self.num_classes = num_classes
         self.num_queries = num_queries
         self.look_forward_twice = look_forward_twice
@@ -67,23 +137,6 @@ class DeformableQueryDetector(nn.Module):
         """The pixel strides of the decoder's ``num_levels`` levels: the backbone's, then twice the last per extra level."""
         strides = [int(s) for s in self.backbone.strides]
         return strides + [strides[-1] * 2 ** (i + 1) for i in range(num_levels - len(strides))]
-
-    def build_training_parts(
-        self, hidden_dim: int, num_denoising: int, label_noise_ratio: float, box_noise_scale: float, eps: float,
-        criterion_class: Callable[..., nn.Module], matcher_kwargs: dict[str, Any] | None, criterion_kwargs: dict[str, Any] | None,
-    ) -> None:
-        """The constructors' common end, after the heads: the denoising queries (none when ``num_denoising``
-        is 0; noised boxes stored through ``inverse_sigmoid(eps)``), ``criterion_class(num_classes,
-        HungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` (the criterion's own matcher when no
-        ``matcher_kwargs``), and the heads' initialisation (:func:`init_heads`)."""
-        self.denoising = (
-            ContrastiveDenoising(self.num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, eps=eps)
-            if num_denoising
-            else None
-        )
-        matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
-        self.criterion = criterion_class(self.num_classes, matcher, **(criterion_kwargs or {}))
-        init_heads(self.class_embed, self.bbox_embed)
 
     def loss(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """The criterion's losses for the outputs of :meth:`forward`; ``targets`` as the data pipeline gives
@@ -106,14 +159,6 @@ class DeformableQueryDetector(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
         return norms_and_biases_and(self, "backbone")
-
-    def build_query_heads(self, num_classes: int, hidden_dim: int, num_decoder_layers: int) -> None:
-        """One class and box head per decoder layer and a last one for the encoder's proposals, and the
-        proposals' projection (``enc_output``, ``enc_output_norm``); :func:`init_heads` initialises the heads."""
-        self.class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_decoder_layers + 1))
-        self.bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, 4, 3) for _ in range(num_decoder_layers + 1))
-        self.enc_output = nn.Linear(hidden_dim, hidden_dim)
-        self.enc_output_norm = nn.LayerNorm(hidden_dim)
 
     def with_denoising(
         self, queries: torch.Tensor, boxes: torch.Tensor, targets: list[dict] | None
@@ -144,32 +189,15 @@ class DeformableQueryDetector(nn.Module):
 
 class HybridEncoderDetector(DeformableQueryDetector):
     """What RT-DETR and D-FINE share before their decoders: the backbone's stride 8, 16 and 32 maps through a
-    hybrid encoder (``encoder_class``), projected into the decoder's levels, and the queries selected from
-    the memory's best proposals. Subclasses build their decoder and heads and define :meth:`forward_decoder`."""
+    hybrid encoder (``encoder``), projected into the decoder's levels (``decoder_input_proj``, see
+    :func:`level_projections`), and the queries selected from the memory's best proposals (their content learned
+    with ``query_embed``). Subclasses take their parts and define :meth:`forward_decoder`."""
 
     backbone_out_indices = (1, 2, 3)  # strides 8, 16 and 32
-    encoder_class: type[nn.Module] = HybridEncoder
     score_threshold = 0.5  # for pictures (RT-DETR's official demo draws above 0.6)
+    encoder: nn.Module
+    decoder_input_proj: nn.ModuleList
     query_embed: nn.Embedding | None
-
-    def build_encoder(
-        self, hidden_dim: int, num_heads: int, num_encoder_layers: int, encoder_feedforward: int, expansion: float,
-        num_blocks: int, dropout: float, num_levels: int,
-    ) -> None:
-        """The hybrid encoder over the backbone's maps and the decoder's input projections (``num_levels`` levels:
-        a 1x1 conv + BatchNorm per map, a 3x3 stride-2 conv + BatchNorm per extra level)."""
-        in_channels = list(self.backbone.out_channels)
-        if num_levels < len(in_channels):
-            raise ValueError(f"{type(self).__module__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps")
-        self.encoder = self.encoder_class(
-            in_channels, hidden_dim, num_heads, encoder_feedforward, dropout, num_encoder_layers, expansion=expansion, num_blocks=num_blocks
-        )
-        projections = [nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 1, bias=False), nn.BatchNorm2d(hidden_dim)) for _ in in_channels]
-        projections += [
-            nn.Sequential(nn.Conv2d(hidden_dim, hidden_dim, 3, 2, 1, bias=False), nn.BatchNorm2d(hidden_dim))
-            for _ in range(num_levels - len(in_channels))
-        ]
-        self.decoder_input_proj = nn.ModuleList(projections)
 
     def forward(
         self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
@@ -207,7 +235,7 @@ class HybridEncoderDetector(DeformableQueryDetector):
     def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "HybridEncoderDetector":
         """The model an official checkpoint with backbone ``backbone`` loads into (the official COCO models'
         80 classes, contiguous indices, by default)."""
-        return cls(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 80)
+        return cls.build(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 80)
 
 
 @torch.no_grad()

@@ -10,10 +10,20 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from vision_tx.heads.dino.denoising import ContrastiveDenoising
 from vision_tx.heads.dino.transformer import DeformableDecoder, DeformableDecoderLayer
 from vision_tx.heads.rtdetr.box_refinement import RoIBoxRefinement
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
-from vision_tx.models.query_detector import HybridEncoderDetector, decoder_outputs
+from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
+from vision_tx.models.query_detector import (
+    HybridEncoderDetector,
+    QueryHeads,
+    decoder_outputs,
+    denoising_queries,
+    detector_criterion,
+    level_projections,
+    query_heads,
+)
 from vision_tx.models.rtdetr_official import convert_official_rtdetr, is_official_rtdetr
 from vision_tx.necks.multiscale import MultiScaleLevels
 
@@ -47,10 +57,12 @@ class RTDETR(HybridEncoderDetector):
         "rtdetr_toy": dict(num_queries=30, hidden_dim=64, num_heads=4, encoder_feedforward=256, num_decoder_layers=3, dim_feedforward=256),
     }
 
-    def __init__(
-        self,
+    @classmethod
+    def build(
+        cls,
         backbone: nn.Module,
         num_classes: int,
+        *,
         num_queries: int = 300,
         hidden_dim: int = 256,
         num_heads: int = 8,
@@ -74,20 +86,62 @@ class RTDETR(HybridEncoderDetector):
         nms_threshold: float | None = None,
         share_scores: bool = False,
         box_refinement: bool = False,
+    ) -> "RTDETR":
+        """RT-DETR over ``backbone`` (its stride 8, 16 and 32 maps) from the settings above (a size of ``variants``)."""
+        in_channels = list(backbone.out_channels)
+        return cls(
+            backbone=backbone,
+            encoder=HybridEncoder(
+                in_channels, dim=hidden_dim, num_heads=num_heads, dim_feedforward=encoder_feedforward, dropout=dropout,
+                num_encoder_layers=num_encoder_layers, expansion=expansion, num_blocks=num_blocks,
+            ),
+            decoder_input_proj=level_projections(
+                hidden_dim=hidden_dim, num_maps=len(in_channels), num_levels=num_levels
+            ),
+            decoder=DeformableDecoder(
+                DeformableDecoderLayer(
+                    dim=hidden_dim, num_heads=num_heads, num_levels=num_levels, num_points=num_points,
+                    dim_feedforward=dim_feedforward, dropout=dropout,
+                ),
+                num_layers=num_decoder_layers, dim=hidden_dim, query_pos_from_boxes=True, final_norm=False, eps=1e-5,
+                box_encoding="linear",
+            ),
+            heads=query_heads(num_classes=num_classes, hidden_dim=hidden_dim, num_decoder_layers=num_decoder_layers),
+            query_embed=nn.Embedding(num_queries, hidden_dim) if learn_query_content else None,
+            box_refinement=RoIBoxRefinement(hidden_dim) if box_refinement else None,
+            # RT-DETR stores the noised boxes through inverse_sigmoid's default eps 1e-5, not DINO's 1e-3
+            denoising=denoising_queries(
+                num_classes=num_classes, hidden_dim=hidden_dim, num_denoising=num_denoising,
+                label_noise_ratio=label_noise_ratio, box_noise_scale=box_noise_scale, eps=1e-5,
+            ),
+            criterion=detector_criterion(
+                RTDETRCriterion, num_classes=num_classes, matcher_kwargs=matcher_kwargs,
+                criterion_kwargs=criterion_kwargs,
+            ),
+            num_classes=num_classes, num_queries=num_queries, look_forward_twice=look_forward_twice,
+            num_detections=num_detections, nms_threshold=nms_threshold, share_scores=share_scores,
+        )
+
+    def __init__(
+        self, *, backbone: nn.Module, encoder: nn.Module, decoder_input_proj: nn.ModuleList, decoder: DeformableDecoder,
+        heads: QueryHeads, query_embed: nn.Embedding | None, box_refinement: RoIBoxRefinement | None,
+        denoising: ContrastiveDenoising | None, criterion: nn.Module, num_classes: int, num_queries: int,
+        look_forward_twice: bool, num_detections: int, nms_threshold: float | None, share_scores: bool,
     ) -> None:
-        super().__init__(backbone, num_classes, num_queries, look_forward_twice, num_detections, nms_threshold, share_scores)
-        self.build_encoder(hidden_dim, num_heads, num_encoder_layers, encoder_feedforward, expansion, num_blocks, dropout, num_levels)
-        self.decoder = DeformableDecoder(
-            DeformableDecoderLayer(hidden_dim, num_heads, num_levels, num_points, dim_feedforward, dropout),
-            num_decoder_layers, hidden_dim, query_pos_from_boxes=True, final_norm=False, eps=1e-5, box_encoding="linear",
+        """RT-DETR from its parts (what :meth:`build` makes) and settings (see the class)."""
+        super().__init__(
+            num_classes=num_classes, num_queries=num_queries, look_forward_twice=look_forward_twice,
+            num_detections=num_detections, nms_threshold=nms_threshold, share_scores=share_scores,
         )
-        self.build_query_heads(num_classes, hidden_dim, num_decoder_layers)
-        self.query_embed = nn.Embedding(num_queries, hidden_dim) if learn_query_content else None
-        self.box_refinement = RoIBoxRefinement(hidden_dim) if box_refinement else None
-        # RT-DETR stores the noised boxes through inverse_sigmoid's default eps 1e-5, not DINO's 1e-3
-        self.build_training_parts(
-            hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, 1e-5, RTDETRCriterion, matcher_kwargs, criterion_kwargs
-        )
+        self.backbone = backbone
+        self.encoder = encoder
+        self.decoder_input_proj = decoder_input_proj
+        self.decoder = decoder
+        self.class_embed, self.bbox_embed, self.enc_output, self.enc_output_norm = heads
+        self.query_embed = query_embed
+        self.box_refinement = box_refinement
+        self.denoising = denoising
+        self.criterion = criterion
 
     def forward_decoder(self, levels: MultiScaleLevels, targets: list[dict] | None = None) -> dict:
         """Query selection from the memory ``levels``, the decoder and the heads."""
