@@ -18,7 +18,7 @@ from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.criterion import normalize_targets
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections, postprocess_sigmoid_per_query
+from vision_tx.heads.detr.postprocess import checked_sizes, per_image, postprocess_sigmoid_per_query, sigmoid_detections
 from vision_tx.heads.dino.denoising import ContrastiveDenoising, DenoisingQueries
 from vision_tx.heads.dino.transformer import DeformableDecoder
 from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
@@ -45,7 +45,7 @@ class DeformableQueryDetector(nn.Module):
     """What DINO and RT-DETR share past their encoders: the protocol methods of a detector whose refining
     deformable decoder (``self.decoder``) scores every query with sigmoid logits, trained by
     ``self.criterion``; ``self.num_detections``, ``self.nms_threshold`` and ``self.share_scores`` set its
-    post-processing (:func:`~vision_tx.heads.detr.postprocess.postprocess_sigmoid_detections`)."""
+    post-processing (:meth:`detections`)."""
 
     class_keys = (r"^class_embed\.", r"^denoising\.label_embed\.")  # a row per class (fine-tuning: load_weights)
 
@@ -90,9 +90,18 @@ class DeformableQueryDetector(nn.Module):
         them (normalised here, see :func:`~vision_tx.heads.detr.normalize_targets`)."""
         return self.criterion(outputs, normalize_targets(targets))
 
+    detection_outputs = ("boxes", "scores", "labels")  # the keys of :meth:`detections`, in the exported order
+
+    def detections(self, outputs: dict, image_sizes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Batch detections in pixels of images of ``image_sizes [B,2]`` (h, w), NMS padding last (export-safe,
+        :func:`~vision_tx.heads.detr.postprocess.sigmoid_detections` with this detector's settings)."""
+        return sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold, self.share_scores)
+
+    @torch.no_grad()
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
-        return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold, self.share_scores)
+        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``
+        (:meth:`detections` per image, without the padding)."""
+        return per_image(self.detections(outputs, checked_sizes(image_sizes, outputs)))
 
     def postprocess_per_query(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Every query's best class, its score and box, in query order (for per-query pictures)."""
