@@ -46,8 +46,8 @@ import torch  # noqa: E402
 
 from tests.test_export import (IS_THING, TOLERANCE, assert_detections_close, assert_outputs_close,  # noqa: E402
                                build_task, run_onnx)
-from vision_tx.export import (Deployable, PanopticExport, SigmoidDetectionExport, SoftmaxDetectionExport,  # noqa: E402
-                               deployable, example_images, export)
+from vision_tx.export import (Deployable, DetectionExport, PanopticExport, deployable, example_images,  # noqa: E402
+                               export)
 from vision_tx.config_loader import load_config  # noqa: E402
 from vision_tx.lightning.cli import resolve_config  # noqa: E402
 
@@ -101,6 +101,11 @@ def segments_found(got: list[torch.Tensor], expected: tuple[torch.Tensor, ...]) 
     return found / ids.numel()
 
 
+def box_detections(model: torch.nn.Module) -> bool:
+    """Whether ``model`` exports a detector's ``boxes``, ``scores`` and ``labels`` (not Mask2Former's masks)."""
+    return isinstance(model, DetectionExport) and model.output_names == DETECTION_OUTPUTS
+
+
 def outputs_agreement(model: torch.nn.Module, got: list[torch.Tensor], expected: tuple[torch.Tensor, ...]) -> float:
     """The smallest agreement over ``model``'s outputs: detections found (:func:`detections_found`), panoptic pixels
     in the same segment (:func:`segments_found`), and for every other output the fraction of its elements equal
@@ -108,8 +113,7 @@ def outputs_agreement(model: torch.nn.Module, got: list[torch.Tensor], expected:
     if isinstance(model, PanopticExport):
         return segments_found(got, expected)
     named = dict(zip(model.output_names, got))
-    fractions = [detections_found([named[n] for n in DETECTION_OUTPUTS], expected)] if isinstance(
-        model, (SoftmaxDetectionExport, SigmoidDetectionExport)) else []
+    fractions = [detections_found([named[n] for n in DETECTION_OUTPUTS], expected)] if box_detections(model) else []
     for name, b in zip(model.output_names, expected):
         if fractions and name in DETECTION_OUTPUTS:
             continue
@@ -176,7 +180,7 @@ def check_config(config: str, folder: Path) -> dict[str, Any]:
             ours = model(images)
         got = run_onnx(info["path"], images)
         try:  # the tests' comparisons first
-            if isinstance(model, (SoftmaxDetectionExport, SigmoidDetectionExport)):
+            if box_detections(model):
                 assert_detections_close(got, ours, RTOL)
             else:
                 assert_outputs_close(got, ours, model.output_names, RTOL)

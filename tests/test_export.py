@@ -18,8 +18,7 @@ from torchvision.transforms.v2.functional import normalize
 from tests.conftest import require_reference
 from tests.parity import perturb_
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from vision_tx.export import (FORMATS, ExportError, SigmoidDetectionExport, SoftmaxDetectionExport, deployable, example_images, export,
-                              main)
+from vision_tx.export import FORMATS, DetectionExport, ExportError, deployable, example_images, export, main
 from vision_tx.config_loader import load_config
 from vision_tx.lightning.cli import resolve_config
 
@@ -176,13 +175,20 @@ def test_exported_model_in_onnxruntime_gives_the_eager_outputs(config: str, tmp_
         with torch.no_grad():
             ours = model(images)
         assert_eager_postprocessing(module, model, images, ours)
-        if isinstance(model, SigmoidDetectionExport):  # hundreds of (query, class) pairs: near-tied scores
+        if is_sigmoid(model):  # hundreds of (query, class) pairs: near-tied scores
             assert_detections_close(run_onnx(info["path"], images), ours)
         else:
             assert_outputs_close(run_onnx(info["path"], images), ours, model.output_names)
     if not dynamic:
         with pytest.raises(Exception, match="invalid dimensions for input: images"):
             run_onnx(info["path"], example_images((size[0] + 32, size[1]), 1))
+
+
+def is_sigmoid(model: Any) -> bool:
+    """Whether ``model`` exports a sigmoid detector's (query, class) pairs (DINO, RT-DETR, D-FINE)."""
+    from vision_tx.models.query_detector import DeformableQueryDetector
+
+    return isinstance(model, DetectionExport) and isinstance(model.network, DeformableQueryDetector)
 
 
 def test_swin_models_refuse_a_dynamic_image_size_in_onnx_in_one_line(tmp_path: Path) -> None:
@@ -278,6 +284,12 @@ class _FixedPanoptic(torch.nn.Module):
         self.num_classes = self.logits.shape[-1] - 1
         self.postprocess_kwargs = {"min_area": min_area}
 
+    def panoptic_segments(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        """DETR panoptic's own (it reads ``postprocess_kwargs``)."""
+        from vision_tx.models import DETRPanoptic
+
+        return DETRPanoptic.panoptic_segments(self, *args)
+
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         tie = 0 * images.mean()
         return {"pred_logits": self.logits + tie, "pred_masks": self.masks + tie}
@@ -290,11 +302,11 @@ def test_exported_detr_panoptic_drops_small_segments_as_the_eager_loop(min_area:
     dropped too and the stuff segment takes its pixels. Exported, in onnxruntime, against ``postprocess_panoptic``."""
     from tests.heads.test_detr_postprocess import IS_THING as CATEGORIES
     from tests.heads.test_detr_postprocess import panoptic_outputs
-    from vision_tx.export import DETRPanopticExport
+    from vision_tx.export import PanopticExport
     from vision_tx.heads.detr.postprocess import postprocess_panoptic
 
     network = _FixedPanoptic(panoptic_outputs(), min_area)
-    model = DETRPanopticExport(network, "fixed", CATEGORIES).eval()
+    model = PanopticExport(network, "fixed", CATEGORIES).eval()
     images = example_images((12, 16), 1)
     info = export(model, tmp_path / "fixed.onnx", "onnx", images, dynamic_size=False, dynamic_batch=False)
     sizes = torch.tensor([[12, 16]])
@@ -328,26 +340,37 @@ class _FixedDetector(torch.nn.Module):
     """A detector whose ``pred_logits [1,Q,C']`` and ``pred_boxes [1,Q,4]`` are given (tied to the input by
     ``+ 0 * images.mean()``, so the export keeps them a computation): the post-processing's own test bench."""
 
-    def __init__(self, logits: torch.Tensor, boxes: torch.Tensor, nms_threshold: float | None = None, share_scores: bool = False) -> None:
+    detection_outputs = ("boxes", "scores", "labels")
+
+    def __init__(self, logits: torch.Tensor, boxes: torch.Tensor, nms_threshold: float | None = None, share_scores: bool = False,
+                 softmax: bool = False) -> None:
         super().__init__()
         self.logits, self.boxes = torch.nn.Parameter(logits), torch.nn.Parameter(boxes)
         self.num_detections, self.nms_threshold, self.share_scores = logits.shape[1], nms_threshold, share_scores
+        self.softmax = softmax  # DETR's post-processing, else the sigmoid detectors'
+
+    def detections(self, outputs: dict[str, torch.Tensor], image_sizes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The detectors' own batch post-processing (DETR's or the sigmoid detectors')."""
+        from vision_tx.models import DETR
+        from vision_tx.models.query_detector import DeformableQueryDetector
+
+        return (DETR if self.softmax else DeformableQueryDetector).detections(self, outputs, image_sizes)
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         tie = 0 * images.mean()
         return {"pred_logits": self.logits.expand(len(images), -1, -1) + tie, "pred_boxes": self.boxes.expand(len(images), -1, -1) + tie}
 
 
-def exported_detections(network: _FixedDetector, export_class: type, tmp_path: Path) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
-    """``network`` behind ``export_class``'s post-processing, exported and run in onnxruntime on one 32x48 image; and
+def exported_detections(network: _FixedDetector, tmp_path: Path) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+    """``network`` behind its post-processing, exported and run in onnxruntime on one 32x48 image; and
     its eager post-processing (``postprocess_detections`` or ``postprocess_sigmoid_detections``) for that image."""
     from vision_tx.heads.detr.postprocess import postprocess_detections, postprocess_sigmoid_detections
 
-    model = export_class(network, "fixed").eval()
+    model = DetectionExport(network, "fixed").eval()
     images = example_images((32, 48), 1)
     info = export(model, tmp_path / "fixed.onnx", "onnx", images, dynamic_size=False, dynamic_batch=False)
     outputs, sizes = network(images), torch.tensor([[32, 48]])
-    if network.nms_threshold is None and export_class is SoftmaxDetectionExport:
+    if network.nms_threshold is None and network.softmax:
         return run_onnx(info["path"], images), postprocess_detections(outputs, sizes)
     eager = postprocess_sigmoid_detections(outputs, sizes, network.num_detections, network.nms_threshold, network.share_scores)
     return run_onnx(info["path"], images), eager
@@ -359,7 +382,7 @@ def test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class(tmp_p
     boxes = torch.tensor([[[0.50, 0.50, 0.40, 0.40], [0.52, 0.50, 0.40, 0.40], [0.50, 0.52, 0.40, 0.40], [0.15, 0.15, 0.1, 0.1]]])
     probabilities = torch.tensor([[[0.9, 0.01], [0.6, 0.02], [0.03, 0.7], [0.5, 0.04]]])
     network = _FixedDetector(probabilities.logit(), boxes, nms_threshold=0.5)
-    (got_boxes, got_scores, got_labels), [expected] = exported_detections(network, SigmoidDetectionExport, tmp_path)
+    (got_boxes, got_scores, got_labels), [expected] = exported_detections(network, tmp_path)
     kept = len(expected["scores"])
     assert kept < 8 and [round(s, 2) for s in expected["scores"].tolist()[:4]] == [0.9, 0.7, 0.5, 0.04]
     assert got_labels[0, :kept].tolist() == expected["labels"].tolist() and (got_labels[0, kept:] == -1).all()
@@ -373,7 +396,7 @@ def test_exported_shared_scores_are_the_eager_ones(tmp_path: Path) -> None:
     boxes = torch.tensor([[[0.2, 0.2, 0.1, 0.1], [0.5, 0.5, 0.1, 0.1], [0.8, 0.8, 0.1, 0.1]]])
     probabilities = torch.tensor([[[0.01, 0.02], [0.8, 0.7], [0.6, 0.01]]])
     network = _FixedDetector(probabilities.logit(), boxes, nms_threshold=0.5, share_scores=True)
-    (got_boxes, got_scores, got_labels), [expected] = exported_detections(network, SigmoidDetectionExport, tmp_path)
+    (got_boxes, got_scores, got_labels), [expected] = exported_detections(network, tmp_path)
     assert [round(s, 2) for s in expected["scores"].tolist()[:3]] == [0.59, 0.43, 0.33]
     kept = len(expected["scores"])
     assert got_labels[0, :kept].tolist() == expected["labels"].tolist()
@@ -386,7 +409,7 @@ def test_exported_detr_never_labels_a_query_no_object(tmp_path: Path) -> None:
     and its probability (``postprocess_detections``), never the no-object class or its probability."""
     logits = torch.tensor([[[1.0, 0.5, 0.2, 4.0], [3.0, 0.1, 0.2, 0.5], [0.1, 0.9, 0.3, 5.0], [0.2, 0.1, 2.5, 1.0]]])
     boxes = torch.tensor([[[0.5, 0.5, 0.2, 0.2]]]).expand(1, 4, 4).clone()
-    (_, got_scores, got_labels), [expected] = exported_detections(_FixedDetector(logits, boxes), SoftmaxDetectionExport, tmp_path)
+    (_, got_scores, got_labels), [expected] = exported_detections(_FixedDetector(logits, boxes, softmax=True), tmp_path)
     assert expected["labels"].tolist() == [0, 0, 1, 2] == got_labels[0].tolist()
     torch.testing.assert_close(got_scores[0], expected["scores"], rtol=0, atol=TOLERANCE)
     assert got_scores[0, 0] < 0.1 < got_scores[0, 1]

@@ -16,6 +16,10 @@ the caller (the config's validation resize is what the model was trained and val
   ``segment_labels [B,Q]`` and ``segment_scores [B,Q]`` (segment ``i`` at index ``i - 1``; label -1 past S);
 - semantic segmentation (UperNet, Mask2Former): ``probabilities [B,C,H,W]`` and ``labels [B,H,W]``.
 
+A detector's outputs are its own ``detections(outputs, image_sizes)`` (a panoptic model's its ``panoptic_segments``),
+the batch post-processing whose per-image cut is its eager ``postprocess``: eager and exported results come from one
+function, and a new detector exports by implementing it. The task module's ``deployed_as`` picks the wrapper.
+
 The batch is dynamic (``--batch N`` fixes it): ``torch.export`` must keep it a symbol (``Dim.DYNAMIC``), so code
 that fixes it fails the export instead of giving a graph that breaks at another batch in onnxruntime (as ``len()``
 of a tensor did, which Python turns into an int: DINO's and RT-DETR's query expansion, Mask2Former's sizes).
@@ -32,29 +36,21 @@ folds the anchors, masks and position encodings into constants (``tools/benchmar
 from __future__ import annotations
 
 import copy
-import inspect
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
-from torchvision.ops import nms
 
-from vision_tx.backbones.swin import SwinBlock
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vision_tx.deploy import fuse_for_deployment
-from vision_tx.heads.detr.postprocess import NMS_CANDIDATES, pixel_boxes, postprocess_panoptic, sigmoid_candidates
-from vision_tx.heads.mask2former.postprocess import instance_candidates, resize_masks
-from vision_tx.models import DETR, Mask2Former
-from vision_tx.models.query_detector import DeformableQueryDetector
+from vision_tx.heads.detr.postprocess import thing_table
 
 FORMATS = ("onnx", "exported_program")
 TOP_CLASSES = 5  # the classifiers' top_labels / top_scores
-DETR_PANOPTIC_DEFAULTS = {  # threshold, min_area: what DETRPanoptic's postprocess_kwargs override
-    name: parameter.default for name, parameter in inspect.signature(postprocess_panoptic).parameters.items()
-    if parameter.default is not inspect.Parameter.empty
-}
 
 
 class ExportError(RuntimeError):
@@ -77,6 +73,11 @@ class Deployable(nn.Module):
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """``images`` in [0, 1] -> what the network reads."""
         return (images - self.pixel_mean.to(images.dtype)) / self.pixel_std.to(images.dtype)
+
+    @classmethod
+    def of(cls, module: nn.Module, name: str, is_thing: Mapping[int, bool] | None) -> "Deployable":
+        """The wrapper of the task module ``module`` (see :func:`deployable`): here the module itself."""
+        return cls(module, name)
 
 
 class ClassifierExport(Deployable):
@@ -106,185 +107,69 @@ def image_sizes(images: torch.Tensor) -> torch.Tensor:
     return torch.tensor([height, width], device=images.device).expand(images.shape[0], 2)
 
 
-class SoftmaxDetectionExport(Deployable):
-    """DETR: one detection per query, its most probable real class (``postprocess_detections``)."""
+class DetectionExport(Deployable):
+    """A detector's own batch post-processing (its ``detections(outputs, image_sizes)``, what its eager ``postprocess``
+    cuts per image): the outputs its ``detection_outputs`` name, in pixels of the input."""
 
-    output_names = ("boxes", "scores", "labels")
+    def __init__(self, network: nn.Module, name: str) -> None:
+        super().__init__(network, name)
+        self.output_names = tuple(network.detection_outputs)
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        outputs = self.network(self.normalize(images))
-        scores, labels = outputs["pred_logits"].softmax(-1)[..., :-1].max(-1)
-        return pixel_boxes(outputs["pred_boxes"], image_sizes(images)), scores, labels
-
-
-class SigmoidDetectionExport(Deployable):
-    """DINO, RT-DETR, D-FINE: the best (query, class) pairs, through per-class NMS when the detector has it
-    (``postprocess_sigmoid_detections``)."""
-
-    output_names = ("boxes", "scores", "labels")
-
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        outputs = self.network(self.normalize(images))
-        count, threshold = self.network.num_detections, self.network.nms_threshold
-        candidates = count if threshold is None else max(count, NMS_CANDIDATES)
-        scores, labels, boxes = sigmoid_candidates(outputs, candidates, self.network.share_scores)
-        boxes = pixel_boxes(boxes, image_sizes(images))
-        if threshold is None:
-            return boxes, scores, labels
-        keep = batched_nms_mask(boxes, scores, labels, threshold)
-        # The kept candidates first, in their (best-first) order: a unique key per candidate, so no ties.
-        candidates = scores.shape[1]
-        order = (torch.arange(candidates, device=scores.device) + candidates * (~keep).long()).argsort(dim=1)[:, :count]
-        scores, labels = (scores * keep).gather(1, order), labels.masked_fill(~keep, -1).gather(1, order)
-        return boxes.gather(1, order[..., None].expand(-1, -1, 4)), scores, labels
-
-
-def batched_nms_mask(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Which of the detections ``boxes [B,K,4]`` (xyxy), ``scores [B,K]``, ``labels [B,K]`` survive per-image,
-    per-class NMS at IoU ``threshold``: ``bool [B,K]``. One ``torchvision.ops.nms`` over all images, each
-    (image, class) pair moved to its own region (torchvision's ``batched_nms`` trick; ONNX's NonMaxSuppression)."""
-    batch, candidates = scores.shape
-    groups = labels + (labels.max() + 1) * torch.arange(batch, device=labels.device)[:, None]
-    offsets = (groups * (boxes.max() + 1)).to(boxes)[..., None]
-    kept = nms((boxes + offsets).flatten(0, 1), scores.flatten(), threshold)
-    return torch.zeros(batch * candidates, dtype=torch.bool, device=boxes.device).index_fill(0, kept, True).view(batch, candidates)
-
-
-class InstanceExport(Deployable):
-    """Mask2Former's instance inference (``instance_inference``), masks at the input's size."""
-
-    output_names = ("scores", "labels", "masks")
+    @classmethod
+    def of(cls, module: nn.Module, name: str, is_thing: Mapping[int, bool] | None) -> "DetectionExport":
+        """The wrapper of a detection task module's detector (``module.model``)."""
+        if not callable(getattr(module.model, "detections", None)):
+            detector = type(module.model).__name__
+            raise ExportError(f"{name}: the detector {detector} has no detections(outputs, image_sizes) to export")
+        return cls(module.model, name)
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        outputs = self.network(self.normalize(images))
-        size = tuple(images.shape[-2:])
-        masks = resize_masks(outputs["pred_masks"], size, size)
-        scores, labels, foreground = instance_candidates(outputs["pred_logits"], masks, self.network.test_topk)
-        order = scores.argsort(dim=1, descending=True)
-        return scores.gather(1, order), labels.gather(1, order), foreground.gather(1, order[..., None, None].expand_as(foreground))
+        detections = self.network.detections(self.network(self.normalize(images)), image_sizes(images))
+        return tuple(detections[name] for name in self.output_names)
 
 
 class PanopticExport(Deployable):
-    """The panoptic outputs shared by Mask2Former's and DETR's exports: ``segment_ids [B,H,W]`` and, per segment,
-    ``segment_labels`` and ``segment_scores``. ``is_thing``: category id -> thing (ids not in it count as stuff)."""
+    """A panoptic model's own batch segment maps (its ``panoptic_segments(outputs, size, thing, known)``, what its
+    eager ``postprocess_panoptic`` gives per image): ``segment_ids [B,H,W]`` and, per segment, ``segment_labels``
+    and ``segment_scores``. ``is_thing``: category id -> thing (ids not in it count as stuff)."""
 
     output_names = ("segment_ids", "segment_labels", "segment_scores")
 
     def __init__(self, network: nn.Module, name: str, is_thing: Mapping[int, bool]) -> None:
         super().__init__(network, name)
-        thing = torch.zeros(network.num_classes + 1, dtype=torch.bool)
-        known = torch.zeros(network.num_classes + 1, dtype=torch.bool)
-        for category, value in is_thing.items():
-            if 0 <= category < network.num_classes:
-                thing[category], known[category] = bool(value), True
+        thing, known = thing_table(is_thing, network.num_classes)
         self.register_buffer("thing", thing, persistent=False)
         self.register_buffer("known", known, persistent=False)
 
-    def number_segments(self, classes: torch.Tensor, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Segments of the ``accepted [B,Q]`` queries of ``classes [B,Q]``, numbered 1..S in query order, the queries
-        of one stuff class sharing the segment of the first: ``segment_of_query [B,Q]`` (0: none), and which queries
-        start a segment (``starts [B,Q]``) with its number (``ids [B,Q]``, 0 elsewhere)."""
-        index = torch.arange(classes.shape[1], device=classes.device)
-        # For each query, the first accepted query of its class at or before it (a stuff query's segment's owner).
-        same = (classes[:, :, None] == classes[:, None, :]) & accepted[:, None, :] & (index[None, :] <= index[:, None])
-        first = torch.where(self.thing[classes], index, same.long().argmax(-1))
-        starts = accepted & (first == index)
-        ids = torch.cumsum(starts.long(), 1) * starts
-        return torch.where(accepted, ids.gather(1, first), 0), starts, ids
-
-    @staticmethod
-    def per_segment(values: torch.Tensor, starts: torch.Tensor, ids: torch.Tensor, fill: float) -> torch.Tensor:
-        """``values [B,Q]`` of the queries that start segments, segment ``i`` at index ``i - 1``, ``fill`` past the last."""
-        queries = values.shape[1]
-        slot = torch.where(starts, ids - 1, queries)
-        return values.new_full((values.shape[0], queries + 1), fill).scatter(1, slot, values)[:, :queries]
-
-
-class Mask2FormerPanopticExport(PanopticExport):
-    """Mask2Former's panoptic inference (``panoptic_inference``) for a batch, without Python loops: queries whose
-    best class is real and above ``object_mask_threshold`` compete for each pixel (score times mask probability);
-    a query's segment is its won pixels of probability >= 0.5, kept when it holds ``overlap_threshold`` of the
-    query's own mask; the queries of one stuff class share the segment of the first."""
+    @classmethod
+    def of(cls, module: nn.Module, name: str, is_thing: Mapping[int, bool] | None) -> "PanopticExport":
+        """The wrapper of a panoptic task module's model (``module.model``); ``is_thing`` is required."""
+        if is_thing is None:
+            raise ExportError(f"{name}: a panoptic model needs is_thing (category id -> thing) to export")
+        return cls(module.model, name, is_thing)
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         outputs = self.network(self.normalize(images))
-        size = tuple(images.shape[-2:])
-        logits, masks = outputs["pred_logits"], resize_masks(outputs["pred_masks"], size, size)
-        queries = logits.shape[1]
-        scores, classes = logits.softmax(-1).max(-1)  # [B,Q]
-        keep = (classes != logits.shape[-1] - 1) & (scores > self.network.object_mask_threshold)
-        probs = masks.sigmoid()  # [B,Q,H,W]
-        owner = torch.where(keep[..., None, None], scores[..., None, None] * probs, float("-inf")).argmax(1)  # [B,H,W]
-        won = owner[:, None] == torch.arange(queries, device=owner.device)[None, :, None, None]
-        own = probs >= 0.5
-        segment = won & own
-        area, own_area = won.flatten(2).sum(2), own.flatten(2).sum(2)
-        ratio = area.double() / own_area.clamp(min=1).double()
-        accepted = keep & (area > 0) & (own_area > 0) & segment.flatten(2).any(2) & (ratio >= self.network.overlap_threshold)
-        segment_of_query, starts, ids = self.number_segments(classes, accepted)
-        segment_ids = (segment.long() * segment_of_query[..., None, None]).sum(1)
-        return segment_ids, self.per_segment(classes, starts, ids, -1), self.per_segment(scores, starts, ids, 0.0)
+        return self.network.panoptic_segments(outputs, tuple(images.shape[-2:]), self.thing, self.known)
 
 
-class DETRPanopticExport(PanopticExport):
-    """DETR's panoptic post-processing (``heads.detr.postprocess_panoptic``) for a batch, without its loop.
-
-    Queries whose most probable class is a known real category above ``threshold`` compete for each pixel by
-    mask logit (masks upsampled 4x); segments of at most ``min_area`` pixels are dropped and their pixels
-    re-assigned. Two rounds are the eager loop exactly: dropping queries only hands their pixels to the others, so
-    every segment that survives the first round only grows, and the second round drops nothing."""
-
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        outputs = self.network(self.normalize(images))
-        settings = {**DETR_PANOPTIC_DEFAULTS, **self.network.postprocess_kwargs}
-        logits, height, width = outputs["pred_logits"], images.shape[-2], images.shape[-1]
-        mask_logits = nn.functional.interpolate(outputs["pred_masks"], scale_factor=4, mode="bilinear", align_corners=False)
-        mask_logits = mask_logits[..., :height, :width]  # [B,Q,H,W]
-        scores, classes = logits.softmax(-1).max(-1)  # [B,Q]
-        kept = (classes != logits.shape[-1] - 1) & (scores > settings["threshold"]) & self.known[classes]
-        for _ in range(2):
-            segment_of_query, starts, ids = self.number_segments(classes, kept)
-            owner = torch.where(kept[..., None, None], mask_logits, float("-inf")).argmax(1)  # [B,H,W]
-            segment_ids = segment_of_query.gather(1, owner.flatten(1)).view_as(owner)
-            pixels = segment_ids.flatten(1)
-            area = pixels.new_zeros(scores.shape[0], scores.shape[1] + 1).scatter_add(1, pixels, torch.ones_like(pixels))  # by segment
-            kept = kept & (area.gather(1, segment_of_query) > settings["min_area"])
-        return segment_ids, self.per_segment(classes, starts, ids, -1), self.per_segment(scores, starts, ids, 0.0)
-
-
-# What each detector's detections are made of, by its class (``DetectionModule.detector_class``) or nearest base class.
-DETECTION_EXPORTS: dict[type[nn.Module], type[Deployable]] = {
-    DETR: SoftmaxDetectionExport, DeformableQueryDetector: SigmoidDetectionExport, Mask2Former: InstanceExport,
+# What each task module deploys as (its ``deployed_as``): the wrapper of its network.
+EXPORTS: dict[str, type[Deployable]] = {
+    "classification": ClassifierExport, "semantic": SemanticExport,
+    "detection": DetectionExport, "panoptic": PanopticExport,
 }
-
-
-PANOPTIC_EXPORTS: dict[type[nn.Module], type[PanopticExport]] = {DETR: DETRPanopticExport, Mask2Former: Mask2FormerPanopticExport}
 
 
 def deployable(module: nn.Module, name: str = "model", is_thing: Mapping[int, bool] | None = None) -> Deployable:
     """The exportable form of a trained task module (``vision_tx.lightning``): its network, in eval mode, and
-    its task's post-processing. ``name`` is what errors call it; ``is_thing`` (category id -> thing) is needed
-    by panoptic models (the datamodule's ``is_thing``)."""
-    from vision_tx.lightning.classification import ClassificationModule
-    from vision_tx.lightning.detection import DetectionModule
-    from vision_tx.lightning.panoptic import PanopticModule
-    from vision_tx.lightning.segmentation import SegmentationModule
-
-    module = module.eval()
-    if isinstance(module, ClassificationModule):
-        return ClassifierExport(module, name).eval()
-    if isinstance(module, SegmentationModule):
-        return SemanticExport(module, name).eval()
-    if not isinstance(module, DetectionModule):
-        raise ExportError(f"{name}: {type(module).__name__} is not a vision_tx task module (classification, detection, segmentation)")
-    if isinstance(module, PanopticModule):
-        if is_thing is None:
-            raise ExportError(f"{name}: a panoptic model needs is_thing (category id -> thing) to export")
-        return PANOPTIC_EXPORTS[module.detector_class](module.model, name, is_thing).eval()
-    export_class = next((DETECTION_EXPORTS[c] for c in module.detector_class.__mro__ if c in DETECTION_EXPORTS), None)
+    its task's post-processing (the module's ``deployed_as`` names it; a detector's is its own). ``name`` is what
+    errors call it; ``is_thing`` (category id -> thing) is needed by panoptic models (the datamodule's ``is_thing``)."""
+    export_class = EXPORTS.get(getattr(module, "deployed_as", None))
     if export_class is None:
-        raise ExportError(f"{name}: no export for the detector {module.detector_class.__name__} (vision_tx.export.DETECTION_EXPORTS)")
-    return export_class(module.model, name).eval()
+        raise ExportError(
+            f"{name}: {type(module).__name__} is not a vision_tx task module (classification, detection, segmentation)"
+        )
+    return export_class.of(module.eval(), name, is_thing).eval()
 
 
 def example_images(size: Sequence[int] = (128, 128), batch: int = 2, seed: int = 0) -> torch.Tensor:
@@ -310,7 +195,8 @@ def dynamic_dims(program: torch.export.ExportedProgram) -> dict[str, int | None]
     """``{"batch", "height", "width"}`` of the program's input: None where dynamic, the fixed size otherwise."""
     placeholder = next(node for node in program.graph.nodes if node.op == "placeholder" and node.name == program.graph_signature.user_inputs[0])
     shape = placeholder.meta["val"].shape
-    return {name: (int(shape[i]) if isinstance(shape[i], int) else None) for name, i in (("batch", 0), ("height", 2), ("width", 3))}
+    dims = (("batch", 0), ("height", 2), ("width", 3))
+    return {name: (int(shape[i]) if is_concrete_int(shape[i]) else None) for name, i in dims}
 
 
 def first_line(err: BaseException) -> str:
@@ -329,10 +215,10 @@ def export(model: Deployable, out: str | Path, format: str = "onnx", images: tor
     if format not in FORMATS:
         raise ExportError(f"{model.name}: unknown format {format!r}; choose from {', '.join(FORMATS)}")
     images = example_images() if images is None else images
-    if format == "onnx" and dynamic_size and any(isinstance(module, SwinBlock) for module in model.modules()):
-        raise ExportError(f"{model.name}: no dynamic image size in ONNX for Swin: its window tables take a remainder by the padded map "
-                          "size (aten.remainder.Scalar of a symbol, no ONNX translation) and, that rewritten, its window partition's "
-                          "Reshape fails in onnxruntime; export a fixed size (--fixed-size)")
+    # A module that fixes the image size in ONNX says why (``onnx_fixed_size_reason``, e.g. Swin's blocks).
+    reason = next(filter(None, (getattr(m, "onnx_fixed_size_reason", None) for m in model.modules())), None)
+    if format == "onnx" and dynamic_size and reason:
+        raise ExportError(f"{model.name}: {reason}; export a fixed size (--fixed-size)")
     if fuse:
         model = fuse_for_deployment(copy.deepcopy(model).eval())
     program = export_program(model, images, dynamic_size, dynamic_batch)
@@ -360,11 +246,9 @@ def export_checkpoint(config_args: Sequence[str], ckpt: str | Path, out: str | P
     from vision_tx.lightning.cli import config_name, resolve_config_args
     from vision_tx.lightning.inference import load_trained
 
-    from vision_tx.lightning.panoptic import PanopticModule
-
     module, datamodule = load_trained(config_args, ckpt)
     name = config_name(resolve_config_args(config_args))
-    is_thing = datamodule.is_thing if isinstance(module, PanopticModule) else None
+    is_thing = datamodule.is_thing if getattr(module, "deployed_as", None) == "panoptic" else None
     images = example_images(size, 2 if batch is None else batch)
     return export(deployable(module, name, is_thing), out, format, images, dynamic_size, dynamic_batch=batch is None)
 

@@ -150,6 +150,32 @@ def test_sigmoid_detections_nms_drops_same_class_duplicates_above_the_threshold_
     assert kept(0.6, count=1) == [(1, 10.0)]
 
 
+def test_batch_detections_with_nms_are_each_images_alone_padded_after_the_kept_ones() -> None:
+    """Two images with the same boxes (one image's box must not suppress the other's): the batch form (what export
+    traces) gives each image's detections alone, then padding (score 0, label -1); ``postprocess`` cuts it off."""
+    from vision_tx.heads.detr.postprocess import sigmoid_detections
+
+    logits = torch.full((2, 3, 2), -20.0)
+    logits[0, :, 0] = torch.tensor([4.0, 3.0, -1.0])  # image 0: queries 0 and 1 overlap in class 0
+    logits[1, :, 0] = torch.tensor([2.0, -3.0, 5.0])  # image 1: the same boxes, other scores
+    boxes = torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.31, 0.3, 0.2, 0.2], [0.7, 0.7, 0.2, 0.2]]).expand(2, 3, 4)
+    outputs, sizes = {"pred_logits": logits, "pred_boxes": boxes}, torch.tensor([[50, 80], [50, 80]])  # the same pixels
+    batch = sigmoid_detections(outputs, sizes, num_detections=6, nms_threshold=0.5)
+    for image in range(2):
+        alone = {key: value[image:image + 1] for key, value in outputs.items()}
+        (expected,) = postprocess_sigmoid_detections(alone, sizes[image:image + 1], num_detections=6, nms_threshold=0.5)
+        count = len(expected["scores"])
+        assert count == 4  # one of the two overlapping class-0 boxes suppressed (the worse), both class-1 copies too
+        assert batch["labels"][image, :count].tolist() == expected["labels"].tolist()
+        assert (batch["labels"][image, count:] == -1).all() and (batch["scores"][image, count:] == 0).all()
+        torch.testing.assert_close(batch["boxes"][image, :count], expected["boxes"])
+    found = postprocess_sigmoid_detections(outputs, sizes, num_detections=6, nms_threshold=0.5)
+    assert [d["labels"].tolist() for d in found] == [[0, 0, 1, 1], [0, 0, 1, 1]]
+    assert found[1]["scores"][0] == torch.tensor(5.0).sigmoid()
+    # in pixels (h 50, w 80)
+    torch.testing.assert_close(found[1]["boxes"][0], torch.tensor([48.0, 30.0, 64.0, 40.0]))
+
+
 def test_shared_scores_are_each_class_probability_times_its_share_of_the_query() -> None:
     generator = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 30, 4, generator=generator) * 3

@@ -122,6 +122,25 @@ def test_postprocessing_and_cross_attention(name: str) -> None:
     assert attention.dim() == 4 and attention.shape[:2] == (2, queries) and (attention >= 0).all()
 
 
+@pytest.mark.parametrize("name", OFFICIAL)
+def test_postprocess_is_the_per_image_cut_of_the_batch_detections(name: str) -> None:
+    """``detections`` (what export traces) holds ``detection_outputs`` as ``[B,N,...]`` tensors; ``postprocess`` gives
+    each image's leading rows of it, and any rows past them are padding (label -1, score 0)."""
+    model = build(name, **({"nms_threshold": 0.5} if issubclass(DETECTORS[name].func, DeformableQueryDetector) else {})).eval()
+    images = batch()[0]
+    sizes = torch.tensor([list(images.shape[-2:])] * len(images))  # unpadded: every image at the input size
+    with torch.no_grad():
+        outputs = model(images)
+        detections = model.detections(outputs, sizes)
+        per_image = model.postprocess(outputs, sizes)
+    assert tuple(detections) == tuple(model.detection_outputs)
+    for image, found in enumerate(per_image):
+        count = len(found["scores"])
+        for key, value in detections.items():
+            assert value.shape[0] == len(images) and torch.equal(value[image, :count], found[key]), key
+        assert (detections["labels"][image, count:] == -1).all() and (detections["scores"][image, count:] == 0).all()
+
+
 @pytest.mark.parametrize("name", [name for name in OFFICIAL if issubclass(DETECTORS[name].func, DeformableQueryDetector)])
 def test_share_scores_reach_the_post_processing(name: str) -> None:
     """The sigmoid detectors' ``share_scores``: both post-processings score as

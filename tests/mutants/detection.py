@@ -1,7 +1,7 @@
 """Planted bugs in the detectors: DETR, DINO, RT-DETR, D-FINE, their denoising, converters, defaults and fine-tuning (see ``tests/mutants/__init__.py``)."""
 
 from tests.mutants.mutant import Mutant
-from tests.mutants.targets import BOX_REFINEMENT, COCO, DETR, DETR_PANOPTIC, DFINE_LOSS, DFINE_OFFICIAL, DFINE_TX, DFINE_W, DINO_ALL_LOSSES, DINO_DEFAULTS, DINO_DN_LOSS, DINO_DN_MASK, DINO_DN_NOISE, DINO_FFN, DINO_LEVEL_PIXELS, DINO_LFT, DINO_MIXED, DINO_NMS, DINO_NORM, DINO_OFFICIAL, DINO_POSTPROCESS, DINO_TX, DINO_TX_GRAD, DN_CLAMP, DN_GROUPS, DN_MASK_BOTH, DN_RT_DETR, FFN, FINETUNE_CLASSIFIER, FINETUNE_DETR, FINETUNE_DINO, FINETUNE_M2F, FINETUNE_OFFICIAL, FINETUNE_ONE_MORE, FINETUNE_RTDETR, FINETUNE_TWO_STEPS, FINETUNE_UPERNET, LABEL_RANGE, LABEL_RANGE_EVAL, LEVEL_PIXELS, MASK_HEAD, OFFICIAL_DEFAULTS, PROTOCOL_KWARGS, PROTOCOL_OUTPUTS, PROTOCOL_SHARE, PROTOCOL_TARGETS, RT_DENOISING, RT_GRAD, RT_LEVEL_PIXELS, RT_LFT, RT_OFFICIAL, RT_PADDING, RT_POSITION, RT_REFINEMENT, RT_TRAIN, RT_TX, SHARED_SCORES, SHARED_TORN
+from tests.mutants.targets import BOX_REFINEMENT, COCO, DETR, DETR_PANOPTIC, DFINE_LOSS, DFINE_OFFICIAL, DFINE_TX, DFINE_W, DINO_ALL_LOSSES, DINO_DEFAULTS, DINO_DN_LOSS, DINO_DN_MASK, DINO_DN_NOISE, DINO_FFN, DINO_LEVEL_PIXELS, DINO_LFT, DINO_MIXED, DINO_NMS, DINO_NORM, DINO_OFFICIAL, DINO_POSTPROCESS, DINO_TX, DINO_TX_GRAD, DN_CLAMP, EXPORT_NMS, DN_GROUPS, DN_MASK_BOTH, DN_RT_DETR, FFN, FINETUNE_CLASSIFIER, FINETUNE_DETR, FINETUNE_DINO, FINETUNE_M2F, FINETUNE_OFFICIAL, FINETUNE_ONE_MORE, FINETUNE_RTDETR, FINETUNE_TWO_STEPS, FINETUNE_UPERNET, LABEL_RANGE, LABEL_RANGE_EVAL, LEVEL_PIXELS, MASK_HEAD, OFFICIAL_DEFAULTS, PROTOCOL_KWARGS, PROTOCOL_OUTPUTS, PROTOCOL_SHARE, PROTOCOL_TARGETS, RT_DENOISING, RT_GRAD, RT_LEVEL_PIXELS, RT_LFT, RT_OFFICIAL, RT_PADDING, RT_POSITION, RT_REFINEMENT, RT_TRAIN, RT_TX, SHARED_SCORES, SHARED_TORN
 
 MUTANTS = [
     # DETR
@@ -106,9 +106,11 @@ MUTANTS = [
     Mutant("dino postprocess: query of a (query, class) pair by modulo", "vision_tx/heads/detr/postprocess.py",
            'queries = torch.div(index, num_classes, rounding_mode="floor")', "queries = index % logits.shape[1]", (DINO_POSTPROCESS,)),
     Mutant("dino postprocess: NMS across classes", "vision_tx/heads/detr/postprocess.py",
-           'found["scores"].float(), found["labels"], nms_threshold)', 'found["scores"].float(), torch.zeros_like(found["labels"]), nms_threshold)', (DINO_NMS,)),
+           "groups = labels + (labels.max() + 1) * torch.arange", "groups = 0 * labels + (labels.max() + 1) * torch.arange",
+           (DINO_NMS, EXPORT_NMS)),
     Mutant("dino postprocess: NMS keeps the lower-scored box", "vision_tx/heads/detr/postprocess.py",
-           'batched_nms(found["boxes"].float(), found["scores"].float()', 'batched_nms(found["boxes"].float(), -found["scores"].float()', (DINO_NMS,)),
+           "kept = nms((boxes + offsets).flatten(0, 1).float(), scores.flatten().float(), threshold)",
+           "kept = nms((boxes + offsets).flatten(0, 1).float(), -scores.flatten().float(), threshold)", (DINO_NMS, EXPORT_NMS)),
     Mutant("dino: proposal norm skipped", "vision_tx/models/query_detector.py",
            "features = enc_output_norm(enc_output(features))", "features = enc_output(features)", (DINO_TX,)),
     Mutant("dino: anchor size doubled", "vision_tx/models/query_detector.py",
@@ -419,7 +421,8 @@ MUTANTS = [
            "DETR.for_conversion(backbone, num_classes or 250)", "DETR.for_conversion(backbone, num_classes)",
            (DETR_PANOPTIC,)),
     Mutant("structure: DETR panoptic imports DETR's file beside it", "vision_tx/models/detr_panoptic.py",
-           "from vision_tx.heads.detr.postprocess import postprocess_panoptic\n",
-           "from vision_tx.heads.detr.postprocess import postprocess_panoptic\nfrom vision_tx.models.detr import DETR\n",
+           "from vision_tx.heads.detr.postprocess import panoptic_segments, postprocess_panoptic, upsampled_masks\n",
+           "from vision_tx.heads.detr.postprocess import panoptic_segments, postprocess_panoptic, upsampled_masks\n"
+           "from vision_tx.models.detr import DETR\n",
            ("tests/test_imports.py::test_model_files_import_no_sibling_but_the_shared_room",)),
 ]

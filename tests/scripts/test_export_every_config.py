@@ -71,10 +71,11 @@ def test_agreement_counts_detections_found_anywhere_and_equal_pixels() -> None:
     with one pixel of 200 changed: 99.5% agree."""
     import torch
 
-    from vision_tx.export import DETRPanopticExport, SoftmaxDetectionExport
+    from vision_tx.export import DetectionExport, PanopticExport
 
     names = script()
-    detector = SoftmaxDetectionExport.__new__(SoftmaxDetectionExport)  # only its class and output names are read
+    detector = DetectionExport.__new__(DetectionExport)  # only its class and output names are read
+    detector.output_names = ("boxes", "scores", "labels")
     boxes = torch.tensor([[[10.0, 20.0, 30.0, 40.0], [500.0, 300.0, 600.0, 400.0]]])
     scores, labels = torch.tensor([[0.9, 0.5]]), torch.tensor([[1, 2]])
     moved = boxes.flip(1).clone()
@@ -85,7 +86,7 @@ def test_agreement_counts_detections_found_anywhere_and_equal_pixels() -> None:
     within_rtol[0, 1, 0] += 4e-4  # 500 px: within 1e-4 + 1e-6 * 500
     assert names["outputs_agreement"](detector, [within_rtol, scores, labels], (boxes, scores, labels)) == 1.0
 
-    panoptic = DETRPanopticExport.__new__(DETRPanopticExport)
+    panoptic = PanopticExport.__new__(PanopticExport)
     segments = torch.zeros(1, 10, 20, dtype=torch.long)
     changed = segments.clone()
     changed[0, 3, 4] = 1
@@ -124,9 +125,9 @@ def test_panoptic_agreement_pairs_segments_whatever_their_numbers() -> None:
     numbers with the labels swapped: only the unlabelled pixels agree."""
     import torch
 
-    from vision_tx.export import DETRPanopticExport
+    from vision_tx.export import PanopticExport
 
-    panoptic = DETRPanopticExport.__new__(DETRPanopticExport)
+    panoptic = PanopticExport.__new__(PanopticExport)
     ids = torch.zeros(1, 4, 5, dtype=torch.long)
     ids[0, :2] = 1
     ids[0, 2:, :3] = 2  # 10 pixels of segment 1, 6 of segment 2, 4 without a segment

@@ -204,6 +204,13 @@ class SwinBlock(nn.Module):
     bottom/right to a multiple of the window before the roll (as in the official detection backbone).
     """
 
+    # Why ``vision_tx.export`` refuses a dynamic image size in ONNX for a model holding this block.
+    onnx_fixed_size_reason = (
+        "no dynamic image size in ONNX for Swin: its window tables take a remainder by the padded map size "
+        "(aten.remainder.Scalar of a symbol, no ONNX translation) and, that rewritten, its window partition's "
+        "Reshape fails in onnxruntime"
+    )
+
     def __init__(self, dim: int, num_heads: int, window_size: int, shifted: bool, mlp_ratio: float,
                  qkv_bias: bool, drop_path_rate: float) -> None:
         super().__init__()

@@ -83,6 +83,8 @@ class ClassificationModule(TaskModule):
     other option of :class:`TaskModule`) is passed on.
     """
 
+    deployed_as = "classification"  # what vision_tx.export wraps it in: probabilities and the top classes
+
     def __init__(
         self,
         backbone: str = "deit_small",

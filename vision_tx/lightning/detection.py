@@ -55,6 +55,8 @@ class DetectionModule(TaskModule):
     ``compile`` (and any other option of :class:`TaskModule`) is passed on.
     """
 
+    deployed_as = "detection"  # what vision_tx.export wraps it in: its detector's ``detections``
+
     backbone_prefix = "backbone."  # where the backbone's parameters sit in ``self.model``
     backbone_out_indices: tuple[int, ...] | None = None  # None: the stages the detector reads
 

@@ -51,6 +51,8 @@ class PanopticModule(DetectionModule):
     ``bbox_results.json`` and ``metrics.json`` (``bbox`` and ``panoptic`` sections) in the log folder.
     """
 
+    deployed_as = "panoptic"  # what vision_tx.export wraps it in: its model's ``panoptic_segments``
+
     backbone_out_indices = (0, 1, 2, 3)  # the mask head also reads the stride 4, 8 and 16 maps
 
     def __init__(

@@ -59,6 +59,8 @@ class SegmentationModule(TaskModule):
     Either head owns its loss and its class scores.
     """
 
+    deployed_as = "semantic"  # what vision_tx.export wraps it in: probabilities and the label map
+
     def __init__(
         self,
         backbone: str = "swin_t",

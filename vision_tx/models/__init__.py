@@ -42,14 +42,16 @@ def named_sizes(*classes: type[nn.Module]) -> dict[str, NamedSize]:
 # The detectors a config can name (``DetectionModule(detector=...)``), each size by its name: ``rtdetr`` the
 # official, ``rtdetr_toy`` the toy one. Each class follows the protocol of docs/CONVENTIONS.md ("Detectors"):
 # built as ``(backbone, num_classes, matcher_kwargs=..., criterion_kwargs=..., **kwargs)``, it owns ``loss``,
-# ``postprocess``, ``postprocess_per_query``, ``cross_attention``, ``convert_state_dict``, ``no_weight_decay``
-# and ``for_conversion``, and names its ``variants``, the ``backbone_out_indices`` it reads and the
+# ``detections`` (the batch post-processing that export traces; ``detection_outputs`` names its keys),
+# ``postprocess`` (its per-image cut), ``postprocess_per_query``, ``cross_attention``, ``convert_state_dict``,
+# ``no_weight_decay`` and ``for_conversion``, and names its ``variants``, the ``backbone_out_indices`` it reads and the
 # ``score_threshold`` pictures draw from.
 DETECTORS = named_sizes(DETR, DFINE, DINO, Mask2Former, RTDETR)
 
 # The detector classes the panoptic task builds on, with the model that wraps each to segment
 # (``wrapper(detector, postprocess_kwargs=..., **panoptic_kwargs)``), or None for a detector that segments
-# by itself. Either way the panoptic model has ``postprocess_panoptic(outputs, sizes, orig_sizes, is_thing)``;
+# by itself. Either way the panoptic model has ``postprocess_panoptic(outputs, sizes, orig_sizes, is_thing)``
+# and its batch form ``panoptic_segments(outputs, size, thing, known)``;
 # a wrapper names where the backbone's parameters sit in it (``backbone_prefix``).
 PANOPTIC_WRAPPERS: dict[type[nn.Module], type[nn.Module] | None] = {DETR: DETRPanoptic, Mask2Former: None}
 

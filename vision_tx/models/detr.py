@@ -16,7 +16,7 @@ from vision_tx.heads.detr.criterion import SetCriterion, normalize_targets
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
 from vision_tx.necks.position_encoding import SinePositionEncoding
-from vision_tx.heads.detr.postprocess import postprocess_detections
+from vision_tx.heads.detr.postprocess import checked_sizes, per_image, postprocess_detections, softmax_detections
 from vision_tx.heads.detr.transformer import Transformer
 from vision_tx.models.query_detector import checked_pixel_mask
 
@@ -99,9 +99,18 @@ class DETR(nn.Module):
         them (normalised here, see :func:`~vision_tx.heads.detr.normalize_targets`)."""
         return self.criterion(outputs, normalize_targets(targets))
 
+    detection_outputs = ("boxes", "scores", "labels")  # the keys of :meth:`detections`, in the exported order
+
+    def detections(self, outputs: dict, image_sizes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Batch detections in pixels of images of ``image_sizes [B,2]`` (h, w), one per query (export-safe,
+        :func:`~vision_tx.heads.detr.postprocess.softmax_detections`)."""
+        return softmax_detections(outputs, image_sizes)
+
+    @torch.no_grad()
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
-        return postprocess_detections(outputs, image_sizes)
+        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``
+        (:meth:`detections` per image)."""
+        return per_image(self.detections(outputs, checked_sizes(image_sizes, outputs)))
 
     def postprocess_per_query(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Every query's detection, in query order (:meth:`postprocess` already keeps one per query)."""

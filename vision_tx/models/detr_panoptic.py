@@ -11,7 +11,7 @@ from torch import nn
 
 from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.mask_head import AttentionMaps, MaskHead
-from vision_tx.heads.detr.postprocess import postprocess_panoptic
+from vision_tx.heads.detr.postprocess import panoptic_segments, postprocess_panoptic, upsampled_masks
 
 _REQUIRED_STRIDES = [4, 8, 16, 32]
 # facebookresearch/detr's names (models/segmentation.py) -> this layout.
@@ -83,6 +83,23 @@ class DETRPanoptic(nn.Module):
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """DETR's box detections (the panoptic segments come from ``postprocess_panoptic``)."""
         return self.detr.postprocess(outputs, image_sizes)
+
+    @property
+    def detection_outputs(self) -> tuple[str, ...]:
+        """The keys of :meth:`detections`: DETR's."""
+        return self.detr.detection_outputs
+
+    def detections(self, outputs: dict, image_sizes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """DETR's batch box detections (see ``DETR.detections``)."""
+        return self.detr.detections(outputs, image_sizes)
+
+    def panoptic_segments(self, outputs: dict, size: tuple[int, int], thing: torch.Tensor,
+                          known: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Batch segment maps of unpadded images of ``size`` (h, w) (export-safe, what :meth:`postprocess_panoptic`
+        gives per image: ``heads.detr.postprocess.panoptic_segments`` with ``postprocess_kwargs``); ``thing`` and
+        ``known``: bool by class (``heads.detr.postprocess.thing_table``)."""
+        masks = upsampled_masks(outputs["pred_masks"], size)
+        return panoptic_segments(outputs["pred_logits"], masks, thing, known, **self.postprocess_kwargs)
 
     def postprocess_panoptic(self, outputs: dict, sizes: torch.Tensor, orig_sizes: torch.Tensor,
                              is_thing: Mapping[int, bool]) -> list[dict[str, Any]]:

@@ -17,6 +17,9 @@ from vision_tx.heads.mask2former import (
     Mask2FormerCriterion, MaskedAttentionDecoder, MaskHungarianMatcher, PixelDecoder, instance_inference, panoptic_inference,
     resize_masks, semantic_inference,
 )
+from vision_tx.heads.mask2former.postprocess import (  # the batch forms
+    instance_detections, panoptic_segments,
+)
 from vision_tx.models.mask2former_official import convert_official_mask2former, is_official_mask2former
 
 
@@ -157,6 +160,25 @@ class Mask2Former(nn.Module):
                 scores = scores.flip(-1) if flipped else scores
                 total += F.interpolate(scores, size=size, mode="bilinear", align_corners=False)
         return total / (len(scales) * (2 if flip else 1))
+
+    detection_outputs = ("scores", "labels", "masks")  # the keys of :meth:`detections`, in the exported order
+
+    def detections(self, outputs: dict, image_sizes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Batch instances (export-safe, :func:`~vision_tx.heads.mask2former.postprocess.instance_detections`, what
+        :meth:`postprocess` gives per image) with masks at the batch's input size (``outputs["input_size"]``: the
+        exported model's images are unpadded, so ``image_sizes [B,2]`` is that size on every row)."""
+        size = outputs["input_size"]
+        masks = resize_masks(outputs["pred_masks"], size, size)
+        return instance_detections(outputs["pred_logits"], masks, self.test_topk)
+
+    def panoptic_segments(self, outputs: dict, size: tuple[int, int], thing: torch.Tensor,
+                          known: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Batch segment maps of unpadded images of ``size`` (h, w) (export-safe, what :meth:`postprocess_panoptic`
+        gives per image: :func:`~vision_tx.heads.mask2former.postprocess.panoptic_segments`); ``thing``: bool by class,
+        ``known`` unread (every class may form a segment)."""
+        masks = resize_masks(outputs["pred_masks"], size, size)
+        thresholds = self.object_mask_threshold, self.overlap_threshold
+        return panoptic_segments(outputs["pred_logits"], masks, thing, *thresholds)
 
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Per image the instances (see ``postprocess_instances``) at ``image_sizes [B,2]`` (h, w), with their

@@ -18,7 +18,7 @@ from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.criterion import normalize_targets
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.heads.detr.postprocess import postprocess_sigmoid_detections, postprocess_sigmoid_per_query
+from vision_tx.heads.detr.postprocess import checked_sizes, per_image, postprocess_sigmoid_per_query, sigmoid_detections
 from vision_tx.heads.dino.denoising import ContrastiveDenoising, DenoisingQueries
 from vision_tx.heads.dino.transformer import DeformableDecoder
 from vision_tx.necks.multiscale import MultiScaleLevels, flatten_levels
@@ -54,9 +54,9 @@ class QueryHeads(NamedTuple):
 def query_heads(
     *, num_classes: int, hidden_dim: int, num_decoder_layers: int, layer_box_outputs: int = 4
 ) -> QueryHeads:
-    """The heads of a decoder of ``num_decoder_layers`` layers of width ``hidden_dim``, initialised by
-    :func:`init_heads`: each decoder layer's box head gives ``layer_box_outputs`` numbers (4: the change of a box;
-    D-FINE: the distribution of each edge's distance), the proposals' box head 4."""
+    """The heads of a decoder of ``num_decoder_layers`` layers of width ``hidden_dim`` for ``num_classes`` classes,
+    initialised by :func:`init_heads`: each decoder layer's box head gives ``layer_box_outputs`` numbers (4: the change
+    of a box; D-FINE: the distribution of each edge's distance), the proposals' box head 4."""
     class_embed = nn.ModuleList(nn.Linear(hidden_dim, num_classes) for _ in range(num_decoder_layers + 1))
     box_outputs = [layer_box_outputs] * num_decoder_layers + [4]
     bbox_embed = nn.ModuleList(MLP(hidden_dim, hidden_dim, outputs, 3) for outputs in box_outputs)
@@ -68,8 +68,9 @@ def denoising_queries(
     *, num_classes: int, hidden_dim: int, num_denoising: int, label_noise_ratio: float, box_noise_scale: float,
     eps: float,
 ) -> ContrastiveDenoising | None:
-    """The contrastive denoising queries (:class:`ContrastiveDenoising`; none when ``num_denoising`` is 0), their
-    noised boxes stored through ``inverse_sigmoid(eps)``."""
+    """The contrastive denoising queries (:class:`ContrastiveDenoising`; none when ``num_denoising`` is 0) of
+    ``num_classes`` classes and width ``hidden_dim``, their labels flipped at ``label_noise_ratio`` and boxes jittered
+    by ``box_noise_scale``, the noised boxes stored through ``inverse_sigmoid(eps)`` (``eps`` keeps them finite)."""
     if not num_denoising:
         return None
     return ContrastiveDenoising(num_classes, hidden_dim, num_denoising, label_noise_ratio, box_noise_scale, eps=eps)
@@ -79,8 +80,8 @@ def detector_criterion(
     criterion_class: Callable[..., nn.Module], *, num_classes: int, matcher_kwargs: dict[str, Any] | None,
     criterion_kwargs: dict[str, Any] | None,
 ) -> nn.Module:
-    """``criterion_class(num_classes, HungarianMatcher(**matcher_kwargs), **criterion_kwargs)``: the criterion's own
-    matcher when no ``matcher_kwargs``, its own weights when no ``criterion_kwargs``."""
+    """``criterion_class(num_classes, HungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` for ``num_classes``
+    classes: the criterion's own matcher when no ``matcher_kwargs``, its own weights when no ``criterion_kwargs``."""
     matcher = HungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
     return criterion_class(num_classes, matcher, **(criterion_kwargs or {}))
 
@@ -108,7 +109,7 @@ class DeformableQueryDetector(nn.Module):
     ``build`` from its settings (its ``variants``), and keeps them in the order it builds them (the order of
     the parameters, which an optimiser's saved state follows). ``num_detections``, ``nms_threshold`` and
     ``share_scores`` set its post-processing
-    (:func:`~vision_tx.heads.detr.postprocess.postprocess_sigmoid_detections`)."""
+    (:meth:`detections`)."""
 
     class_keys = (r"^class_embed\.", r"^denoising\.label_embed\.")  # a row per class (fine-tuning: load_weights)
     backbone: nn.Module
@@ -143,9 +144,18 @@ class DeformableQueryDetector(nn.Module):
         them (normalised here, see :func:`~vision_tx.heads.detr.normalize_targets`)."""
         return self.criterion(outputs, normalize_targets(targets))
 
+    detection_outputs = ("boxes", "scores", "labels")  # the keys of :meth:`detections`, in the exported order
+
+    def detections(self, outputs: dict, image_sizes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Batch detections in pixels of images of ``image_sizes [B,2]`` (h, w), NMS padding last (export-safe,
+        :func:`~vision_tx.heads.detr.postprocess.sigmoid_detections` with this detector's settings)."""
+        return sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold, self.share_scores)
+
+    @torch.no_grad()
     def postprocess(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``."""
-        return postprocess_sigmoid_detections(outputs, image_sizes, self.num_detections, self.nms_threshold, self.share_scores)
+        """Detections in pixels of images of ``image_sizes [B,2]`` (h, w): ``scores``, ``labels``, xyxy ``boxes``
+        (:meth:`detections` per image, without the padding)."""
+        return per_image(self.detections(outputs, checked_sizes(image_sizes, outputs)))
 
     def postprocess_per_query(self, outputs: dict, image_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """Every query's best class, its score and box, in query order (for per-query pictures)."""
@@ -242,10 +252,10 @@ class HybridEncoderDetector(DeformableQueryDetector):
 def deformable_cross_attention(
     model: nn.Module, decoder: DeformableDecoder, images: torch.Tensor, pixel_mask: torch.Tensor | None = None
 ) -> dict[str, Any]:
-    """``model``'s outputs for ``images [B,3,H,W]`` and the deformable cross-attention of each query in the last
-    layer of ``decoder`` (DINO, RT-DETR): the weights of its sampling points (every head, level and point) drawn on
-    the finest level's grid by :func:`~vision_tx.attention.splat_bilinear` and averaged over heads,
-    ``{"outputs", "attention" [B, queries, h, w]}``."""
+    """``model``'s outputs for ``images [B,3,H,W]`` (and ``pixel_mask [B,H,W]``, if given) and the deformable
+    cross-attention of each query in the last layer of ``decoder`` (DINO, RT-DETR): the weights of its sampling points
+    (every head, level and point) drawn on the finest level's grid by :func:`~vision_tx.attention.splat_bilinear` and
+    averaged over heads, ``{"outputs", "attention" [B, queries, h, w]}``."""
     cross = decoder.layers[-1].cross_attn
     recorded: list[tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]] = []
 
@@ -265,7 +275,8 @@ def deformable_cross_attention(
 
 
 def init_heads(class_heads: nn.ModuleList, box_heads: nn.ModuleList) -> None:
-    """Every class starts at probability 0.01 (sigmoid losses) and every box head predicts no change."""
+    """Every class of ``class_heads`` starts at probability 0.01 (sigmoid losses) and every head of ``box_heads``
+    predicts no change."""
     prior = -math.log((1 - 0.01) / 0.01)
     for head in class_heads:
         nn.init.constant_(head.bias, prior)
@@ -278,8 +289,8 @@ def select_proposals(
     memory: torch.Tensor, levels: MultiScaleLevels, enc_output: nn.Module, enc_output_norm: nn.Module, class_head: nn.Module,
     box_head: nn.Module, num_queries: int, class_agnostic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The encoder's ``num_queries`` best proposals (DINO, RT-DETR): every valid token of ``memory [B,S,D]``
-    is projected (``enc_output``, ``enc_output_norm``), scored by ``class_head`` and given the box
+    """The encoder's ``num_queries`` best proposals (DINO, RT-DETR): every valid token of ``memory [B,S,D]`` (laid out
+    as ``levels`` says) is projected (``enc_output``, ``enc_output_norm``), scored by ``class_head`` and given the box
     ``box_head`` predicts around its anchor. Ranked by the best class score (by class 0 when
     ``class_agnostic``). Returns the projected tokens ``[B,S,D]``, the picked indices ``[B,K]``, class
     logits ``[B,K,C]`` and boxes ``[B,K,4]`` (with gradient), ``K = min(num_queries, S)``."""
@@ -299,9 +310,10 @@ def decoder_outputs(
     logits: torch.Tensor, boxes: torch.Tensor, proposal_logits: torch.Tensor, proposal_boxes: torch.Tensor,
     denoising: DenoisingQueries | None,
 ) -> dict:
-    """Every decoder layer's ``logits [L,B,N+Q,C]`` and ``boxes [L,B,N+Q,4]`` (the ``N`` denoising queries
-    first), the selected proposals' -> the criterion's dict: ``pred_logits``, ``pred_boxes`` (last
-    layer), ``aux_outputs`` (earlier layers), ``enc_outputs`` and, with denoising, ``dn_outputs``."""
+    """Every decoder layer's ``logits [L,B,N+Q,C]`` and ``boxes [L,B,N+Q,4]`` (the ``N`` queries of ``denoising``
+    first, when not None), the selected proposals' ``proposal_logits [B,K,C]`` and ``proposal_boxes [B,K,4]`` -> the
+    criterion's dict: ``pred_logits [B,Q,C]``, ``pred_boxes [B,Q,4]`` (last layer), ``aux_outputs`` (earlier layers),
+    ``enc_outputs`` and, with denoising, ``dn_outputs``."""
     outputs = {"enc_outputs": {"pred_logits": proposal_logits, "pred_boxes": proposal_boxes}}
     if denoising is not None:
         split = denoising.content.shape[1]
@@ -313,8 +325,8 @@ def decoder_outputs(
 
 
 def proposal_anchors(levels: MultiScaleLevels) -> tuple[torch.Tensor, torch.Tensor]:
-    """One anchor box per token: centred on its pixel (relative to the level's unpadded area, ``valid_ratios``), of
-    side 0.05 * 2**level. Returns their inverse-sigmoid ``[B,S,4]`` (inf where invalid) and
+    """One anchor box per token of ``levels``: centred on its pixel (relative to the level's unpadded area,
+    ``valid_ratios``), of side 0.05 * 2**level. Returns their inverse-sigmoid ``[B,S,4]`` (inf where invalid) and
     ``valid [B,S]``: not padding and strictly inside (0.01, 0.99)."""
     anchors = []
     dtype, device = levels.tokens.dtype, levels.tokens.device
@@ -341,7 +353,8 @@ def renamed_key(key: str, renames: tuple[tuple[str, str], ...]) -> str:
 
 
 def with_backbone_state(converted: dict[str, torch.Tensor], backbone_state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """``converted`` plus ``backbone_state`` read by the backbone's own ``convert_state_dict`` (if it has one), under ``backbone.``."""
+    """``converted`` plus ``backbone_state`` read by the own ``convert_state_dict`` of ``model``'s backbone (if it has
+    one), under ``backbone.``."""
     convert_backbone = getattr(model.backbone, "convert_state_dict", None)
     if convert_backbone is not None:
         backbone_state = convert_backbone(backbone_state)

@@ -8,6 +8,8 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
+from vision_tx.heads.detr.postprocess import number_segments, per_segment, segments, thing_table
+
 
 def resize_masks(masks: torch.Tensor, size: tuple[int, int], orig_size: tuple[int, int]) -> torch.Tensor:
     """Mask logits ``[Q,h,w]`` (or ``[B,Q,h,w]``) at stride 4 of the padded input -> ``[Q,H0,W0]``: upsampled bilinearly to
@@ -35,57 +37,67 @@ def panoptic_inference(
     object_mask_threshold: float = 0.8,
     overlap_threshold: float = 0.8,
 ) -> dict:
-    """A segment map from the queries whose best class is real with probability above ``object_mask_threshold``.
+    """One image's segment map (:func:`panoptic_segments` of ``logits [Q,C+1]`` and ``masks [Q,H,W]``).
 
-    Each pixel goes to the kept query with the highest score times mask probability; a query's
-    segment is its pixels whose own mask probability is at least 0.5, kept when it holds at least
-    ``overlap_threshold`` of the query's own mask (probability >= 0.5). The queries of one stuff
-    class form one segment. Returns ``{"segment_ids": int64 [H,W] (0: void), "segments_info":
-    [{"id", "category_id", "isthing", "area", "score"}]}``, the format of ``postprocess_panoptic``.
+    Returns ``{"segment_ids": int64 [H,W] (0: void), "segments_info": [{"id", "category_id", "isthing", "area",
+    "score"}]}``, the format of ``postprocess_panoptic``.
     """
-    scores, classes = logits.softmax(-1).max(-1)
+    thing, _ = thing_table(is_thing, logits.shape[-1] - 1)
+    segment_ids, labels, scores = panoptic_segments(
+        logits[None], masks[None], thing, object_mask_threshold, overlap_threshold)
+    return segments(segment_ids[0], labels[0], scores[0], is_thing)
+
+
+def panoptic_segments(
+    logits: torch.Tensor, masks: torch.Tensor, thing: torch.Tensor, object_mask_threshold: float = 0.8,
+    overlap_threshold: float = 0.8,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mask2Former's panoptic inference as batch tensors (eager and exported alike, no loop over queries).
+
+    ``logits [B,Q,C+1]``, mask logits ``masks [B,Q,H,W]`` at the output size; ``thing``: bool by class (see
+    ``heads.detr.postprocess.thing_table``). Queries whose best class is real and above ``object_mask_threshold``
+    compete for each pixel (score times mask probability); a query's segment is its won pixels of probability
+    >= 0.5, kept when it holds at least ``overlap_threshold`` of the query's own mask (probability >= 0.5); the
+    queries of one stuff class share the segment of the first. Returns ``segment_ids [B,H,W]`` (0: void, segments
+    1..S) and per segment ``labels [B,Q]`` (-1 past S) and ``scores [B,Q]`` (its first query's probability)."""
+    queries = logits.shape[1]
+    scores, classes = logits.softmax(-1).max(-1)  # [B,Q]
     keep = (classes != logits.shape[-1] - 1) & (scores > object_mask_threshold)
-    scores, classes, probs = scores[keep], classes[keep].tolist(), masks[keep].sigmoid()
-    segment_ids = torch.zeros(masks.shape[-2:], dtype=torch.int64, device=masks.device)
-    segments_info: list[dict] = []
-    if not classes:
-        return {"segment_ids": segment_ids, "segments_info": segments_info}
-    owner = (scores[:, None, None] * probs).argmax(0)
-    stuff_segment: dict[int, dict] = {}
-    for k, category in enumerate(classes):
-        own = probs[k] >= 0.5
-        won = owner == k
-        segment = won & own
-        area, original_area = int(won.sum()), int(own.sum())
-        if area == 0 or original_area == 0 or not segment.any() or area / original_area < overlap_threshold:
-            continue
-        thing = bool(is_thing[category])
-        if not thing and category in stuff_segment:
-            info = stuff_segment[category]
-        else:
-            info = {"id": len(segments_info) + 1, "category_id": category, "isthing": thing, "area": 0, "score": float(scores[k])}
-            segments_info.append(info)
-            if not thing:
-                stuff_segment[category] = info
-        segment_ids[segment] = info["id"]
-    for info in segments_info:
-        info["area"] = int((segment_ids == info["id"]).sum())
-    return {"segment_ids": segment_ids, "segments_info": segments_info}
+    probs = masks.sigmoid()  # [B,Q,H,W]
+    owner = torch.where(keep[..., None, None], scores[..., None, None] * probs, float("-inf")).argmax(1)  # [B,H,W]
+    won = owner[:, None] == torch.arange(queries, device=owner.device)[None, :, None, None]
+    own = probs >= 0.5
+    segment = won & own
+    area, own_area = won.flatten(2).sum(2), own.flatten(2).sum(2)
+    ratio = area.double() / own_area.clamp(min=1).double()
+    accepted = keep & (area > 0) & (own_area > 0) & segment.flatten(2).any(2) & (ratio >= overlap_threshold)
+    segment_of_query, starts, ids = number_segments(classes, accepted, thing)
+    segment_ids = (segment.long() * segment_of_query[..., None, None]).sum(1)
+    return segment_ids, per_segment(classes, starts, ids, -1), per_segment(scores, starts, ids, 0.0)
 
 
 def instance_inference(logits: torch.Tensor, masks: torch.Tensor, topk: int = 100,
                        thing_classes: set[int] | None = None) -> dict[str, torch.Tensor]:
-    """The ``topk`` best (query, class) pairs of the class probabilities (no-object dropped), then, with
-    ``thing_classes`` (panoptic models), only the pairs of those classes. Score: the class probability
-    times the mean mask probability over the mask's foreground (logit > 0). Returns ``{"scores" [N],
-    "labels" [N] int64, "masks" bool [N,H,W]}``, best first."""
-    scores, labels, foreground = instance_candidates(logits[None], masks[None], topk)
-    scores, labels, foreground = scores[0], labels[0], foreground[0]
+    """One image's instances (:func:`instance_detections` of ``logits [Q,C+1]`` and ``masks [Q,H,W]``), then, with
+    ``thing_classes`` (panoptic models), only those of these classes. Returns ``{"scores" [N], "labels" [N] int64,
+    "masks" bool [N,H,W]}``, best first."""
+    found = {key: value[0] for key, value in instance_detections(logits[None], masks[None], topk).items()}
     if thing_classes is not None:
-        keep = torch.tensor([label in thing_classes for label in labels.tolist()], dtype=torch.bool, device=labels.device)
-        scores, labels, foreground = scores[keep], labels[keep], foreground[keep]
-    order = scores.argsort(descending=True)
-    return {"scores": scores[order], "labels": labels[order], "masks": foreground[order]}
+        keep = [label in thing_classes for label in found["labels"].tolist()]
+        keep = torch.tensor(keep, dtype=torch.bool, device=logits.device)
+        found = {key: value[keep] for key, value in found.items()}
+    return found
+
+
+def instance_detections(logits: torch.Tensor, masks: torch.Tensor, topk: int) -> dict[str, torch.Tensor]:
+    """Mask2Former's instances as batch tensors (eager and exported alike): the ``topk`` best (query, class) pairs of
+    the class probabilities (``logits [B,Q,C+1]``, no-object dropped; mask logits ``masks [B,Q,H,W]`` at the output
+    size), best first. Score: the class probability times the mean mask probability over the mask's foreground
+    (logit > 0). Returns ``{"scores" [B,K], "labels" [B,K] int64, "masks" bool [B,K,H,W]}``."""
+    scores, labels, foreground = instance_candidates(logits, masks, topk)
+    order = scores.argsort(dim=1, descending=True)
+    return {"scores": scores.gather(1, order), "labels": labels.gather(1, order),
+            "masks": foreground.gather(1, order[..., None, None].expand_as(foreground))}
 
 
 def instance_candidates(logits: torch.Tensor, masks: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
