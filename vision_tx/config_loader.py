@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ``--all``: every shipped config as one JSON object, by name (the test fixture).
 
     Args:
-        argv: the command-line arguments (default: the process's).
+        ``argv``: the command-line arguments (default: the process's).
     """
     parser = argparse.ArgumentParser(prog="python -m vision_tx.config_loader", description=main.__doc__)
     parser.add_argument("config", nargs="?", help="a config name (as --config takes) or a YAML file")

@@ -161,8 +161,8 @@ EXPORTS: dict[str, type[Deployable]] = {
 
 
 def deployable(module: nn.Module, name: str = "model", is_thing: Mapping[int, bool] | None = None) -> Deployable:
-    """The exportable form of a trained task module (``vision_tx.lightning``): its network, in eval mode, and
-    its task's post-processing (the module's ``deployed_as`` names it; a detector's is its own). ``name`` is what
+    """The exportable form of ``module``, a trained task module (``vision_tx.lightning``): its network, in eval mode,
+    and its task's post-processing (the module's ``deployed_as`` names it; a detector's is its own). ``name`` is what
     errors call it; ``is_thing`` (category id -> thing) is needed by panoptic models (the datamodule's ``is_thing``)."""
     export_class = EXPORTS.get(getattr(module, "deployed_as", None))
     if export_class is None:
@@ -173,7 +173,8 @@ def deployable(module: nn.Module, name: str = "model", is_thing: Mapping[int, bo
 
 
 def example_images(size: Sequence[int] = (128, 128), batch: int = 2, seed: int = 0) -> torch.Tensor:
-    """Random ``[batch,3,H,W]`` images in [0, 1], the example an export traces (a dynamic batch needs 2 or more)."""
+    """Random ``[batch,3,H,W]`` images in [0, 1] (``size`` is ``(H, W)``, ``batch`` of them, drawn from ``seed``), the
+    example an export traces (a dynamic batch needs 2 or more)."""
     return torch.rand(batch, 3, *size, generator=torch.Generator().manual_seed(seed))
 
 
@@ -192,7 +193,8 @@ def export_program(model: Deployable, images: torch.Tensor, dynamic_size: bool =
 
 
 def dynamic_dims(program: torch.export.ExportedProgram) -> dict[str, int | None]:
-    """``{"batch", "height", "width"}`` of the program's input: None where dynamic, the fixed size otherwise."""
+    """``{"batch", "height", "width"}`` of the input ``images [B,3,H,W]`` of ``program``: None where dynamic, the
+    fixed size otherwise."""
     placeholder = next(node for node in program.graph.nodes if node.op == "placeholder" and node.name == program.graph_signature.user_inputs[0])
     shape = placeholder.meta["val"].shape
     dims = (("batch", 0), ("height", 2), ("width", 3))
@@ -207,11 +209,13 @@ def first_line(err: BaseException) -> str:
 
 def export(model: Deployable, out: str | Path, format: str = "onnx", images: torch.Tensor | None = None,
            dynamic_size: bool = True, dynamic_batch: bool = True, fuse: bool = True) -> dict[str, Any]:
-    """Writes ``model`` (see :func:`deployable`) to ``out`` as ONNX or as an ExportedProgram (``torch.export.save``),
-    traced on ``images`` (default: :func:`example_images`; see :func:`export_program`); with ``fuse``, a copy of it
-    rewritten for inference (:func:`vision_tx.deploy.fuse_for_deployment`: BatchNorms folded, the same outputs up to
-    float rounding; ``model`` is left as it is). Returns ``{"path", "format", "dims", "inputs", "outputs"}``
-    (``dims``: see :func:`dynamic_dims`)."""
+    """Writes ``model`` (see :func:`deployable`) to ``out`` as ONNX or as an ExportedProgram (``torch.export.save``), as
+    ``format`` says (``"onnx"`` or ``"exported_program"``), traced on ``images [B,3,H,W]`` (default:
+    :func:`example_images`; see :func:`export_program`), its batch dynamic with ``dynamic_batch`` and its image size
+    with ``dynamic_size``; with ``fuse``, a copy of it rewritten for inference
+    (:func:`vision_tx.deploy.fuse_for_deployment`: BatchNorms folded, the same outputs up to float rounding; ``model``
+    is left as it is). Returns ``{"path", "format", "dims", "inputs", "outputs"}`` (``dims``: see
+    :func:`dynamic_dims`)."""
     if format not in FORMATS:
         raise ExportError(f"{model.name}: unknown format {format!r}; choose from {', '.join(FORMATS)}")
     images = example_images() if images is None else images
@@ -241,8 +245,9 @@ def export(model: Deployable, out: str | Path, format: str = "onnx", images: tor
 def export_checkpoint(config_args: Sequence[str], ckpt: str | Path, out: str | Path, format: str = "onnx",
                       size: Sequence[int] = (128, 128), dynamic_size: bool = True, batch: int | None = None) -> dict[str, Any]:
     """Loads the trained module of ``ckpt`` (its class from ``config_args``: ``--config NAME [--section.key value]``)
-    and exports it with :func:`export`, traced on images of ``size`` (h, w), at a fixed ``batch`` (None: dynamic,
-    traced at 2). A panoptic model reads its things and stuff from the config's datamodule."""
+    and exports it to ``out`` in ``format`` with :func:`export`, traced on images of ``size`` (h, w), the image size
+    dynamic with ``dynamic_size``, at a fixed ``batch`` (None: dynamic, traced at 2). A panoptic model reads its things
+    and stuff from the config's datamodule."""
     from vision_tx.lightning.cli import config_name, resolve_config_args
     from vision_tx.lightning.inference import load_trained
 
@@ -255,7 +260,8 @@ def export_checkpoint(config_args: Sequence[str], ckpt: str | Path, out: str | P
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``tools/export.py``: ``--config NAME --ckpt PATH --format onnx|exported_program --out FILE [--size H W]
-    [--fixed-size]``; prints what was written, its inputs, outputs and which dimensions are dynamic."""
+    [--fixed-size]`` read from ``argv`` (default: the process's arguments); prints what was written, its inputs,
+    outputs and which dimensions are dynamic."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="tools/export.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -46,7 +46,8 @@ def available_configs() -> list[str]:
 
 
 def resolve_config(name_or_path: str) -> Path:
-    """``detr_swin_t`` -> ``vision_tx/configs/detr_swin_t.yaml``; an existing file path is returned as is."""
+    """The YAML file ``name_or_path`` names: ``detr_swin_t`` -> ``vision_tx/configs/detr_swin_t.yaml``; an existing
+    file path is returned as is."""
     path = Path(name_or_path)
     if path.is_file():
         return path
@@ -61,7 +62,7 @@ def resolve_config(name_or_path: str) -> Path:
 
 
 def resolve_config_args(argv: Sequence[str]) -> list[str]:
-    """Replaces each ``--config NAME`` (or ``--config=NAME``) with the YAML path it names."""
+    """A copy of ``argv`` with each ``--config NAME`` (or ``--config=NAME``) replaced by the YAML path it names."""
     args = list(argv)
     out: list[str] = []
     i = 0
@@ -104,7 +105,7 @@ def class_options(class_path: str) -> list[str]:
 
 
 def explain_unknown_options(message: str) -> str:
-    """Puts, before jsonargparse's ``Option 'x' is not accepted`` errors, a line per unknown option
+    """Puts, before jsonargparse's ``Option 'x' is not accepted`` errors in ``message``, a line per unknown option
     with the closest valid name and all the valid ones."""
     lines = []
     for class_path, option in re.findall(r"class_path '([\w.]+)':\s+Option '(\w+)' is not accepted", message):
@@ -254,7 +255,7 @@ def latest_last_checkpoint(root_dir: str | Path | None) -> str:
 
 
 def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
-    """Runs ``subcommand`` (``fit``, ``validate``, ...) with the given (or the process's) arguments."""
+    """Runs ``subcommand`` (``fit``, ``validate``, ...) with the arguments ``argv`` (default: the process's)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--config" not in " ".join(argv) and not any(a in ("-h", "--help") for a in argv):
         raise SystemExit(f"error: --config is required; available: {', '.join(available_configs())}")
@@ -321,7 +322,8 @@ def show_library_log() -> None:
 
 
 def eval_main(argv: Sequence[str] | None = None) -> None:
-    """``tools/eval.py``: score saved result files, or validate a checkpoint with a config.
+    """``tools/eval.py``: score saved result files, or validate a checkpoint with a config, as ``argv`` (default: the
+    process's arguments) says.
 
     - ``--gt ANN.json --results RES.json [--iou-type bbox|segm]``: COCO evaluation of a results file;
     - ``--gt-panoptic GT.json --gt-folder DIR --pred-panoptic PRED.json --pred-folder DIR``: PQ;
@@ -400,18 +402,21 @@ ONNX_EVAL = "vision_tx.lightning.onnx_eval:main"  # eval_main's --onnx mode
 
 
 def run_entry_point(entry_point: str, argv: Sequence[str]) -> None:
-    """Runs ``module:function(argv)``, imported only now (those modules build on this one)."""
+    """Runs ``entry_point`` (``module:function``) on ``argv``, as ``function(argv)``, imported only now (those modules
+    build on this one)."""
     module, _, function = entry_point.partition(":")
     getattr(importlib.import_module(module), function)(list(argv))
 
 
 def train_main(argv: Sequence[str] | None = None) -> None:
-    """``tools/train.py``, ``vision-tx train``: fits the model of ``--config NAME [--section.key value ...]``."""
+    """``tools/train.py``, ``vision-tx train``: fits the model of ``--config NAME [--section.key value ...]`` in
+    ``argv`` (default: the process's arguments)."""
     run_cli("fit", argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``vision-tx SUBCOMMAND [options]``: ``train``, ``eval``, ``infer``, ``predict`` or ``export``, as ``tools/<subcommand>.py``."""
+    """``vision-tx SUBCOMMAND [options]``, read from ``argv`` (default: the process's arguments): ``train``, ``eval``,
+    ``infer``, ``predict`` or ``export``, as ``tools/<subcommand>.py``."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in SUBCOMMANDS:
         raise SystemExit(f"usage: vision-tx {{{','.join(SUBCOMMANDS)}}} [options]  (--help after one for its options)")

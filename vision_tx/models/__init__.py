@@ -27,8 +27,8 @@ class NamedSize(functools.partial):
 
 
 def named_sizes(*classes: type[nn.Module]) -> dict[str, NamedSize]:
-    """``name -> NamedSize(cls, **config)`` for every ``name -> config`` of each class's ``variants``
-    table (its named sizes, as the backbones' ``VARIANTS``); keyword arguments given at build time override
+    """``name -> NamedSize(cls, **config)`` for every ``name -> config`` of the ``variants`` table of each of
+    ``classes`` (its named sizes, as the backbones' ``VARIANTS``); keyword arguments given at build time override
     the config, and ``table[name].func`` is the class."""
     table: dict[str, NamedSize] = {}
     for cls in classes:

@@ -25,8 +25,9 @@ def softmax_detections(outputs: dict, image_sizes: torch.Tensor) -> dict[str, to
 
 @torch.no_grad()
 def postprocess_detections(outputs: dict, orig_sizes: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-    """Per image ``{"scores" [Q], "labels" [Q] int64, "boxes" [Q,4] xyxy pixels}`` of :func:`softmax_detections`;
-    ``orig_sizes [B,2]`` holds (h, w) of the original images."""
+    """Per image ``{"scores" [Q], "labels" [Q] int64, "boxes" [Q,4] xyxy pixels}`` of :func:`softmax_detections` on
+    ``outputs`` (``pred_logits [B,Q,C+1]``, ``pred_boxes [B,Q,4]``); ``orig_sizes [B,2]`` holds (h, w) of the original
+    images."""
     _check_sizes(orig_sizes, len(outputs["pred_logits"]))
     return per_image(softmax_detections(outputs, orig_sizes))
 
@@ -71,8 +72,9 @@ def sigmoid_scores(logits: torch.Tensor, share_scores: bool = False) -> torch.Te
 
 
 def sigmoid_candidates(outputs: dict, candidates: int, share_scores: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The ``candidates`` best (query, class) pairs of sigmoid ``pred_logits [B,Q,C]``, best first: their
-    ``scores [B,K]`` (:func:`sigmoid_scores`), ``labels [B,K]`` and normalised cxcywh ``boxes [B,K,4]``
+    """The ``candidates`` best (query, class) pairs of ``outputs`` (sigmoid ``pred_logits [B,Q,C]``, ``pred_boxes
+    [B,Q,4]``), best first: their ``scores [B,K]`` (:func:`sigmoid_scores`, with ``share_scores``), ``labels [B,K]``
+    and normalised cxcywh ``boxes [B,K,4]``
     (``K = min(candidates, Q*C)``)."""
     logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
     num_classes = logits.shape[-1]
@@ -86,16 +88,17 @@ def sigmoid_detections(
     share_scores: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The ``num_detections`` best (query, class) pairs of each image as batch tensors (eager and exported
-    alike), for sigmoid classifiers (Deformable DETR, DINO, RT-DETR, D-FINE): ``pred_logits [B,Q,C]`` hold one
-    independent logit per category id, no no-object class.
+    alike), for sigmoid classifiers (Deformable DETR, DINO, RT-DETR, D-FINE): the ``pred_logits [B,Q,C]`` of
+    ``outputs`` hold one independent logit per category id, no no-object class.
 
     A query may give several detections with different classes, as in Deformable DETR's evaluation.
     With ``nms_threshold``, the best ``NMS_CANDIDATES`` pairs go through per-class non-maximum
     suppression at that IoU first (as the official DINO's optional post-processing selects 300 and
     suppresses): a detector trained briefly still gives duplicates that one-to-one matching has not
     yet learnt to silence; the kept ones come first, best first, and the rest is padding (score 0, label -1).
-    ``share_scores``: see :func:`sigmoid_scores`. ``pred_boxes`` and ``image_sizes`` as in
-    :func:`softmax_detections`, whose keys it returns (``[B,N]``, ``N = min(num_detections, Q*C)``).
+    ``share_scores``: see :func:`sigmoid_scores`. ``pred_boxes [B,Q,4]`` and ``image_sizes [B,2]`` as in
+    :func:`softmax_detections`, whose keys it returns (``[B,N]``, ``"boxes" [B,N,4]`` xyxy pixels,
+    ``N = min(num_detections, Q*C)``).
     """
     candidates = num_detections if nms_threshold is None else max(num_detections, NMS_CANDIDATES)
     scores, labels, boxes = sigmoid_candidates(outputs, candidates, share_scores)
@@ -128,15 +131,18 @@ def postprocess_sigmoid_detections(
     outputs: dict, orig_sizes: torch.Tensor, num_detections: int = 100, nms_threshold: float | None = None,
     share_scores: bool = False,
 ) -> list[dict[str, torch.Tensor]]:
-    """Per image the detections of :func:`sigmoid_detections` (the same arguments), without the padding; the keys of
-    :func:`postprocess_detections`, best score first."""
+    """Per image the detections of :func:`sigmoid_detections` (the same arguments: ``outputs``, ``orig_sizes [B,2]``
+    (h, w), ``num_detections``, ``nms_threshold``, ``share_scores``), without the padding; the keys of
+    :func:`postprocess_detections` (``[N]``, ``"boxes" [N,4]`` xyxy pixels), best score first."""
     _check_sizes(orig_sizes, len(outputs["pred_logits"]))
     return per_image(sigmoid_detections(outputs, orig_sizes, num_detections, nms_threshold, share_scores))
 
 
 def postprocess_sigmoid_per_query(outputs: dict, orig_sizes: torch.Tensor, share_scores: bool = False) -> list[dict[str, torch.Tensor]]:
-    """One detection per query for sigmoid classifiers (DINO): its best category id and that score
-    (:func:`sigmoid_scores`), in the layout of :func:`postprocess_detections` (``[Q]`` entries in query order)."""
+    """One detection per query of ``outputs`` (``pred_logits [B,Q,C]``, ``pred_boxes [B,Q,4]``) for sigmoid
+    classifiers (DINO): its best category id and that score (:func:`sigmoid_scores`, with ``share_scores``), its box
+    xyxy in pixels of ``orig_sizes [B,2]`` (h, w), in the layout of :func:`postprocess_detections` (``[Q]`` entries
+    in query order)."""
     logits = outputs["pred_logits"]
     _check_sizes(orig_sizes, len(logits))
     scores, labels = sigmoid_scores(logits, share_scores).max(-1)
@@ -144,7 +150,8 @@ def postprocess_sigmoid_per_query(outputs: dict, orig_sizes: torch.Tensor, share
 
 
 def thing_table(is_thing: Mapping[int, bool], num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``is_thing`` (category id -> thing) as two bool ``[num_classes + 1]`` tables indexed by class (the last:
+    """``is_thing`` (category id -> thing) as two bool ``[num_classes+1]`` tables (``num_classes`` real classes),
+    indexed by class (the last:
     no-object): ``thing`` (ids not in ``is_thing`` count as stuff) and ``known`` (the ids ``is_thing`` names)."""
     thing = torch.zeros(num_classes + 1, dtype=torch.bool)
     known = torch.zeros(num_classes + 1, dtype=torch.bool)
@@ -168,7 +175,8 @@ def number_segments(classes: torch.Tensor, accepted: torch.Tensor, thing: torch.
 
 
 def per_segment(values: torch.Tensor, starts: torch.Tensor, ids: torch.Tensor, fill: float) -> torch.Tensor:
-    """``values [B,Q]`` of the queries that start segments, segment ``i`` at index ``i - 1``, ``fill`` past the last."""
+    """``values [B,Q]`` of the queries that start segments (``starts [B,Q]`` bool, numbered by ``ids [B,Q]``) ->
+    ``[B,Q]``: segment ``i``'s at index ``i - 1``, ``fill`` past the last."""
     queries = values.shape[1]
     slot = torch.where(starts, ids - 1, queries)
     return values.new_full((values.shape[0], queries + 1), fill).scatter(1, slot, values)[:, :queries]
@@ -177,8 +185,8 @@ def per_segment(values: torch.Tensor, starts: torch.Tensor, ids: torch.Tensor, f
 def segments(segment_ids: torch.Tensor, labels: torch.Tensor, scores: torch.Tensor,
              is_thing: Mapping[int, bool]) -> dict:
     """One image's batch panoptic outputs (``segment_ids [H,W]``, ``labels [Q]`` and ``scores [Q]`` by segment,
-    label -1 past the last) -> ``{"segment_ids", "segments_info": [{"id", "category_id", "isthing", "area",
-    "score"}]}``."""
+    label -1 past the last; ``is_thing``: category id -> thing) -> ``{"segment_ids", "segments_info": [{"id",
+    "category_id", "isthing", "area", "score"}]}``."""
     count = int((labels >= 0).sum())
     areas = torch.bincount(segment_ids.flatten(), minlength=count + 1).tolist()
     segments_info = [
@@ -216,7 +224,8 @@ def panoptic_segments(
 
 
 def upsampled_masks(mask_logits: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """DETR's stride-4 mask logits ``[B,Q,h,w]`` of the padded batch -> upsampled 4x bilinearly, cropped to ``size``."""
+    """DETR's stride-4 ``mask_logits [B,Q,h,w]`` of the padded batch -> upsampled 4x bilinearly, cropped to ``size``
+    (H, W): ``[B,Q,H,W]``."""
     height, width = size
     return F.interpolate(mask_logits, scale_factor=4, mode="bilinear", align_corners=False)[..., :height, :width]
 

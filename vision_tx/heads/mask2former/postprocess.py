@@ -12,7 +12,8 @@ from vision_tx.heads.detr.postprocess import number_segments, per_segment, segme
 
 
 def resize_masks(masks: torch.Tensor, size: tuple[int, int], orig_size: tuple[int, int]) -> torch.Tensor:
-    """Mask logits ``[Q,h,w]`` (or ``[B,Q,h,w]``) at stride 4 of the padded input -> ``[Q,H0,W0]``: upsampled bilinearly to
+    """Mask logits ``masks [Q,h,w]`` (or ``[B,Q,h,w]``) at stride 4 of the padded input -> ``[Q,H0,W0]`` (or
+    ``[B,Q,H0,W0]``): upsampled bilinearly to
     the padded input, cropped to the unpadded image ``size`` and resized bilinearly to ``orig_size``."""
     height, width = size
     padded = (4 * masks.shape[-2], 4 * masks.shape[-1])
@@ -25,8 +26,9 @@ def resize_masks(masks: torch.Tensor, size: tuple[int, int], orig_size: tuple[in
 
 
 def semantic_inference(logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-    """Per-class scores ``[C,H,W]``: each query's mask probability weighted by its class probabilities
-    (the no-object class dropped), summed over queries; batched: ``[B,Q,C+1]``, ``[B,Q,H,W]`` -> ``[B,C,H,W]``."""
+    """Per-class scores ``[C,H,W]`` of one image's ``logits [Q,C+1]`` and mask logits ``masks [Q,H,W]``: each query's
+    mask probability weighted by its class probabilities (the no-object class dropped), summed over queries; batched:
+    ``[B,Q,C+1]``, ``[B,Q,H,W]`` -> ``[B,C,H,W]``."""
     return torch.einsum("...qc,...qhw->...chw", logits.softmax(-1)[..., :-1], masks.sigmoid())
 
 
@@ -37,7 +39,8 @@ def panoptic_inference(
     object_mask_threshold: float = 0.8,
     overlap_threshold: float = 0.8,
 ) -> dict:
-    """One image's segment map (:func:`panoptic_segments` of ``logits [Q,C+1]`` and ``masks [Q,H,W]``).
+    """One image's segment map (:func:`panoptic_segments` of ``logits [Q,C+1]`` and ``masks [Q,H,W]``, its
+    ``object_mask_threshold`` and ``overlap_threshold``); ``is_thing``: category id -> thing.
 
     Returns ``{"segment_ids": int64 [H,W] (0: void), "segments_info": [{"id", "category_id", "isthing", "area",
     "score"}]}``, the format of ``postprocess_panoptic``.
@@ -78,7 +81,8 @@ def panoptic_segments(
 
 def instance_inference(logits: torch.Tensor, masks: torch.Tensor, topk: int = 100,
                        thing_classes: set[int] | None = None) -> dict[str, torch.Tensor]:
-    """One image's instances (:func:`instance_detections` of ``logits [Q,C+1]`` and ``masks [Q,H,W]``), then, with
+    """One image's ``topk`` best instances (:func:`instance_detections` of ``logits [Q,C+1]`` and ``masks [Q,H,W]``),
+    then, with
     ``thing_classes`` (panoptic models), only those of these classes. Returns ``{"scores" [N], "labels" [N] int64,
     "masks" bool [N,H,W]}``, best first."""
     found = {key: value[0] for key, value in instance_detections(logits[None], masks[None], topk).items()}
@@ -102,7 +106,7 @@ def instance_detections(logits: torch.Tensor, masks: torch.Tensor, topk: int) ->
 
 def instance_candidates(logits: torch.Tensor, masks: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``topk`` best (query, class) pairs of each image's class probabilities (``logits [B,Q,C+1]``, mask
-    logits ``[B,Q,H,W]``), in that ranking: ``scores [B,K]`` (class probability times the mean mask probability
+    logits ``masks [B,Q,H,W]``), in that ranking: ``scores [B,K]`` (class probability times the mean mask probability
     over the foreground), ``labels [B,K]`` and the foregrounds ``bool [B,K,H,W]``."""
     probs = logits.softmax(-1)[..., :-1]
     num_classes = probs.shape[-1]
