@@ -150,6 +150,19 @@ class VisionTxCLI(LightningCLI):
         # Off unless --budget.minutes M: the config's step plan stretched to M minutes of training.
         parser.add_lightning_class_args(TrainingBudget, "budget")
 
+    def before_instantiate_classes(self) -> None:
+        """``--budget.minutes``: the config's ``trainer.max_steps`` becomes the budget's ``planned_steps`` and the
+        trainer gets no step or epoch limit, so that the budget alone ends the run (the saved config says so)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        budget, trainer = config.get("budget"), config.get("trainer")
+        if budget is None or trainer is None or not budget.get("minutes"):
+            return
+        if budget.get("planned_steps") is None and (trainer.get("max_steps") or -1) > 0:
+            budget["planned_steps"] = trainer["max_steps"]
+        trainer["max_steps"] = -1
+        if trainer.get("max_epochs") is None:
+            trainer["max_epochs"] = -1
+
     def before_subcommand(self) -> None:
         """Checks the backbone name before any data is read, and lets the checkpoint reader check a
         checkpoint to resume or validate against this model."""
