@@ -30,6 +30,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from vision_tx.backbones import list_backbones
 from vision_tx.checkpoint import CheckpointError, read_training_checkpoint
 from vision_tx.data.invalid import InvalidDataError
+from vision_tx.lightning.augmentation import LongRunAugmentation
 from vision_tx.lightning.budget import TrainingBudget
 from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint, TrainingMonitor, ValidationReport
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
@@ -149,6 +150,8 @@ class VisionTxCLI(LightningCLI):
         parser.add_lightning_class_args(ValidationReport, "report")
         # Off unless --budget.minutes M: the config's step plan stretched to M minutes of training.
         parser.add_lightning_class_args(TrainingBudget, "budget")
+        # Applies the datamodule's augmentation_schedule (none: nothing to do).
+        parser.add_lightning_class_args(LongRunAugmentation, "long_run")
 
     def before_instantiate_classes(self) -> None:
         """``--budget.minutes``: the config's ``trainer.max_steps`` becomes the budget's ``planned_steps`` and the
