@@ -98,12 +98,15 @@ def test_copy_paste_is_refused_where_the_targets_are_not_detection_targets(tmp_p
         data.setup("fit")
 
 
-def test_the_augmentation_schedule_is_declared_beside_the_probabilities_and_read_through_the_datamodule(tmp_path: Path) -> None:
+def test_the_augmentation_schedule_is_declared_beside_the_probabilities_and_read_through_the_datamodule(
+    tmp_path: Path,
+) -> None:
     """The datamodule's schedule holds its own entries and its training transform's; its probabilities are read and
     set through ``augmentation_probabilities()`` / ``set_augmentation_probabilities()``, in the built split (the
     probabilities loader workers read) and the transform, at values that tell each augmentation apart."""
     transform = DetrTrainTransform(scales=[64], max_size=96, crop_probability=0.0, channel_permutation_probability=0.25,
-                                   vertical_flip_probability=0.75, augmentation_schedule={"vertical_flip": {"from_epochs": 40}})
+                                   vertical_flip_probability=0.75,
+                                   augmentation_schedule={"vertical_flip": {"from_epochs": 40}})
     data = CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, mixup_probability=0.5,
                                    copy_paste_probability=0.125, train_transform=transform,
                                    augmentation_schedule={"mixup": {"from_epochs": 30, "close_at_drop": True}})
@@ -127,7 +130,8 @@ def test_a_schedule_of_an_unknown_augmentation_is_refused(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="names 'mixup'; its augmentations are"):
         DetrTrainTransform(augmentation_schedule={"mixup": {"from_epochs": 40}})
     with pytest.raises(ValueError, match="names 'vertical_flip'; its augmentations are"):
-        CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"), augmentation_schedule={"vertical_flip": {"from_epochs": 1}})
+        CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"),
+                                augmentation_schedule={"vertical_flip": {"from_epochs": 1}})
     with pytest.raises(ValueError, match="from_epochs must be at least 0"):
         LongRun(-1)
     with pytest.raises(TypeError):

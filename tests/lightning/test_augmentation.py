@@ -173,7 +173,8 @@ def test_mixup_and_copy_paste_run_with_the_permutation_and_close_at_the_drop_as_
 def test_a_short_run_is_not_augmented() -> None:
     callback = LongRunAugmentation()  # the same 6 epochs, now short of the threshold
     assert fit(mosaics_and_affine(6.5), max_steps=12, callback=callback) == [
-        (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for epoch in range(6) for _ in range(2)]
+        (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
+        for epoch in range(6) for _ in range(2)]
     assert callback.on_epochs == {6.5: None}
 
 
@@ -193,7 +194,8 @@ def test_a_step_run_counts_its_accumulated_batches_as_epochs(length: float, on: 
 def test_a_budget_run_is_long_when_its_pace_makes_from_epochs(length: float, on: bool) -> None:
     budget = TrainingBudget(minutes=1.0)
     budget.elapsed = lambda: 6.0  # two epochs in 6 s: 20 epochs in the minute
-    trainer = SimpleNamespace(callbacks=[budget], current_epoch=2, max_steps=-1, datamodule=ProbeData(0, mosaics_and_affine(length)),
+    trainer = SimpleNamespace(callbacks=[budget], current_epoch=2, max_steps=-1,
+                              datamodule=ProbeData(0, mosaics_and_affine(length)),
                               strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision))
     callback = LongRunAugmentation()
     callback.setup(trainer, None, "fit")
@@ -218,7 +220,8 @@ def test_a_resumed_run_draws_its_first_batches_as_the_run_it_continues(tmp_path:
     assert resumed and resumed[0][0] == step // BATCHES_PER_EPOCH  # the epoch of the next batch
     assert resumed == [(epoch, MOSAIC if epoch <= long_run.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
                        for epoch, *_ in resumed]
-    resumed_short = fit(mosaics_and_affine(6.5), max_steps=12, workers=1, resume_from=tmp_path / "short" / f"step={step}.ckpt")
+    resumed_short = fit(mosaics_and_affine(6.5), max_steps=12, workers=1,
+                        resume_from=tmp_path / "short" / f"step={step}.ckpt")
     assert resumed_short and all(seen[1:] == (0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for seen in resumed_short)
 
 
@@ -236,8 +239,9 @@ def test_batches_per_epoch_read_before_lightning_iterates(world_size: int, limit
 
 def test_a_datamodule_without_a_schedule_is_left_as_configured() -> None:
     """No ``augmentation_schedule`` (a classification datamodule) or an empty one: nothing is read or set."""
-    assert fit({}, max_steps=12) == [(epoch, MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
-                                     for epoch in range(6) for _ in range(2)]
+    assert fit({}, max_steps=12) == [
+        (epoch, MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
+        for epoch in range(6) for _ in range(2)]
     callback = LongRunAugmentation()
     callback.setup(planned_trainer(SimpleNamespace(train_dataset=[])), None, "fit")
     assert callback.schedule == {} and callback.on_epochs == {}
@@ -251,7 +255,8 @@ def test_several_run_lengths_switch_their_own_augmentations() -> None:
     schedule = {**mosaics_and_affine(100), "channel_permutation": LongRun(5), "vertical_flip": LongRun(5),
                 "quarter_turn": LongRun(5)}
     assert fit(schedule, max_steps=12, workers=1, callback=callback) == [
-        (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for epoch in range(6) for _ in range(2)]
+        (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
+        for epoch in range(6) for _ in range(2)]
     assert callback.on_epochs == {5.0: 0, 100.0: None}
     assert callback.state_dict()["on_epochs"] == {"5": 0, "100": None}
     assert fit({"channel_permutation": LongRun(6.5)}, max_steps=12)[0] == (
@@ -270,8 +275,8 @@ def test_each_switch_is_logged(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("vision_tx.lightning.augmentation.rank_zero_info", lines.append)
     fit({**recipe(6), "affine": LongRun(6.5)}, max_steps=12)
     assert lines == [
-        "LongRunAugmentation: mixup and copy-paste and channel permutation and vertical flip on from epoch 0 (the run makes "
-        "about 6 epochs, the schedule's from_epochs 6)",
+        "LongRunAugmentation: mixup and copy-paste and channel permutation and vertical flip on from epoch 0 "
+        "(the run makes about 6 epochs, the schedule's from_epochs 6)",
         "LongRunAugmentation: no affine while the run's length is under the schedule's from_epochs 6.5 (about 6)",
         "LongRunAugmentation: mixup off from epoch 4 (the learning rate dropped in epoch 3)",
         "LongRunAugmentation: copy-paste off from epoch 4 (the learning rate dropped in epoch 3)",

@@ -48,7 +48,8 @@ class Sleepy(pl.LightningModule):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
         if self.schedule == "steps":
             return {"optimizer": optimizer, "lr_scheduler": {
-                "scheduler": PlannedStepLR(optimizer, [DROP_STEP], gamma=0.1, trainer=self.trainer), "interval": "step"}}
+                "scheduler": PlannedStepLR(optimizer, [DROP_STEP], gamma=0.1, trainer=self.trainer),
+                "interval": "step"}}
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 5)}
 
 
@@ -56,7 +57,8 @@ def fit(budget: TrainingBudget, model: Sleepy, max_steps: int = -1, val_check_in
     """Fits ``model`` on random data under ``budget`` (no step limit unless ``max_steps``, as tools/train.py builds a
     budget run's trainer); returns the whole run's wall-clock seconds."""
     data = TensorDataset(torch.randn(4000, 4), torch.randint(0, 2, (4000,)))
-    trainer = pl.Trainer(max_steps=max_steps, max_epochs=-1, val_check_interval=val_check_interval, check_val_every_n_epoch=None,
+    trainer = pl.Trainer(max_steps=max_steps, max_epochs=-1, val_check_interval=val_check_interval,
+                         check_val_every_n_epoch=None,
                          limit_val_batches=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, callbacks=[budget],
                          max_time={"seconds": 30})  # a run the budget fails to stop still ends
@@ -101,7 +103,8 @@ def planned_trainer(budget: TrainingBudget, max_steps: int = -1) -> SimpleNamesp
 
 
 def test_the_time_spent_is_kept_in_checkpoints_and_a_resumed_schedule_starts_where_it_was() -> None:
-    """42 s of a 60 s budget over 10 planned steps: step 7 of the plan, short of the drop at 8; 54 s: step 9, past it."""
+    """42 s of a 60 s budget over 10 planned steps: step 7 of the plan, short of the drop at 8; 54 s: step 9, past
+    it."""
     budget = TrainingBudget(minutes=1.0, planned_steps=PLANNED_STEPS)
     budget.load_state_dict({"spent": 42.0})
     resumed = TrainingBudget(minutes=1.0, planned_steps=PLANNED_STEPS)

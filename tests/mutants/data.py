@@ -1,8 +1,8 @@
 """Planted bugs in the data pipeline: mosaic, copy-paste, the YOLO and VOC layouts (see ``tests/mutants/__init__.py``)."""
 
 from tests.mutants.mutant import Mutant
-from tests.mutants.targets import (AFFINE, AUGMENTATION_SCHEDULE, CHANNEL_PERMUTATION, COCO, CROP_PROBABILITY, LAYOUTS, MOSAIC,
-                                  QUARTER_TURN, SCHEDULE_REFUSED, SHAPES, VERTICAL_FLIP)
+from tests.mutants.targets import (AFFINE, AUGMENTATION_SCHEDULE, CHANNEL_PERMUTATION, COCO, CROP_PROBABILITY, LAYOUTS,
+                                  MOSAIC, QUARTER_TURN, SCHEDULE_REFUSED, SHAPES, VERTICAL_FLIP)
 
 MUTANTS = [
     # Mosaic augmentation
@@ -14,7 +14,8 @@ MUTANTS = [
            "p=affine_probability)", "p=0.0)", (AFFINE,)),
     Mutant("transforms: the channel permutation never applied", "vision_tx/data/transforms.py",
            "p=channel_permutation_probability)", "p=0.0)", (CHANNEL_PERMUTATION,)),
-    Mutant("transforms: the channel permutation before the flip and resize (their draws change)", "vision_tx/data/transforms.py",
+    Mutant("transforms: the channel permutation before the flip and resize (their draws change)",
+           "vision_tx/data/transforms.py",
            "                v2.RandomHorizontalFlip(),\n", "                self.channel_permutation,\n                v2.RandomHorizontalFlip(),\n",
            (CHANNEL_PERMUTATION,)),
     Mutant("transforms: the switched-off channel permutation applied anyway", "vision_tx/data/transforms.py",
@@ -27,13 +28,15 @@ MUTANTS = [
     Mutant("transforms: the switched-off vertical flip applied anyway", "vision_tx/data/transforms.py",
            "self.vertical_flip = SwitchableRandomApply([v2.RandomVerticalFlip(p=1.0)], p=vertical_flip_probability)",
            "self.vertical_flip = v2.RandomVerticalFlip(p=vertical_flip_probability)", (VERTICAL_FLIP,)),
-    Mutant('augmentation schedule: the vertical flip set through the channel permutation', 'vision_tx/data/transforms.py',
+    Mutant('augmentation schedule: the vertical flip set through the channel permutation',
+           'vision_tx/data/transforms.py',
            '"vertical_flip": self.vertical_flip, "quarter_turn": self.quarter_turn}',
            '"vertical_flip": self.channel_permutation, "quarter_turn": self.quarter_turn}', (AUGMENTATION_SCHEDULE,)),
     Mutant('augmentation schedule: the quarter turn read through the vertical flip', 'vision_tx/data/transforms.py',
            '"vertical_flip": self.vertical_flip, "quarter_turn": self.quarter_turn}',
            '"vertical_flip": self.vertical_flip, "quarter_turn": self.vertical_flip}', (AUGMENTATION_SCHEDULE,)),
-    Mutant("augmentation schedule: the training transform's entries left out of the datamodule's", 'vision_tx/data/detection.py',
+    Mutant("augmentation schedule: the training transform's entries left out of the datamodule's",
+           'vision_tx/data/detection.py',
            '{**own, **self.train_transform.augmentation_schedule}',
            'own', (AUGMENTATION_SCHEDULE,)),
     Mutant("augmentation schedule: mixup read from the built split's copy-paste", 'vision_tx/data/detection.py',

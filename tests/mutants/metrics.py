@@ -1,8 +1,8 @@
 """Planted bugs in the evaluators and reports: COCO AP, PQ, per-category tables, the validation report, top-k (see ``tests/mutants/__init__.py``)."""
 
 from tests.mutants.mutant import Mutant
-from tests.mutants.targets import (AFFINE, BUDGET_CLI, CLASSWISE, COCO, DETECTION_REPORT, MAL, PQ, SHAPES_CLASSIFICATION,
-                                  TRAINING_BUDGET, YOLO_LABELS)
+from tests.mutants.targets import (AFFINE, BUDGET_CLI, BUDGET_KEPT_LIMIT, BUDGET_RESUME, BUDGET_STEPS, CLASSWISE, COCO,
+                                  DETECTION_REPORT, MAL, PQ, SHAPES_CLASSIFICATION, TRAINING_BUDGET, YOLO_LABELS)
 
 MUTANTS = [
     # Panoptic quality
@@ -36,7 +36,8 @@ MUTANTS = [
     Mutant("detection report: a match needs IoU above the threshold", "vision_tx/metrics/detection_report.py",
            "rows, columns = torch.nonzero(iou >= iou_threshold, as_tuple=True)",
            "rows, columns = torch.nonzero(iou > iou_threshold, as_tuple=True)", (DETECTION_REPORT,)),
-    Mutant("detection report: a validation's evaluation read at one area range of its four", "vision_tx/metrics/detection_report.py",
+    Mutant("detection report: a validation's evaluation read at one area range of its four",
+           "vision_tx/metrics/detection_report.py",
            "images, areas = len(params.imgIds), len(params.areaRng)", "images, areas = len(params.imgIds), 1", (DETECTION_REPORT,)),
     Mutant("detection report: precision at one detection an image, not 100", "vision_tx/metrics/detection_report.py",
            'precision = evaluator.eval["precision"][0, :, :, 0, -1]', 'precision = evaluator.eval["precision"][0, :, :, 0, 0]',
@@ -68,22 +69,22 @@ MUTANTS = [
            'pass', (BUDGET_CLI,)),
     Mutant('budget: a kept step limit not taken for the plan', 'vision_tx/lightning/budget.py',
            'self.planned_steps = trainer.max_steps',
-           'pass', (TRAINING_BUDGET,)),
+           'pass', (BUDGET_KEPT_LIMIT,)),
     Mutant("budget: the drop comes at half its step's fraction of the time", 'vision_tx/lightning/budget.py',
            'return self.reached * self.planned_steps',
-           'return 2 * self.reached * self.planned_steps', (TRAINING_BUDGET,)),
+           'return 2 * self.reached * self.planned_steps', (BUDGET_RESUME,)),
     Mutant('budget: the schedule reads the optimiser steps under a budget too', 'vision_tx/lightning/budget.py',
            'return step if reached is None else reached',
-           'return step', (TRAINING_BUDGET,)),
+           'return step', (BUDGET_RESUME,)),
     Mutant('budget: a milestone counted one step late', 'vision_tx/lightning/budget.py',
            'gamma ** sum(reached >= milestone for milestone in self.milestones)',
-           'gamma ** sum(reached > milestone for milestone in self.milestones)', (TRAINING_BUDGET,)),
+           'gamma ** sum(reached > milestone for milestone in self.milestones)', (BUDGET_STEPS,)),
     Mutant("budget: a resumed run's schedule starts from the beginning", 'vision_tx/lightning/budget.py',
            'self.reached = self.spent / (60 * self.minutes)',
-           'self.reached = 0.0', (TRAINING_BUDGET,)),
+           'self.reached = 0.0', (BUDGET_RESUME,)),
     Mutant('budget: the spent time is not restored', 'vision_tx/lightning/budget.py',
            'self.spent = state_dict["spent"]',
-           'pass', (TRAINING_BUDGET,)),
+           'pass', (BUDGET_RESUME,)),
     Mutant("budget: under DDP only the first process's images are counted", "vision_tx/lightning/budget.py",
            "self.images, self.cpu = int(images), cpu", "pass", (TRAINING_BUDGET,)),
     Mutant("budget: the summary is not written to metrics.json", "vision_tx/lightning/budget.py",

@@ -181,7 +181,8 @@ class DetrTrainTransform(DetectionTransform):
         self.vertical_flip = SwitchableRandomApply([v2.RandomVerticalFlip(p=1.0)], p=vertical_flip_probability)
         quarter_turn = v2.RandomRotation(degrees=(90, 90), expand=True)
         self.quarter_turn = SwitchableRandomApply([quarter_turn], p=quarter_turn_probability)
-        self.augmentation_schedule = read_schedule(type(self).__name__, augmentation_schedule, self.augmentation_probabilities())
+        self.augmentation_schedule = read_schedule(type(self).__name__, augmentation_schedule,
+                                                   self.augmentation_probabilities())
         super().__init__(
             v2.Compose([
                 v2.RandomHorizontalFlip(),

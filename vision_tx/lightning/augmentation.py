@@ -116,8 +116,9 @@ class LongRunAugmentation(pl.Callback):
         elif length not in self._told_off:
             self._told_off.add(length)
             known = f"about {planned:.0f}" if planned else "not yet known"
-            rank_zero_info(f"LongRunAugmentation: no {self.names(length).replace(' and ', ' or ')} while the run's length "
-                           f"is under the schedule's from_epochs {length:g} ({known})")
+            names = self.names(length).replace(" and ", " or ")
+            rank_zero_info(f"LongRunAugmentation: no {names} while the run's length is under the schedule's "
+                           f"from_epochs {length:g} ({known})")
 
     def _apply(self, epoch: int) -> None:
         """Sets every scheduled probability for ``epoch``: as configured while on and not closed, else 0."""

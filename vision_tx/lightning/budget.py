@@ -86,14 +86,14 @@ class TrainingBudget(pl.Callback):
         if self.planned_steps is None and trainer.max_steps > 0:
             self.planned_steps = trainer.max_steps
         if trainer.max_steps > 0:
-            rank_zero_warn(f"TrainingBudget: the trainer keeps its step limit ({trainer.max_steps}): the run ends there "
-                           "if the budget has not run out before (tools/train.py lifts it into planned_steps)")
+            rank_zero_warn(f"TrainingBudget: the trainer keeps its step limit ({trainer.max_steps}): the run ends "
+                           "there if the budget has not run out before (tools/train.py lifts it into planned_steps)")
         schedulers = [(c.scheduler, c.interval) for c in trainer.lr_scheduler_configs]
         if self.planned_steps is None or any(not isinstance(s, PlannedStepLR) or i != "step" for s, i in schedulers):
             kinds = ", ".join(f"{type(s).__name__} every {i}" for s, i in schedulers) or "none"
             rank_zero_warn(f"TrainingBudget: only a step plan (planned_steps, a PlannedStepLR stepped every step) is "
-                           f"stretched to the budget; this run's (planned steps {self.planned_steps}, schedule: {kinds}) "
-                           "runs as written and stops at the budget if it has not ended before")
+                           f"stretched to the budget; this run's (planned steps {self.planned_steps}, schedule: "
+                           f"{kinds}) runs as written and stops at the budget if it has not ended before")
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._pause()
