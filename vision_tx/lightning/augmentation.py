@@ -122,6 +122,8 @@ class LongRunAugmentation(pl.Callback):
 
     def _apply(self, epoch: int) -> None:
         """Sets every scheduled probability for ``epoch``: as configured while on and not closed, else 0."""
+        if not self.schedule:  # a datamodule with nothing scheduled (or none of the interface) is left alone
+            return
         closed = self.drop_epoch is not None and epoch > self.drop_epoch
         current = self._datamodule.augmentation_probabilities()
         wanted: dict[str, float] = {}
