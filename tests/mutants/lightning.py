@@ -26,7 +26,7 @@ MUTANTS = [
     Mutant("share_scores_from_epoch: the checkpoint's switch put over a share_scores the command line gives",
            "vision_tx/lightning/detection.py",
            'if self.scores_shared_from_step is not None and "share_scores" not in (self.hparams.detector_kwargs or {})',
-           "if self.scores_shared_from_step is not None:", (SHARE_FROM_EPOCH,)),
+           "if self.scores_shared_from_step is not None", (SHARE_FROM_EPOCH,)),
     Mutant("share_scores_from_epoch: accumulated batches not counted", "vision_tx/lightning/detection.py",
            "trainer.global_step * trainer.accumulate_grad_batches / trainer.num_training_batches",
            "trainer.global_step / trainer.num_training_batches", (SHARE_FROM_EPOCH,)),
