@@ -12,6 +12,7 @@ from vision_tx.data.coco import CocoFormatError
 from vision_tx.data.coco_instances import CocoInstances
 from vision_tx.data.detection import CocoDetectionDataModule, CocoInstanceDataModule
 from vision_tx.data.mosaic import MosaicDetection
+from vision_tx.data.schedule import LongRun
 from vision_tx.data.transforms import DetrTrainTransform, DetrValTransform
 
 
@@ -95,3 +96,43 @@ def test_copy_paste_is_refused_where_the_targets_are_not_detection_targets(tmp_p
     data = CocoInstanceDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, copy_paste_probability=0.5)
     with pytest.raises(ValueError, match="CocoInstanceDataModule: copy-paste yields detection targets"):
         data.setup("fit")
+
+
+def test_the_augmentation_schedule_is_declared_beside_the_probabilities_and_read_through_the_datamodule(
+    tmp_path: Path,
+) -> None:
+    """The datamodule's schedule holds its own entries and its training transform's; its probabilities are read and
+    set through ``augmentation_probabilities()`` / ``set_augmentation_probabilities()``, in the built split (the
+    probabilities loader workers read) and the transform, at values that tell each augmentation apart."""
+    transform = DetrTrainTransform(scales=[64], max_size=96, crop_probability=0.0, channel_permutation_probability=0.25,
+                                   vertical_flip_probability=0.75,
+                                   augmentation_schedule={"vertical_flip": {"from_epochs": 40}})
+    data = CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, mixup_probability=0.5,
+                                   copy_paste_probability=0.125, train_transform=transform,
+                                   augmentation_schedule={"mixup": {"from_epochs": 30, "close_at_drop": True}})
+    assert data.augmentation_schedule == {"mixup": LongRun(30, close_at_drop=True), "vertical_flip": LongRun(40)}
+    configured = {"mosaic": 0.0, "mixup": 0.5, "copy_paste": 0.125, "affine": 0.0, "channel_permutation": 0.25,
+                  "vertical_flip": 0.75, "quarter_turn": 0.0}
+    assert data.augmentation_probabilities() == configured
+    with pytest.raises(RuntimeError, match="once setup"):
+        data.set_augmentation_probabilities({"mixup": 0.0})
+    data.setup("fit")
+    data.set_augmentation_probabilities({"mixup": 0.0, "copy_paste": 0.375, "vertical_flip": 0.0})
+    assert data.augmentation_probabilities() == {**configured, "mixup": 0.0, "copy_paste": 0.375, "vertical_flip": 0.0}
+    assert (data.train_dataset.mixup_probability, data.train_dataset.copy_paste_probability) == (0.0, 0.375)
+    assert (transform.vertical_flip.p, transform.channel_permutation.p) == (0.0, 0.25)
+    assert data.mixup_probability == 0.5  # the configured value stays
+    with pytest.raises(KeyError, match="no switchable augmentation 'cutmix'"):
+        data.set_augmentation_probabilities({"cutmix": 0.5})
+
+
+def test_a_schedule_of_an_unknown_augmentation_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="names 'mixup'; its augmentations are"):
+        DetrTrainTransform(augmentation_schedule={"mixup": {"from_epochs": 40}})
+    with pytest.raises(ValueError, match="names 'vertical_flip'; its augmentations are"):
+        CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"),
+                                augmentation_schedule={"vertical_flip": {"from_epochs": 1}})
+    with pytest.raises(ValueError, match="from_epochs must be at least 0"):
+        LongRun(-1)
+    with pytest.raises(TypeError):
+        DetrTrainTransform(vertical_flip_probability=0.5, augmentation_schedule={"vertical_flip": {"from_epoch": 40}})

@@ -1,7 +1,8 @@
-"""LongRunAugmentation: the configured mosaics and affine (or the augmentations named) held off in short
-runs, on in long ones, the mosaics, mixup and copy-paste closed after the learning-rate drop, every change seen by persistent
-loader workers, the first batches too (a worker starts drawing before ``on_train_start``); two instances side by
-side, each with its own threshold and checkpoint entry; a resumed run drawn as the run it continues from its first batch."""
+"""LongRunAugmentation applies the datamodule's augmentation_schedule: each scheduled augmentation held off in runs
+shorter than its from_epochs, on in long ones, those that close_at_drop closed after the learning-rate drop, every
+change seen by persistent loader workers, the first batches too (a worker starts drawing before ``on_train_start``);
+several run lengths side by side, each decided on its own; a resumed run drawn as the run it continues from its first
+batch. It reads and sets the probabilities through the datamodule's public interface only."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.transforms import v2
 
+from vision_tx.data.schedule import LongRun
 from vision_tx.data.shared_probability import SharedProbability
 from vision_tx.data.transforms import SwitchableRandomApply
 from vision_tx.lightning.augmentation import LongRunAugmentation
@@ -51,14 +53,33 @@ class Probe(Dataset):
 
 
 class ProbeData(pl.LightningDataModule):
-    def __init__(self, workers: int) -> None:
+    """The schedule's datamodule interface over the probe: ``augmentation_schedule``, ``augmentation_probabilities()``
+    and ``set_augmentation_probabilities()``."""
+
+    DATASET = {"mosaic": "probability", "mixup": "mixup_probability", "copy_paste": "copy_paste_probability"}
+
+    def __init__(self, workers: int, schedule: dict[str, LongRun] | None = None) -> None:
         super().__init__()
         self.workers = workers
+        self.augmentation_schedule = schedule or {}
         self.train_transform = SimpleNamespace(affine=SwitchableRandomApply([v2.Identity()], p=AFFINE),
                                                channel_permutation=SwitchableRandomApply([v2.Identity()], p=PERMUTATION),
                                                vertical_flip=SwitchableRandomApply([v2.Identity()], p=VERTICAL_FLIP),
                                                quarter_turn=SwitchableRandomApply([v2.Identity()], p=QUARTER_TURN))
         self.train_dataset = Probe(self.train_transform)
+
+    def augmentation_probabilities(self) -> dict[str, float]:
+        transform = self.train_transform
+        return {**{name: getattr(self.train_dataset, attribute) for name, attribute in self.DATASET.items()},
+                "affine": transform.affine.p, "channel_permutation": transform.channel_permutation.p,
+                "vertical_flip": transform.vertical_flip.p, "quarter_turn": transform.quarter_turn.p}
+
+    def set_augmentation_probabilities(self, probabilities: dict[str, float]) -> None:
+        for name, probability in probabilities.items():
+            if name in self.DATASET:
+                setattr(self.train_dataset, self.DATASET[name], probability)
+            else:
+                getattr(self.train_transform, name).p = probability
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_dataset, batch_size=4, num_workers=self.workers, persistent_workers=self.workers > 0)
@@ -89,16 +110,28 @@ class Recorder(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def fit(callback: LongRunAugmentation | list[LongRunAugmentation], max_steps: int, workers: int = 0, save_to: Path | None = None,
-        resume_from: Path | None = None) -> list[tuple[float, ...]]:
-    """Trains ``max_steps``; ``save_to`` keeps a checkpoint after every step (``step=N.ckpt``), ``resume_from`` resumes one."""
-    data = ProbeData(workers)
+# The schedules of the old defaults (the mosaics, closed at the drop, and the affine) and of the recipe
+def mosaics_and_affine(length: float) -> dict[str, LongRun]:
+    return {"mosaic": LongRun(length, close_at_drop=True), "affine": LongRun(length)}
+
+
+def recipe(length: float) -> dict[str, LongRun]:
+    return {"mixup": LongRun(length, True), "copy_paste": LongRun(length, True),
+            "channel_permutation": LongRun(length), "vertical_flip": LongRun(length)}
+
+
+def fit(schedule: dict[str, LongRun], max_steps: int, workers: int = 0, save_to: Path | None = None,
+        resume_from: Path | None = None, callback: LongRunAugmentation | None = None,
+        accumulate: int = 1) -> list[tuple[float, ...]]:
+    """Trains ``max_steps`` on the probe data of ``schedule``; ``save_to`` keeps a checkpoint after every step
+    (``step=N.ckpt``), ``resume_from`` resumes one."""
+    data = ProbeData(workers, schedule)
     model = Recorder(data.train_dataset.drawn if workers else None)
-    callbacks = callback if isinstance(callback, list) else [callback]
+    callbacks = [callback if callback is not None else LongRunAugmentation()]
     if save_to is not None:
         callbacks = [*callbacks, pl.callbacks.ModelCheckpoint(save_to, "{step}", every_n_train_steps=1, save_top_k=-1)]
     trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=save_to is not None, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=callbacks)
+                         enable_model_summary=False, callbacks=callbacks, accumulate_grad_batches=accumulate)
     trainer.fit(model, datamodule=data, ckpt_path=resume_from)
     return model.seen
 
@@ -111,58 +144,66 @@ def planned_trainer(data: ProbeData, max_steps: int = 12, **fields: Any) -> Simp
 
 
 def test_a_long_run_augments_until_the_drop_then_closes_the_mosaics_in_persistent_workers() -> None:
-    callback = LongRunAugmentation(min_epochs=6)  # 12 steps of 2 per epoch: 6 epochs, long enough
-    seen = fit(callback, max_steps=12, workers=1)
-    assert callback.on_epoch == 0 and callback.drop_epoch == (DROP_STEP - 1) // BATCHES_PER_EPOCH
+    callback = LongRunAugmentation()  # 12 steps of 2 per epoch: 6 epochs, long enough
+    seen = fit(mosaics_and_affine(6), max_steps=12, workers=1, callback=callback)
+    assert callback.on_epochs == {6.0: 0} and callback.drop_epoch == (DROP_STEP - 1) // BATCHES_PER_EPOCH
     expected = [(epoch, MOSAIC if epoch <= callback.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
                 for epoch in range(6) for _ in range(2)]
     assert seen == expected
 
 
 def test_mixup_and_copy_paste_run_with_the_permutation_and_close_at_the_drop_as_the_mosaics() -> None:
-    """The recipe's 40-epoch instance: mixup, copy-paste, the permutation and the flip; only mixup and copy-paste
+    """The recipe's 40-epoch schedule: mixup, copy-paste, the permutation and the flip; only mixup and copy-paste
     stop after the drop."""
-    callback = LongRunAugmentation(min_epochs=6, augmentations=["mixup", "copy_paste", "channel_permutation", "vertical_flip"])
-    seen = fit(callback, max_steps=12, workers=1)
+    callback = LongRunAugmentation()
+    seen = fit(recipe(6), max_steps=12, workers=1, callback=callback)
     open_ = [epoch <= callback.drop_epoch for epoch in range(6)]
     assert seen == [(epoch, MOSAIC, MIXUP if open_[epoch] else 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN,
                      COPY_PASTE if open_[epoch] else 0.0) for epoch in range(6) for _ in range(2)]
-    assert callback.names == "mixup and copy-paste and channel permutation and vertical flip"
-    data = ProbeData(0)
-    data.train_dataset.mixup_probability = 0.0  # named but not configured: not switched, and not in the messages
-    unconfigured = LongRunAugmentation(augmentations=["mixup", "channel_permutation"])
+    assert callback.names(6) == "mixup and copy-paste and channel permutation and vertical flip"
+    data = ProbeData(0, recipe(6))
+    data.train_dataset.mixup_probability = 0.0  # scheduled but configured at 0: not switched, and not in the messages
+    unconfigured = LongRunAugmentation()
     unconfigured.setup(planned_trainer(data), None, "fit")
-    assert unconfigured.names == "channel permutation"
-    short = fit(LongRunAugmentation(min_epochs=6.5, augmentations=["mixup"]), max_steps=12)
+    assert unconfigured.names(6) == "copy-paste and channel permutation and vertical flip"
+    short = fit({"mixup": LongRun(6.5, True)}, max_steps=12)
     assert short == [(epoch, MOSAIC, 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for epoch in range(6) for _ in range(2)]
 
 
 def test_a_short_run_is_not_augmented() -> None:
-    callback = LongRunAugmentation(min_epochs=6.5)  # the same 6 epochs, now short of the threshold
-    assert fit(callback, max_steps=12) == [(epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for epoch in range(6) for _ in range(2)]
-    assert callback.on_epoch is None
+    callback = LongRunAugmentation()  # the same 6 epochs, now short of the threshold
+    assert fit(mosaics_and_affine(6.5), max_steps=12, callback=callback) == [
+        (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
+        for epoch in range(6) for _ in range(2)]
+    assert callback.on_epochs == {6.5: None}
 
 
-@pytest.mark.parametrize(("min_epochs", "on"), [(6.0, True), (6.5, False)])
-def test_a_step_run_counts_its_accumulated_batches_as_epochs(min_epochs: float, on: bool) -> None:
+@pytest.mark.parametrize(("length", "on"), [(6.0, True), (6.5, False)])
+def test_a_step_run_counts_its_accumulated_batches_as_epochs(length: float, on: bool) -> None:
     """6 optimiser steps of 2 accumulated batches each, at 2 batches an epoch: 6 epochs, not 3."""
-    callback = LongRunAugmentation(min_epochs=min_epochs)
-    trainer = planned_trainer(ProbeData(0), max_steps=6, accumulate_grad_batches=2)
+    callback = LongRunAugmentation()
+    trainer = planned_trainer(ProbeData(0, mosaics_and_affine(length)), max_steps=6, accumulate_grad_batches=2)
     assert callback.planned_epochs(trainer) == pytest.approx(6.0)
     callback.setup(trainer, None, "fit")
-    assert (callback.on_epoch == 0) is on
+    assert (callback.on_epochs[length] == 0) is on
+    seen = fit(mosaics_and_affine(length), max_steps=6, accumulate=2)  # and so in a real run, all 12 batches
+    assert len(seen) == 12 and {batch[3] for batch in seen} == {AFFINE if on else 0.0}
 
 
-@pytest.mark.parametrize(("min_epochs", "on"), [(20.0, True), (20.5, False)])
-def test_a_budget_run_is_long_when_its_pace_makes_min_epochs(min_epochs: float, on: bool) -> None:
+@pytest.mark.parametrize(("length", "on"), [(20.0, True), (20.5, False)])
+def test_a_budget_run_is_long_when_its_pace_makes_from_epochs(length: float, on: bool) -> None:
     budget = TrainingBudget(minutes=1.0)
     budget.elapsed = lambda: 6.0  # two epochs in 6 s: 20 epochs in the minute
     trainer = SimpleNamespace(callbacks=[budget], current_epoch=2, max_steps=-1,
+                              datamodule=ProbeData(0, mosaics_and_affine(length)),
                               strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision))
-    callback = LongRunAugmentation(min_epochs=min_epochs)
+    callback = LongRunAugmentation()
+    callback.setup(trainer, None, "fit")
+    assert callback.on_epochs == {length: None}  # a budget run is not decided before its epochs have a pace
     assert callback.planned_epochs(trainer) == pytest.approx(20.0)
     callback.on_train_epoch_start(trainer, None)
-    assert (callback.on_epoch == 2) is on
+    assert (callback.on_epochs[length] == 2) is on
+    assert trainer.datamodule.augmentation_probabilities()["affine"] == (AFFINE if on else 0.0)
     trainer.current_epoch = 0  # nothing is known before the first epoch ends
     assert LongRunAugmentation().planned_epochs(trainer) == 0.0
 
@@ -172,14 +213,15 @@ def test_a_resumed_run_draws_its_first_batches_as_the_run_it_continues(tmp_path:
     """The resumed run's first batches are drawn before any epoch start (mid-epoch, Lightning calls none): the
     checkpoint's next epoch is set before the worker draws, so the mosaics stay closed after the drop and a short run
     stays held off."""
-    long_run, short_run = LongRunAugmentation(min_epochs=6), LongRunAugmentation(min_epochs=6.5)
-    fit(long_run, max_steps=12, save_to=tmp_path / "long")
-    fit(short_run, max_steps=12, save_to=tmp_path / "short")
-    resumed = fit(LongRunAugmentation(min_epochs=6), max_steps=12, workers=1, resume_from=tmp_path / "long" / f"step={step}.ckpt")
+    long_run = LongRunAugmentation()
+    fit(mosaics_and_affine(6), max_steps=12, save_to=tmp_path / "long", callback=long_run)
+    fit(mosaics_and_affine(6.5), max_steps=12, save_to=tmp_path / "short")
+    resumed = fit(mosaics_and_affine(6), max_steps=12, workers=1, resume_from=tmp_path / "long" / f"step={step}.ckpt")
     assert resumed and resumed[0][0] == step // BATCHES_PER_EPOCH  # the epoch of the next batch
     assert resumed == [(epoch, MOSAIC if epoch <= long_run.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
                        for epoch, *_ in resumed]
-    resumed_short = fit(LongRunAugmentation(min_epochs=6.5), max_steps=12, workers=1, resume_from=tmp_path / "short" / f"step={step}.ckpt")
+    resumed_short = fit(mosaics_and_affine(6.5), max_steps=12, workers=1,
+                        resume_from=tmp_path / "short" / f"step={step}.ckpt")
     assert resumed_short and all(seen[1:] == (0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for seen in resumed_short)
 
 
@@ -195,40 +237,47 @@ def test_batches_per_epoch_read_before_lightning_iterates(world_size: int, limit
     assert LongRunAugmentation.batches_per_epoch(trainer) == batches
 
 
-def test_nothing_to_switch_says_what_to_set() -> None:
-    trainer = planned_trainer(SimpleNamespace(train_dataset=[], train_transform=None))
-    with pytest.raises(TypeError, match="mosaic_probability.*affine_probability"):
-        LongRunAugmentation().setup(trainer, None, "fit")
-    with pytest.raises(TypeError, match="no channel permutation to switch; set the train transform's channel_permutation_probability"):
-        LongRunAugmentation(augmentations=["channel_permutation"]).setup(trainer, None, "fit")
-    with pytest.raises(TypeError, match="no vertical flip to switch; set the train transform's vertical_flip_probability"):
-        LongRunAugmentation(augmentations=["vertical_flip"]).setup(trainer, None, "fit")
-    with pytest.raises(TypeError, match="no quarter turn to switch; set the train transform's quarter_turn_probability"):
-        LongRunAugmentation(augmentations=["quarter_turn"]).setup(trainer, None, "fit")
-    with pytest.raises(TypeError, match="no mixup to switch; set --data.mixup_probability"):
-        LongRunAugmentation(augmentations=["mixup"]).setup(trainer, None, "fit")
-    with pytest.raises(TypeError, match="no copy-paste to switch; set --data.copy_paste_probability"):
-        LongRunAugmentation(augmentations=["copy_paste"]).setup(trainer, None, "fit")
+def test_a_datamodule_without_a_schedule_is_left_as_configured() -> None:
+    """No ``augmentation_schedule`` (a classification datamodule) or an empty one: nothing is read or set."""
+    assert fit({}, max_steps=12) == [
+        (epoch, MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
+        for epoch in range(6) for _ in range(2)]
+    callback = LongRunAugmentation()
+    callback.setup(planned_trainer(SimpleNamespace(train_dataset=[])), None, "fit")
+    assert callback.schedule == {} and callback.on_epochs == {}
 
 
-def test_two_instances_switch_their_own_augmentations_at_their_own_lengths() -> None:
-    """The recipe's pair: mosaics and affine from 100 epochs, the channel permutation, the vertical flip and the
-    quarter turn from 5. A 6-epoch run has the latter three throughout (the mosaics never close: they never opened)
-    and the rest held off; each instance keeps its own checkpoint entry, so a resumed run gives each its decision back."""
-    long_only = LongRunAugmentation(min_epochs=100)
-    colour_and_turns = LongRunAugmentation(min_epochs=5, augmentations=["channel_permutation", "vertical_flip", "quarter_turn"])
-    assert fit([long_only, colour_and_turns], max_steps=12, workers=1) == [
-        (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for epoch in range(6) for _ in range(2)]
-    assert long_only.on_epoch is None and colour_and_turns.on_epoch == 0
-    assert long_only.state_key != colour_and_turns.state_key
-    assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["channel_permutation"]), max_steps=12)[0] == (
+def test_several_run_lengths_switch_their_own_augmentations() -> None:
+    """The mosaics and affine from 100 epochs, the channel permutation, the vertical flip and the quarter turn from 5.
+    A 6-epoch run has the latter three throughout (the mosaics never close: they never opened) and the rest held off;
+    each length's decision is kept in the checkpoint state."""
+    callback = LongRunAugmentation()
+    schedule = {**mosaics_and_affine(100), "channel_permutation": LongRun(5), "vertical_flip": LongRun(5),
+                "quarter_turn": LongRun(5)}
+    assert fit(schedule, max_steps=12, workers=1, callback=callback) == [
+        (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
+        for epoch in range(6) for _ in range(2)]
+    assert callback.on_epochs == {5.0: 0, 100.0: None}
+    assert callback.state_dict()["on_epochs"] == {"5": 0, "100": None}
+    assert fit({"channel_permutation": LongRun(6.5)}, max_steps=12)[0] == (
         0, MOSAIC, MIXUP, AFFINE, 0.0, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
-    assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["vertical_flip"]), max_steps=12)[0] == (
+    assert fit({"vertical_flip": LongRun(6.5)}, max_steps=12)[0] == (
         0, MOSAIC, MIXUP, AFFINE, PERMUTATION, 0.0, QUARTER_TURN, COPY_PASTE)
-    assert fit(LongRunAugmentation(min_epochs=6.5, augmentations=["quarter_turn"]), max_steps=12)[0] == (
+    assert fit({"quarter_turn": LongRun(6.5)}, max_steps=12)[0] == (
         0, MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, 0.0, COPY_PASTE)
+    assert fit({"copy_paste": LongRun(6.5)}, max_steps=12)[0] == (
+        0, MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, 0.0)
 
 
-def test_unknown_augmentations_are_refused() -> None:
-    with pytest.raises(ValueError, match="augmentations must name some of"):
-        LongRunAugmentation(augmentations=["cutmix"])
+def test_each_switch_is_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On, held off and closed: one line each, naming the augmentations and the schedule's numbers."""
+    lines: list[str] = []
+    monkeypatch.setattr("vision_tx.lightning.augmentation.rank_zero_info", lines.append)
+    fit({**recipe(6), "affine": LongRun(6.5)}, max_steps=12)
+    assert lines == [
+        "LongRunAugmentation: mixup and copy-paste and channel permutation and vertical flip on from epoch 0 "
+        "(the run makes about 6 epochs, the schedule's from_epochs 6)",
+        "LongRunAugmentation: no affine while the run's length is under the schedule's from_epochs 6.5 (about 6)",
+        "LongRunAugmentation: mixup off from epoch 4 (the learning rate dropped in epoch 3)",
+        "LongRunAugmentation: copy-paste off from epoch 4 (the learning rate dropped in epoch 3)",
+    ]

@@ -1,5 +1,5 @@
 """TrainingBudget counts training time without the validations, stops at its budget, and stretches a
-config's step plan (max_steps, MultiStepLR drops) to the budget's minutes."""
+config's step plan (planned_steps, PlannedStepLR drops) to the budget's minutes."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ import json
 import multiprocessing
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from vision_tx.lightning.budget import TrainingBudget
+from vision_tx.lightning.budget import PlannedStepLR, TrainingBudget, planned_step
+from vision_tx.lightning.cli import VisionTxCLI
 
 STEP_SECONDS, VALIDATION_SECONDS = 0.02, 0.3
 PLANNED_STEPS, DROP_STEP = 10, 8
@@ -45,14 +48,17 @@ class Sleepy(pl.LightningModule):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
         if self.schedule == "steps":
             return {"optimizer": optimizer, "lr_scheduler": {
-                "scheduler": torch.optim.lr_scheduler.MultiStepLR(optimizer, [DROP_STEP], gamma=0.1), "interval": "step"}}
+                "scheduler": PlannedStepLR(optimizer, [DROP_STEP], gamma=0.1, trainer=self.trainer),
+                "interval": "step"}}
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 5)}
 
 
-def fit(budget: TrainingBudget, model: Sleepy, max_steps: int = PLANNED_STEPS, val_check_interval: int = 20) -> float:
-    """Fits ``model`` on random data under ``budget``; returns the whole run's wall-clock seconds."""
+def fit(budget: TrainingBudget, model: Sleepy, max_steps: int = -1, val_check_interval: int = 20) -> float:
+    """Fits ``model`` on random data under ``budget`` (no step limit unless ``max_steps``, as tools/train.py builds a
+    budget run's trainer); returns the whole run's wall-clock seconds."""
     data = TensorDataset(torch.randn(4000, 4), torch.randint(0, 2, (4000,)))
-    trainer = pl.Trainer(max_steps=max_steps, val_check_interval=val_check_interval, check_val_every_n_epoch=None,
+    trainer = pl.Trainer(max_steps=max_steps, max_epochs=-1, val_check_interval=val_check_interval,
+                         check_val_every_n_epoch=None,
                          limit_val_batches=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, callbacks=[budget],
                          max_time={"seconds": 30})  # a run the budget fails to stop still ends
@@ -74,7 +80,7 @@ def test_without_minutes_it_counts_and_the_run_is_the_configs() -> None:
 
 def test_minutes_stretch_the_step_plan_and_stop_the_run_with_a_validation() -> None:
     seconds = 3.0  # long enough for 3x the planned steps on a loaded CI machine (a step costs 0.02 s and Lightning's overhead)
-    budget, model = TrainingBudget(minutes=seconds / 60), Sleepy()
+    budget, model = TrainingBudget(minutes=seconds / 60, planned_steps=PLANNED_STEPS), Sleepy()
     total = fit(budget, model)
     summary = budget.summary()
     steps = summary["steps"]
@@ -87,14 +93,71 @@ def test_minutes_stretch_the_step_plan_and_stop_the_run_with_a_validation() -> N
     assert 0.6 * steps <= dropped <= 0.95 * steps  # steps slowed by other load shift it; half the fraction (0.4) fails
 
 
-def test_the_time_spent_and_the_plan_are_kept_in_checkpoints() -> None:
-    """A resumed run's MultiStepLR comes back with its milestones cleared: the drops must come from the checkpoint."""
-    budget = TrainingBudget(minutes=1.0)
-    budget.load_state_dict({"spent": 42.0, "drops": 0, "milestones": [DROP_STEP], "gamma": 0.1})
-    resumed = TrainingBudget(minutes=1.0)
+def planned_trainer(budget: TrainingBudget, max_steps: int = -1) -> SimpleNamespace:
+    """The trainer fields the budget and its schedule read, with a PlannedStepLR stepped every step."""
+    trainer = SimpleNamespace(callbacks=[budget], max_steps=max_steps, sanity_checking=False, global_step=0)
+    optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1.0)
+    trainer.lr_scheduler_configs = [SimpleNamespace(scheduler=PlannedStepLR(optimizer, [DROP_STEP], trainer=trainer),
+                                                    interval="step")]
+    return trainer
+
+
+def test_the_time_spent_is_kept_in_checkpoints_and_a_resumed_schedule_starts_where_it_was() -> None:
+    """42 s of a 60 s budget over 10 planned steps: step 7 of the plan, short of the drop at 8; 54 s: step 9, past
+    it."""
+    budget = TrainingBudget(minutes=1.0, planned_steps=PLANNED_STEPS)
+    budget.load_state_dict({"spent": 42.0})
+    resumed = TrainingBudget(minutes=1.0, planned_steps=PLANNED_STEPS)
     resumed.load_state_dict(budget.state_dict())
-    assert resumed.elapsed() == 42.0 and resumed.drops == 0
-    assert (resumed.milestones, resumed.gamma) == ([DROP_STEP], 0.1)
+    assert resumed.elapsed() == 42.0
+    trainer = planned_trainer(resumed)
+    resumed.on_train_start(trainer, None)
+    assert planned_step(trainer, 3) == pytest.approx(7.0)
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    scheduler.step()
+    assert scheduler.get_last_lr() == [pytest.approx(1.0)]
+    later = TrainingBudget(minutes=1.0, planned_steps=PLANNED_STEPS)
+    later.load_state_dict({"spent": 54.0})
+    trainer = planned_trainer(later)
+    later.on_train_start(trainer, None)
+    trainer.lr_scheduler_configs[0].scheduler.step()
+    assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == [pytest.approx(0.1)]
+
+
+def test_without_a_budget_the_plan_is_the_optimiser_steps() -> None:
+    """No budget (or one that only counts): the milestones are read at the scheduler's own step, as MultiStepLR's."""
+    for budget in (TrainingBudget(), TrainingBudget(minutes=1.0)):  # the second has no plan: its time is not read
+        budget.spent = 59.0
+        trainer = planned_trainer(budget)
+        assert planned_step(trainer, 3) == 3
+    assert planned_step(None, 5) == 5
+
+
+def test_tools_train_moves_the_step_limit_into_the_budgets_plan() -> None:
+    """--budget.minutes: the trainer gets no step or epoch limit, the budget the config's max_steps; without minutes
+    (or with a plan given) the config stays as written."""
+    def lifted(budget: dict, trainer: dict) -> Namespace:
+        cli = SimpleNamespace(subcommand="fit", config=Namespace(fit=Namespace(budget=Namespace(**budget),
+                                                                              trainer=Namespace(**trainer))))
+        VisionTxCLI.before_instantiate_classes(cli)
+        return cli.config.fit
+
+    config = lifted({"minutes": 1.0, "planned_steps": None}, {"max_steps": 300, "max_epochs": None})
+    assert (config.budget.planned_steps, config.trainer.max_steps, config.trainer.max_epochs) == (300, -1, -1)
+    config = lifted({"minutes": 1.0, "planned_steps": 50}, {"max_steps": 300, "max_epochs": 7})
+    assert (config.budget.planned_steps, config.trainer.max_steps, config.trainer.max_epochs) == (50, -1, 7)
+    config = lifted({"minutes": None, "planned_steps": None}, {"max_steps": 300, "max_epochs": None})
+    assert (config.budget.planned_steps, config.trainer.max_steps, config.trainer.max_epochs) == (None, 300, None)
+
+
+def test_a_kept_step_limit_ends_the_run_first_with_a_warning() -> None:
+    """A trainer built with its step limit and a minute's budget: the plan is its max_steps, stretched to the minute,
+    so the 10 steps (well under a minute) end the run before the drop planned at 80% of the time."""
+    budget, model = TrainingBudget(minutes=1.0), Sleepy()
+    with pytest.warns(UserWarning, match="keeps its step limit"):
+        fit(budget, model, max_steps=PLANNED_STEPS)
+    assert budget.summary()["steps"] == PLANNED_STEPS and budget.planned_steps == PLANNED_STEPS
+    assert model.rates == [pytest.approx(0.1)] * PLANNED_STEPS
 
 
 def test_another_schedule_runs_as_written_and_stops_at_the_budget() -> None:
@@ -107,6 +170,8 @@ def test_another_schedule_runs_as_written_and_stops_at_the_budget() -> None:
 def test_minutes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="minutes must be positive"):
         TrainingBudget(minutes=0)
+    with pytest.raises(ValueError, match="planned_steps must be positive"):
+        TrainingBudget(planned_steps=0)
 
 
 def random_batches(batch_size: int) -> DataLoader:

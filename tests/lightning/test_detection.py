@@ -112,7 +112,8 @@ def test_scores_are_shared_once_the_run_has_trained_share_scores_from_epoch(
 ) -> None:
     """``share_scores_from_epoch`` on both sides of a 4-step run (16 toy batches an epoch: 0.0625 epochs a step, 0.125
     with two batches accumulated): the switch comes at ``step`` (never for 0.5), and reaches the detector, the
-    checkpoint's ``detector_kwargs`` and the model rebuilt from that checkpoint."""
+    checkpoint (its step; the hyperparameters stay as configured) and the model rebuilt from that checkpoint, unless
+    ``detector_kwargs`` names ``share_scores``."""
     result = run_tool_in_process(
         "train.py", *SMALL_DINO, "--data.toy_cache_dir", str(detr_toy_cache), "--model.share_scores_from_epoch", str(start),
         "--trainer.max_steps", "4", "--trainer.accumulate_grad_batches", str(accumulate), "--trainer.limit_val_batches", "1",
@@ -124,8 +125,14 @@ def test_scores_are_shared_once_the_run_has_trained_share_scores_from_epoch(
                                                  f"share_scores_from_epoch {start:g})"])
     shared = step is not None
     checkpoint = next(tmp_path.rglob("last.ckpt"))
-    assert torch.load(checkpoint, weights_only=False)["hyper_parameters"]["detector_kwargs"].get("share_scores", False) is shared
+    saved = torch.load(checkpoint, weights_only=False)
+    assert "share_scores" not in saved["hyper_parameters"]["detector_kwargs"]
+    assert saved["scores_shared_from_step"] == step
     assert DetectionModule.load_from_checkpoint(checkpoint, map_location="cpu").model.share_scores is shared
+    overridden = DetectionModule.load_from_checkpoint(checkpoint, map_location="cpu",
+                                                      detector_kwargs={**saved["hyper_parameters"]["detector_kwargs"],
+                                                                       "share_scores": False})
+    assert overridden.model.share_scores is False
 
 
 def test_share_scores_from_epoch_needs_sigmoid_class_scores() -> None:

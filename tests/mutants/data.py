@@ -1,7 +1,8 @@
 """Planted bugs in the data pipeline: mosaic, copy-paste, the YOLO and VOC layouts (see ``tests/mutants/__init__.py``)."""
 
 from tests.mutants.mutant import Mutant
-from tests.mutants.targets import AFFINE, CHANNEL_PERMUTATION, COCO, CROP_PROBABILITY, LAYOUTS, LONG_RUN_AUGMENTATION, MOSAIC, QUARTER_TURN, SHAPES, VERTICAL_FLIP
+from tests.mutants.targets import (AFFINE, AUGMENTATION_SCHEDULE, CHANNEL_PERMUTATION, COCO, CROP_PROBABILITY, LAYOUTS,
+                                  MOSAIC, QUARTER_TURN, SCHEDULE_REFUSED, SHAPES, VERTICAL_FLIP)
 
 MUTANTS = [
     # Mosaic augmentation
@@ -13,7 +14,8 @@ MUTANTS = [
            "p=affine_probability)", "p=0.0)", (AFFINE,)),
     Mutant("transforms: the channel permutation never applied", "vision_tx/data/transforms.py",
            "p=channel_permutation_probability)", "p=0.0)", (CHANNEL_PERMUTATION,)),
-    Mutant("transforms: the channel permutation before the flip and resize (their draws change)", "vision_tx/data/transforms.py",
+    Mutant("transforms: the channel permutation before the flip and resize (their draws change)",
+           "vision_tx/data/transforms.py",
            "                v2.RandomHorizontalFlip(),\n", "                self.channel_permutation,\n                v2.RandomHorizontalFlip(),\n",
            (CHANNEL_PERMUTATION,)),
     Mutant("transforms: the switched-off channel permutation applied anyway", "vision_tx/data/transforms.py",
@@ -26,9 +28,28 @@ MUTANTS = [
     Mutant("transforms: the switched-off vertical flip applied anyway", "vision_tx/data/transforms.py",
            "self.vertical_flip = SwitchableRandomApply([v2.RandomVerticalFlip(p=1.0)], p=vertical_flip_probability)",
            "self.vertical_flip = v2.RandomVerticalFlip(p=vertical_flip_probability)", (VERTICAL_FLIP,)),
-    Mutant("long-run augmentation: the vertical flip switched through the channel permutation", "vision_tx/lightning/augmentation.py",
-           '"vertical_flip": ("vertical flip", ("train_transform", "vertical_flip")',
-           '"vertical_flip": ("vertical flip", ("train_transform", "channel_permutation")', (LONG_RUN_AUGMENTATION,)),
+    Mutant('augmentation schedule: the vertical flip set through the channel permutation',
+           'vision_tx/data/transforms.py',
+           '"vertical_flip": self.vertical_flip, "quarter_turn": self.quarter_turn}',
+           '"vertical_flip": self.channel_permutation, "quarter_turn": self.quarter_turn}', (AUGMENTATION_SCHEDULE,)),
+    Mutant('augmentation schedule: the quarter turn read through the vertical flip', 'vision_tx/data/transforms.py',
+           '"vertical_flip": self.vertical_flip, "quarter_turn": self.quarter_turn}',
+           '"vertical_flip": self.vertical_flip, "quarter_turn": self.vertical_flip}', (AUGMENTATION_SCHEDULE,)),
+    Mutant("augmentation schedule: the training transform's entries left out of the datamodule's",
+           'vision_tx/data/detection.py',
+           '{**own, **self.train_transform.augmentation_schedule}',
+           'own', (AUGMENTATION_SCHEDULE,)),
+    Mutant("augmentation schedule: mixup read from the built split's copy-paste", 'vision_tx/data/detection.py',
+           '"mixup": self.train_dataset.mixup_probability,',
+           '"mixup": self.train_dataset.copy_paste_probability,', (AUGMENTATION_SCHEDULE,)),
+    Mutant("augmentation schedule: the split's probabilities set in the datamodule only", 'vision_tx/data/detection.py',
+           'setattr(self.train_dataset, "probability" if name == "mosaic" else f"{name}_probability", probability)',
+           'setattr(self, f"{name}_probability", probability)', (AUGMENTATION_SCHEDULE,)),
+    Mutant("augmentation schedule: an unknown augmentation accepted", "vision_tx/data/schedule.py",
+           "if name not in probabilities:", "if False:", (SCHEDULE_REFUSED,)),
+    Mutant('augmentation schedule: a negative run length accepted', 'vision_tx/data/schedule.py',
+           'if not self.from_epochs >= 0:',
+           'if False:', (SCHEDULE_REFUSED,)),
     Mutant("transforms: the quarter turn never applied", "vision_tx/data/transforms.py",
            "p=quarter_turn_probability)", "p=0.0)", (QUARTER_TURN,)),
     Mutant("transforms: the quarter turn clockwise", "vision_tx/data/transforms.py",
@@ -38,9 +59,6 @@ MUTANTS = [
     Mutant("transforms: the switched-off quarter turn applied anyway", "vision_tx/data/transforms.py",
            "self.quarter_turn = SwitchableRandomApply([quarter_turn], p=quarter_turn_probability)",
            "self.quarter_turn = v2.RandomApply([quarter_turn], p=quarter_turn_probability)", (QUARTER_TURN,)),
-    Mutant("long-run augmentation: the quarter turn switched through the vertical flip", "vision_tx/lightning/augmentation.py",
-           '"quarter_turn": ("quarter turn", ("train_transform", "quarter_turn")',
-           '"quarter_turn": ("quarter turn", ("train_transform", "vertical_flip")', (LONG_RUN_AUGMENTATION,)),
     Mutant("mosaic: right-hand quadrants placed left of the centre", "vision_tx/data/mosaic.py",
            "left = centre_x - new_w if quadrant in (0, 2) else centre_x", "left = centre_x - new_w if quadrant in (0, 1) else centre_x", (MOSAIC,)),
     Mutant("mosaic: boxes not shifted with their image", "vision_tx/data/mosaic.py",

@@ -129,6 +129,16 @@ YOLO_LABELS = "tests/scripts/test_compare_detection.py"
 LONG_RUN_AUGMENTATION = "tests/lightning/test_augmentation.py"
 SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
 TRAINING_BUDGET = "tests/lightning/test_budget.py"
+BUDGET_CLI = "tests/lightning/test_budget.py::test_tools_train_moves_the_step_limit_into_the_budgets_plan"
+BUDGET_RESUME = ("tests/lightning/test_budget.py::"
+                 "test_the_time_spent_is_kept_in_checkpoints_and_a_resumed_schedule_starts_where_it_was")
+BUDGET_STEPS = "tests/lightning/test_budget.py::test_without_minutes_it_counts_and_the_run_is_the_configs"
+BUDGET_KEPT_LIMIT = "tests/lightning/test_budget.py::test_a_kept_step_limit_ends_the_run_first_with_a_warning"
+AUGMENTATION_SCHEDULE = (
+    "tests/data/test_detection.py::"
+    "test_the_augmentation_schedule_is_declared_beside_the_probabilities_and_read_through_the_datamodule"
+)
+SCHEDULE_REFUSED = "tests/data/test_detection.py::test_a_schedule_of_an_unknown_augmentation_is_refused"
 MAL = "tests/heads/test_rtdetr_criterion.py"
 BOX_REFINEMENT = "tests/heads/test_rtdetr_box_refinement.py"
 RT_REFINEMENT = "tests/models/test_rtdetr.py::test_box_refinement_refines_the_last_layers_detached_boxes_from_the_finest_memory"

@@ -9,8 +9,9 @@ import logging
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -23,6 +24,7 @@ from vision_tx.data.collate import collate_detection
 from vision_tx.data.layouts import VocLayout, YoloLayout, find_layout
 from vision_tx.data.mosaic import MosaicDetection
 from vision_tx.data.sampling import ResumableLoader
+from vision_tx.data.schedule import LongRun, read_schedule
 from vision_tx.data.toy import toy_coco_root
 from vision_tx.data.transforms import DetectionTransform, DetrTrainTransform, DetrValTransform
 
@@ -43,6 +45,11 @@ class CocoDetectionDataModule(LightningDataModule):
     training transform; ``mixup_probability`` > 0 blends that fraction with another training image, and
     ``copy_paste_probability`` > 0 pastes the objects of another training image into that fraction, cut out
     along their masks (along their boxes when an annotation has no ``segmentation``).
+    ``augmentation_schedule`` (:mod:`vision_tx.data.schedule`) says from which run length each of ``mosaic``,
+    ``mixup`` and ``copy_paste`` runs and whether it closes at the learning-rate drop; the datamodule's
+    ``augmentation_schedule`` attribute holds these and the training transform's, which
+    :class:`vision_tx.lightning.augmentation.LongRunAugmentation` applies through ``augmentation_probabilities()``
+    and ``set_augmentation_probabilities()``.
     Batches come from ``collate_detection``. Another annotation format reuses this class by
     overriding ``toy_root``, ``split_paths``, ``make_dataset`` and ``val_coco``.
     """
@@ -65,6 +72,7 @@ class CocoDetectionDataModule(LightningDataModule):
         mosaic_size: int = 256,
         mixup_probability: float = 0.0,
         copy_paste_probability: float = 0.0,
+        augmentation_schedule: Mapping[str, LongRun | Mapping[str, Any]] | None = None,
     ):
         super().__init__()
         self.given_root = root is not None
@@ -86,12 +94,38 @@ class CocoDetectionDataModule(LightningDataModule):
         self.mosaic_size = mosaic_size
         self.mixup_probability = mixup_probability
         self.copy_paste_probability = copy_paste_probability
+        own = read_schedule(type(self).__name__, augmentation_schedule, self._configured_probabilities())
+        self.augmentation_schedule: dict[str, LongRun] = {**own, **self.train_transform.augmentation_schedule}
         self.collate_fn = functools.partial(collate_detection, size_divisibility=size_divisibility)
         self._converted: dict[str, tuple[Path, Path]] = {}  # split -> its YOLO or VOC annotations as a COCO file
         self.val_paths = self.split_paths(val_split)  # checks the layout before training starts
         self.val_image_dir, self.val_ann_file = self.val_paths[:2]
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
+
+    def _configured_probabilities(self) -> dict[str, float]:
+        return {"mosaic": self.mosaic_probability, "mixup": self.mixup_probability,
+                "copy_paste": self.copy_paste_probability}
+
+    def augmentation_probabilities(self) -> dict[str, float]:
+        """The current probability of each augmentation that may change during training, by name: the mosaics,
+        mixup and copy-paste (as configured until the training split is built) and the training transform's."""
+        own = self._configured_probabilities()
+        if isinstance(self.train_dataset, MosaicDetection):
+            own = {"mosaic": self.train_dataset.probability, "mixup": self.train_dataset.mixup_probability,
+                   "copy_paste": self.train_dataset.copy_paste_probability}
+        return {**own, **self.train_transform.augmentation_probabilities()}
+
+    def set_augmentation_probabilities(self, probabilities: Mapping[str, float]) -> None:
+        """Sets the named augmentations' probabilities in the built training split and its transform (loader
+        workers, persistent ones too, read them at their next sample)."""
+        own = {name: p for name, p in probabilities.items() if name in self._configured_probabilities()}
+        if own and not isinstance(self.train_dataset, MosaicDetection):
+            raise RuntimeError(f"{type(self).__name__}: {sorted(own)} can be set once setup() has built a training "
+                               "split of mosaics, mixup or copy-paste")
+        for name, probability in own.items():
+            setattr(self.train_dataset, "probability" if name == "mosaic" else f"{name}_probability", probability)
+        self.train_transform.set_augmentation_probabilities({k: v for k, v in probabilities.items() if k not in own})
 
     @staticmethod
     def toy_root(cache_dir: str | None) -> Path:

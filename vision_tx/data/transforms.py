@@ -7,6 +7,7 @@ transformed image's ``(h, w)`` at the end.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import torch
@@ -15,6 +16,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from vision_tx.data.mosaic import FILL
+from vision_tx.data.schedule import LongRun, read_schedule
 from vision_tx.data.shared_probability import SharedProbability
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -96,6 +98,24 @@ class DetectionTransform:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.pipeline})"
 
+    augmentation_schedule: dict[str, LongRun] = {}  # none: what the pipeline draws, it draws throughout
+
+    def switches(self) -> dict[str, SwitchableRandomApply]:
+        """The augmentations whose probability may change during training, by name (none here)."""
+        return {}
+
+    def augmentation_probabilities(self) -> dict[str, float]:
+        """The current probability of each switchable augmentation, by name."""
+        return {name: switch.p for name, switch in self.switches().items()}
+
+    def set_augmentation_probabilities(self, probabilities: Mapping[str, float]) -> None:
+        """Sets the named augmentations' probabilities (loader workers read them at their next sample)."""
+        switches = self.switches()
+        for name, probability in probabilities.items():
+            if name not in switches:
+                raise KeyError(f"{type(self).__name__}: no switchable augmentation {name!r}; it has {sorted(switches)}")
+            switches[name].p = probability
+
 
 class SwitchableRandomApply(v2.RandomApply):
     """``v2.RandomApply`` whose probability ``p`` may be changed during training (loader workers read it
@@ -128,7 +148,10 @@ class DetrTrainTransform(DetectionTransform):
     ``channel_permutation_probability`` share of the images (0: none, the default), the colour channels
     in a random order (each object's colour changes, its shape and box do not: a colour the model
     has learnt an object by no longer gives it away); then float, ImageNet normalisation, and removal
-    of the boxes (with their labels and masks) that the crop or the shift left smaller than a pixel."""
+    of the boxes (with their labels and masks) that the crop or the shift left smaller than a pixel.
+    ``augmentation_schedule`` (:mod:`vision_tx.data.schedule`) says from which run length each of ``affine``,
+    ``channel_permutation``, ``vertical_flip`` and ``quarter_turn`` runs, and whether it closes at the
+    learning-rate drop; those it leaves out run at their probability throughout."""
 
     def __init__(
         self,
@@ -143,6 +166,7 @@ class DetrTrainTransform(DetectionTransform):
         channel_permutation_probability: float = 0.0,
         vertical_flip_probability: float = 0.0,
         quarter_turn_probability: float = 0.0,
+        augmentation_schedule: Mapping[str, LongRun | Mapping[str, Any]] | None = None,
     ):
         for name, probability in (("crop_probability", crop_probability), ("affine_probability", affine_probability),
                                   ("channel_permutation_probability", channel_permutation_probability),
@@ -157,6 +181,8 @@ class DetrTrainTransform(DetectionTransform):
         self.vertical_flip = SwitchableRandomApply([v2.RandomVerticalFlip(p=1.0)], p=vertical_flip_probability)
         quarter_turn = v2.RandomRotation(degrees=(90, 90), expand=True)
         self.quarter_turn = SwitchableRandomApply([quarter_turn], p=quarter_turn_probability)
+        self.augmentation_schedule = read_schedule(type(self).__name__, augmentation_schedule,
+                                                   self.augmentation_probabilities())
         super().__init__(
             v2.Compose([
                 v2.RandomHorizontalFlip(),
@@ -176,6 +202,11 @@ class DetrTrainTransform(DetectionTransform):
                 v2.SanitizeBoundingBoxes(),
             ])
         )
+
+    def switches(self) -> dict[str, SwitchableRandomApply]:
+        """The affine, the channel permutation, the vertical flip and the quarter turn, by name."""
+        return {"affine": self.affine, "channel_permutation": self.channel_permutation,
+                "vertical_flip": self.vertical_flip, "quarter_turn": self.quarter_turn}
 
 
 class DetrValTransform(DetectionTransform):

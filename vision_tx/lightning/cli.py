@@ -34,6 +34,7 @@ from vision_tx.backbones import list_backbones
 from vision_tx.checkpoint import CheckpointError, read_training_checkpoint
 from vision_tx.config_loader import BASE_KEY, CONFIG_DIRS, ConfigError, resolve_bases
 from vision_tx.data.invalid import InvalidDataError
+from vision_tx.lightning.augmentation import LongRunAugmentation
 from vision_tx.lightning.budget import TrainingBudget
 from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint, TrainingMonitor, ValidationReport
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
@@ -174,6 +175,21 @@ class VisionTxCLI(LightningCLI):
         parser.add_lightning_class_args(ValidationReport, "report")
         # Off unless --budget.minutes M: the config's step plan stretched to M minutes of training.
         parser.add_lightning_class_args(TrainingBudget, "budget")
+        # Applies the datamodule's augmentation_schedule (none: nothing to do).
+        parser.add_lightning_class_args(LongRunAugmentation, "long_run")
+
+    def before_instantiate_classes(self) -> None:
+        """``--budget.minutes``: the config's ``trainer.max_steps`` becomes the budget's ``planned_steps`` and the
+        trainer gets no step or epoch limit, so that the budget alone ends the run (the saved config says so)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        budget, trainer = config.get("budget"), config.get("trainer")
+        if budget is None or trainer is None or not budget.get("minutes"):
+            return
+        if budget.get("planned_steps") is None and (trainer.get("max_steps") or -1) > 0:
+            budget["planned_steps"] = trainer["max_steps"]
+        trainer["max_steps"] = -1
+        if trainer.get("max_epochs") is None:
+            trainer["max_epochs"] = -1
 
     def before_subcommand(self) -> None:
         """Checks the backbone name before any data is read, and lets the checkpoint reader check a

@@ -13,6 +13,7 @@ from torchvision import tv_tensors
 
 from vision_tx.attention import detector_attention_pictures
 from vision_tx.backbones import load_weights
+from vision_tx.lightning.budget import PlannedStepLR
 from vision_tx.lightning.common import adamw, build_task_backbone, is_fitting, param_groups
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
@@ -41,13 +42,15 @@ class DetectionModule(TaskModule):
     ``decay_norms_and_biases=False`` exempts those the model's ``no_weight_decay()`` names (norms, biases,
     tables, tokens: RT-DETR's and Mask2Former's recipes), the learning rate divided by 10
     after ``lr_drop_epochs``, or after ``lr_drop_steps`` optimiser steps when that is given (a
-    schedule that does not depend on the dataset's size, for runs budgeted by ``trainer.max_steps``).
+    schedule that does not depend on the dataset's size, for runs budgeted by ``trainer.max_steps``; a
+    :class:`~vision_tx.lightning.budget.PlannedStepLR`, which ``--budget.minutes`` stretches to a time).
     ``share_scores_from_epoch`` turns the detector's ``share_scores`` on (RT-DETR, DINO, D-FINE: each class scored by
     its share of the query's class probabilities) once the weights have trained that many epochs (optimiser steps
     times ``accumulate_grad_batches`` over the batches of an epoch): a query torn between two classes then ranks both
     lower, which pays once the classes are learnt and costs while they are not (docs/LEARNING.md, "Scores: shared once
-    20 epochs are trained"). The switch is written into ``detector_kwargs``, so a checkpoint saved after it, and what
-    evaluates or exports that checkpoint, scores as the run did.
+    20 epochs are trained"). The step of the switch is kept in checkpoints (``scores_shared_from_step``), so a resumed
+    run, and what evaluates or exports a checkpoint saved after it, scores as the run did; a ``share_scores`` given in
+    ``detector_kwargs`` goes over it.
     Each validation writes, beside ``metrics.json``, the report of :mod:`vision_tx.metrics.detection_report` (the
     precision-recall and F1 curves per class, the confidence of the best F1 and the confusion matrix of the detections
     scoring at least that): ``confusion_matrix.png``, ``pr_curve.png``, ``f1_curve.png``, the numbers
@@ -89,6 +92,7 @@ class DetectionModule(TaskModule):
             raise ValueError(f"DetectionModule: share_scores_from_epoch must be at least 0, got {share_scores_from_epoch}")
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
+        self.scores_shared_from_step: int | None = None  # the step at which share_scores_from_epoch was reached
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -143,17 +147,28 @@ class DetectionModule(TaskModule):
         self.share_scores_once_trained()
 
     def share_scores_once_trained(self) -> None:
-        """``share_scores_from_epoch``: turns the detector's ``share_scores`` on, and records it in ``detector_kwargs``,
-        once this run's optimiser steps make that many epochs."""
+        """``share_scores_from_epoch``: turns the detector's ``share_scores`` on once this run's optimiser steps make
+        that many epochs, and keeps the step for the checkpoint."""
         start, trainer = self.hparams.share_scores_from_epoch, self.trainer
         if start is None or self.model.share_scores:
             return
         epochs = trainer.global_step * trainer.accumulate_grad_batches / trainer.num_training_batches
         if epochs >= start:
             self.model.share_scores = True
-            self.hparams.detector_kwargs = {**(self.hparams.detector_kwargs or {}), "share_scores": True}
+            self.scores_shared_from_step = trainer.global_step
             rank_zero_info(f"DetectionModule: class scores shared from step {trainer.global_step} ({epochs:.1f} epochs trained, "
                            f"share_scores_from_epoch {start:g})")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["scores_shared_from_step"] = self.scores_shared_from_step
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.scores_shared_from_step = checkpoint.get("scores_shared_from_step")
+        # the detector scores as the run did since then, unless detector_kwargs (the command line's) says otherwise
+        if self.scores_shared_from_step is not None and "share_scores" not in (self.hparams.detector_kwargs or {}):
+            self.model.share_scores = True
 
     def on_validation_epoch_start(self) -> None:
         super().on_validation_epoch_start()
@@ -216,7 +231,7 @@ class DetectionModule(TaskModule):
         if hp.lr_drop_steps is None:
             schedule, interval = torch.optim.lr_scheduler.StepLR(optimizer, hp.lr_drop_epochs, gamma=0.1), "epoch"
         else:
-            schedule, interval = torch.optim.lr_scheduler.MultiStepLR(optimizer, [hp.lr_drop_steps], gamma=0.1), "step"
+            schedule, interval = PlannedStepLR(optimizer, [hp.lr_drop_steps], gamma=0.1, trainer=self._trainer), "step"
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": interval}}
 
     @torch.no_grad()
