@@ -132,13 +132,15 @@ class TrainingBudget(pl.Callback):
 
 
 def budget_of(trainer: pl.Trainer) -> TrainingBudget | None:
-    """The trainer's :class:`TrainingBudget` of ``minutes``, or None when the run is not budgeted in time."""
+    """The :class:`TrainingBudget` of ``minutes`` among the callbacks of ``trainer``, or None when the run is not
+    budgeted in time."""
     return next((c for c in trainer.callbacks if isinstance(c, TrainingBudget) and c.minutes), None)
 
 
 def planned_step(trainer: pl.Trainer | None, step: int) -> float:
-    """The step of the config's plan a run at optimiser step ``step`` has reached: ``step`` itself, or under a
-    :class:`TrainingBudget` of minutes and planned steps, its share of the budget spent times the planned steps."""
+    """The step of the config's plan a run at optimiser step ``step`` has reached: ``step`` itself, or, when
+    ``trainer`` has a :class:`TrainingBudget` of minutes and planned steps, its share of the budget spent times the
+    planned steps (``trainer`` None: ``step``)."""
     budget = budget_of(trainer) if trainer is not None else None
     reached = budget.planned_step() if budget is not None else None
     return step if reached is None else reached
