@@ -12,12 +12,18 @@ import time
 
 import torch
 
-from benchmarks.timing import Row, classifier_training_step as training_step, compare
+from benchmarks.timing import Row, compare
+from benchmarks.timing import classifier_training_step as training_step
 from vision_tx.backbones import build_classifier
 
 # name, classifier kwargs, batch, image side
 CASES = (
-    ("small swin (the former classification_toy backbone)", dict(embed_dim=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8), window_size=4), 32, 64),
+    (
+        "small swin (the former classification_toy backbone)",
+        dict(embed_dim=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8), window_size=4),
+        32,
+        64,
+    ),
     ("swin_t classifier", {}, 8, 224),
 )
 
@@ -34,11 +40,20 @@ def run(device: str, quick: bool) -> list[Row]:
         eager_optimizer, compiled_optimizer = (torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (eager, compiled))
         start = time.perf_counter()
         training_step(compiled, compiled_optimizer, images, labels)
-        print(f"{name}, batch {batch}, {side}x{side}: first compiled training step (compilation) {time.perf_counter() - start:.1f} s", flush=True)
-        rows.append(compare(
-            f"{name} training step, {batch}x{side}x{side}, inductor",
-            lambda: training_step(compiled, compiled_optimizer, images, labels),
-            lambda: training_step(eager, eager_optimizer, images, labels), "eager",
-            device=device, unit_items=batch, warmup=1, iters=2 if quick else 6,
-        ))
+        print(
+            f"{name}, batch {batch}, {side}x{side}: first compiled training step (compilation) {time.perf_counter() - start:.1f} s",
+            flush=True,
+        )
+        rows.append(
+            compare(
+                f"{name} training step, {batch}x{side}x{side}, inductor",
+                lambda: training_step(compiled, compiled_optimizer, images, labels),
+                lambda: training_step(eager, eager_optimizer, images, labels),
+                "eager",
+                device=device,
+                unit_items=batch,
+                warmup=1,
+                iters=2 if quick else 6,
+            )
+        )
     return rows

@@ -70,7 +70,9 @@ def run(device: str, quick: bool) -> list[Row]:
         reference(images, pixel_mask=(~pixel_mask).long(), labels=labels).loss.backward()
 
     iters = 2 if quick else 4  # per process
-    row = compare("DETR-R50 train step, 2x512x640", ours, theirs, "transformers", device, unit_items=2, warmup=1, iters=iters)
+    row = compare(
+        "DETR-R50 train step, 2x512x640", ours, theirs, "transformers", device, unit_items=2, warmup=1, iters=iters
+    )
     print(f"time ratio vision_tx / transformers: {1 / row.speedup:.2f} (target <= 0.80)")
 
     with torch.no_grad():
@@ -86,5 +88,7 @@ def run(device: str, quick: bool) -> list[Row]:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     loss_s = (time.perf_counter() - start) / iters
-    print(f"matching + loss (all 6 layers, forward and backward): {loss_s * 1e3:.1f} ms = {100 * loss_s / row.ours_s:.1f}% of the step (target < 5%)")
+    print(
+        f"matching + loss (all 6 layers, forward and backward): {loss_s * 1e3:.1f} ms = {100 * loss_s / row.ours_s:.1f}% of the step (target < 5%)"
+    )
     return [row]

@@ -31,8 +31,17 @@ from vision_tx.backbones import build_backbone
 from vision_tx.models import DINO
 
 NUM_CLASSES, BOXES_PER_IMAGE, BATCH, HEIGHT, WIDTH = 91, 7, 2, 512, 640
-SETTINGS = dict(num_queries=900, hidden_dim=256, num_heads=8, num_encoder_layers=6, num_decoder_layers=6,
-                dim_feedforward=2048, dropout=0.0, num_levels=4, num_points=4)
+SETTINGS = dict(
+    num_queries=900,
+    hidden_dim=256,
+    num_heads=8,
+    num_encoder_layers=6,
+    num_decoder_layers=6,
+    dim_feedforward=2048,
+    dropout=0.0,
+    num_levels=4,
+    num_points=4,
+)
 
 
 def _batch(device: str) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
@@ -58,16 +67,34 @@ def _reference_model(ours: DINO, backbone: torch.nn.Module) -> torch.nn.Module:
     import transformers
 
     config = transformers.DeformableDetrConfig(
-        use_timm_backbone=False, use_pretrained_backbone=False,
-        backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], embedding_size=8,
-                                                  hidden_sizes=[8, *backbone.out_channels], depths=[1, 1, 1, 1]),
-        num_labels=NUM_CLASSES, d_model=SETTINGS["hidden_dim"], encoder_layers=SETTINGS["num_encoder_layers"],
-        decoder_layers=SETTINGS["num_decoder_layers"], encoder_attention_heads=SETTINGS["num_heads"],
-        decoder_attention_heads=SETTINGS["num_heads"], encoder_ffn_dim=SETTINGS["dim_feedforward"],
-        decoder_ffn_dim=SETTINGS["dim_feedforward"], num_feature_levels=SETTINGS["num_levels"],
-        encoder_n_points=SETTINGS["num_points"], decoder_n_points=SETTINGS["num_points"],
-        num_queries=SETTINGS["num_queries"], two_stage_num_proposals=SETTINGS["num_queries"], two_stage=True,
-        with_box_refine=True, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, auxiliary_loss=True, class_cost=2,
+        use_timm_backbone=False,
+        use_pretrained_backbone=False,
+        backbone_config=transformers.ResNetConfig(
+            out_features=["stage2", "stage3", "stage4"],
+            embedding_size=8,
+            hidden_sizes=[8, *backbone.out_channels],
+            depths=[1, 1, 1, 1],
+        ),
+        num_labels=NUM_CLASSES,
+        d_model=SETTINGS["hidden_dim"],
+        encoder_layers=SETTINGS["num_encoder_layers"],
+        decoder_layers=SETTINGS["num_decoder_layers"],
+        encoder_attention_heads=SETTINGS["num_heads"],
+        decoder_attention_heads=SETTINGS["num_heads"],
+        encoder_ffn_dim=SETTINGS["dim_feedforward"],
+        decoder_ffn_dim=SETTINGS["dim_feedforward"],
+        num_feature_levels=SETTINGS["num_levels"],
+        encoder_n_points=SETTINGS["num_points"],
+        decoder_n_points=SETTINGS["num_points"],
+        num_queries=SETTINGS["num_queries"],
+        two_stage_num_proposals=SETTINGS["num_queries"],
+        two_stage=True,
+        with_box_refine=True,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        auxiliary_loss=True,
+        class_cost=2,
     )
     reference = transformers.DeformableDetrForObjectDetection(config)
     head_state = {k: v for k, v in ours.state_dict().items() if not k.startswith("backbone.")}
@@ -119,8 +146,11 @@ def run(device: str, quick: bool) -> list[Row]:
     torch.manual_seed(0)
     deformable = DINO.build(backbone(), NUM_CLASSES, **SETTINGS, **DEFORMABLE_DETR).to(device).train()
     reference = _reference_model(deformable, backbone()).to(device)
-    print(f"decoder losses, vision_tx (Deformable DETR mode) vs transformers: largest difference "
-          f"{_check_losses(deformable, reference, images, pixel_mask, targets, labels):.1e}", flush=True)
+    print(
+        f"decoder losses, vision_tx (Deformable DETR mode) vs transformers: largest difference "
+        f"{_check_losses(deformable, reference, images, pixel_mask, targets, labels):.1e}",
+        flush=True,
+    )
     torch.manual_seed(0)
     dino = DINO.build(backbone(), NUM_CLASSES, **SETTINGS).to(device).train()
 
@@ -137,6 +167,7 @@ def run(device: str, quick: bool) -> list[Row]:
             loss_seconds[name].append(time.perf_counter() - start)
             loss.backward()
             optimizer.step()
+
         return step
 
     reference_optimizer = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=1e-4)
@@ -161,18 +192,30 @@ def run(device: str, quick: bool) -> list[Row]:
     for round_index in range(iters):
         for name, step in steps.items():
             times[name].append(seconds_per_call(step, device, warmup=0, iters=1))
-        print(f"round {round_index + 1}: " + ", ".join(f"{name} {times[name][-1] * 1e3:.0f} ms" for name in steps), flush=True)
+        print(
+            f"round {round_index + 1}: " + ", ".join(f"{name} {times[name][-1] * 1e3:.0f} ms" for name in steps),
+            flush=True,
+        )
 
     base = f"DINO-Swin-T train step b{BATCH} {HEIGHT}x{WIDTH}, {'Swin-T in the step' if in_step else 'fixed maps'}"
     rows = [
-        Row(f"{base}, {label}", tuple(times[name]), tuple(times["reference"]), "transformers", BATCH,
-            ours_peak_bytes=peaks[name], reference_peak_bytes=peaks["reference"])
+        Row(
+            f"{base}, {label}",
+            tuple(times[name]),
+            tuple(times["reference"]),
+            "transformers",
+            BATCH,
+            ours_peak_bytes=peaks[name],
+            reference_peak_bytes=peaks["reference"],
+        )
         for name, label in (("deformable", "Deformable DETR mode"), ("dino", "DINO (mixed, 100 denoising)"))
     ]
     for row, name in zip(rows, ("deformable", "dino")):
         share = 100 * sum(loss_seconds[name]) / sum(times[name])
         rounds = ", ".join(f"{1 / speedup:.2f}" for speedup in row.round_speedups)
-        print(f"{row.name}: time ratio vision_tx / transformers {1 / row.speedup:.2f} (rounds {rounds}; target <= 0.80); "
-              f"matching + loss {1e3 * sum(loss_seconds[name]) / len(loss_seconds[name]):.0f} ms = {share:.1f}% of the step (target < 5%)",
-              flush=True)
+        print(
+            f"{row.name}: time ratio vision_tx / transformers {1 / row.speedup:.2f} (rounds {rounds}; target <= 0.80); "
+            f"matching + loss {1e3 * sum(loss_seconds[name]) / len(loss_seconds[name]):.0f} ms = {share:.1f}% of the step (target < 5%)",
+            flush=True,
+        )
     return rows

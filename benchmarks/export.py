@@ -32,7 +32,9 @@ def main_job_module(config: str = CONFIG) -> torch.nn.Module:
     """The task module ``configs/<config>.yaml`` builds (random weights: the speed does not depend on them)."""
     section = load_config(resolve_config(config))["model"]
     module_name, _, class_name = section["class_path"].rpartition(".")
-    module = getattr(importlib.import_module(module_name), class_name)(**{**section["init_args"], "num_classes": NUM_CLASSES})
+    module = getattr(importlib.import_module(module_name), class_name)(
+        **{**section["init_args"], "num_classes": NUM_CLASSES}
+    )
     module.configure_model()
     return module.eval()
 
@@ -70,7 +72,11 @@ def yolov8n_onnx(folder: Path, size: tuple[int, int]) -> Path:
     here = Path.cwd()
     os.chdir(folder)  # a model built from its YAML exports next to the working directory's "yolov8n.yaml"
     try:
-        path = Path(YOLO("yolov8n.yaml").export(format="onnx", imgsz=list(size), nms=True, simplify=False, dynamic=False, batch=1))
+        path = Path(
+            YOLO("yolov8n.yaml").export(
+                format="onnx", imgsz=list(size), nms=True, simplify=False, dynamic=False, batch=1
+            )
+        )
         return path.rename(folder / f"yolov8n_{size[0]}x{size[1]}.onnx")
     finally:
         os.chdir(here)
@@ -89,24 +95,50 @@ def run(device: str, quick: bool) -> list[Row]:
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         yolo_version = ultralytics_version(folder)
-        print(f"onnxruntime {onnxruntime.__version__} (CPU provider, ORT_ENABLE_ALL, {threads} intra-op threads, 1 inter-op), "
-              f"torch {torch.__version__}, ultralytics {yolo_version or 'not installed'}")
+        print(
+            f"onnxruntime {onnxruntime.__version__} (CPU provider, ORT_ENABLE_ALL, {threads} intra-op threads, 1 inter-op), "
+            f"torch {torch.__version__}, ultralytics {yolo_version or 'not installed'}"
+        )
         for size in SIZES:
             shape = f"batch 1, {size[0]}x{size[1]}"
             images = example_images(size, batch=1, seed=1)
-            path = export(model, folder / f"{CONFIG}_{size[0]}x{size[1]}.onnx", "onnx", example_images(size, batch=1),
-                          dynamic_size=False, dynamic_batch=False)["path"]
+            path = export(
+                model,
+                folder / f"{CONFIG}_{size[0]}x{size[1]}.onnx",
+                "onnx",
+                example_images(size, batch=1),
+                dynamic_size=False,
+                dynamic_batch=False,
+            )["path"]
             ours, feed = session(path, threads), {"images": images.numpy()}
 
             def eager() -> None:
                 with torch.inference_mode():
                     model(images)
 
-            rows.append(compare(f"{CONFIG} (with NMS), {shape}: onnxruntime vs eager", lambda: ours.run(None, feed),
-                                eager, "eager torch", unit_items=1, warmup=warmup, iters=iters))
+            rows.append(
+                compare(
+                    f"{CONFIG} (with NMS), {shape}: onnxruntime vs eager",
+                    lambda: ours.run(None, feed),
+                    eager,
+                    "eager torch",
+                    unit_items=1,
+                    warmup=warmup,
+                    iters=iters,
+                )
+            )
             if yolo_version is not None:
                 yolo = session(yolov8n_onnx(folder, size), threads)
                 yolo_feed = {yolo.get_inputs()[0].name: images.numpy()}
-                rows.append(compare(f"{CONFIG} vs YOLOv8n (NMS inside), both ONNX in onnxruntime, {shape}", lambda: ours.run(None, feed),
-                                    lambda: yolo.run(None, yolo_feed), "YOLOv8n ORT", unit_items=1, warmup=warmup, iters=iters))
+                rows.append(
+                    compare(
+                        f"{CONFIG} vs YOLOv8n (NMS inside), both ONNX in onnxruntime, {shape}",
+                        lambda: ours.run(None, feed),
+                        lambda: yolo.run(None, yolo_feed),
+                        "YOLOv8n ORT",
+                        unit_items=1,
+                        warmup=warmup,
+                        iters=iters,
+                    )
+                )
     return rows

@@ -12,7 +12,11 @@ import torch
 
 from benchmarks.timing import Row, compare
 
-MODELS = (("swin_t", "swin_tiny_patch4_window7_224"), ("convnext_tiny", "convnext_tiny"), ("vit_base", "vit_base_patch16_224"))
+MODELS = (
+    ("swin_t", "swin_tiny_patch4_window7_224"),
+    ("convnext_tiny", "convnext_tiny"),
+    ("vit_base", "vit_base_patch16_224"),
+)
 BATCH = 64
 
 
@@ -32,9 +36,11 @@ class Case(NamedTuple):
 def cases(quick: bool) -> list[Case]:
     """Every row ``run`` times. ``quick`` (the one-call GPU run) compiles Swin-T only: each compilation of both
     sides costs about a minute, and twelve would not fit in the run's 8 minutes."""
-    return [Case(model, timm_name, dtype, compiled)
-            for (model, timm_name), dtype, compiled in itertools.product(MODELS, ("fp32", "bf16"), (False, True))
-            if not (quick and compiled and model != "swin_t")]
+    return [
+        Case(model, timm_name, dtype, compiled)
+        for (model, timm_name), dtype, compiled in itertools.product(MODELS, ("fp32", "bf16"), (False, True))
+        if not (quick and compiled and model != "swin_t")
+    ]
 
 
 def run(device: str, quick: bool) -> list[Row]:
@@ -49,15 +55,29 @@ def run(device: str, quick: bool) -> list[Row]:
     images = torch.randn(BATCH, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
     rows = []
     for case in cases(quick):
-        reference = timm.create_model(case.timm_name, pretrained=False).eval().to(device, memory_format=torch.channels_last)
+        reference = (
+            timm.create_model(case.timm_name, pretrained=False).eval().to(device, memory_format=torch.channels_last)
+        )
         ours = build_classifier(case.model).eval().to(device, memory_format=torch.channels_last)
         load_weights(ours, reference.state_dict(), strict=True)
-        ours_call, reference_call = (torch.compile(ours), torch.compile(reference)) if case.compiled else (ours, reference)
+        ours_call, reference_call = (
+            (torch.compile(ours), torch.compile(reference)) if case.compiled else (ours, reference)
+        )
 
         def forward(model: torch.nn.Module, dtype: str = case.dtype) -> None:
             with torch.inference_mode(), torch.autocast("cuda", torch.bfloat16, enabled=dtype == "bf16"):
                 model(images)
 
-        rows.append(compare(case.name, lambda: forward(ours_call), lambda: forward(reference_call), "timm", device=device,
-                            unit_items=BATCH, warmup=3 if case.compiled else 2, iters=5 if quick else 20))
+        rows.append(
+            compare(
+                case.name,
+                lambda: forward(ours_call),
+                lambda: forward(reference_call),
+                "timm",
+                device=device,
+                unit_items=BATCH,
+                warmup=3 if case.compiled else 2,
+                iters=5 if quick else 20,
+            )
+        )
     return rows

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Callable
 
 import torch
 
@@ -29,7 +29,10 @@ NUM_CLASSES, CHANNELS, SIZE = 150, (96, 192, 384, 768), 512
 def _inputs(device: str, batch: int = 2, masks_per_image: int = 6, size: tuple[int, int] = (SIZE, SIZE)):
     generator = torch.Generator().manual_seed(0)
     height, width = size
-    maps = [torch.randn(batch, c, height // s, width // s, generator=generator).to(device) for c, s in zip(CHANNELS, (4, 8, 16, 32))]
+    maps = [
+        torch.randn(batch, c, height // s, width // s, generator=generator).to(device)
+        for c, s in zip(CHANNELS, (4, 8, 16, 32))
+    ]
     targets = []
     for _ in range(batch):
         masks = torch.zeros(masks_per_image, height, width, dtype=torch.bool)
@@ -49,13 +52,19 @@ def _reference(backbone: torch.nn.Module, state: dict[str, torch.Tensor], device
 
     config = transformers.Mask2FormerConfig(
         backbone_config=transformers.SwinConfig(out_features=["stage1", "stage2", "stage3", "stage4"]),
-        num_labels=NUM_CLASSES, num_queries=100, decoder_layers=10, dropout=0.0,
+        num_labels=NUM_CLASSES,
+        num_queries=100,
+        decoder_layers=10,
+        dropout=0.0,
     )
     model = transformers.Mask2FormerForUniversalSegmentation(config)
-    model.load_state_dict(to_transformers({k: v for k, v in state.items() if not k.startswith("backbone.")}), strict=False)
+    model.load_state_dict(
+        to_transformers({k: v for k, v in state.items() if not k.startswith("backbone.")}), strict=False
+    )
     model.vision_tx_backbone = backbone
-    model.model.pixel_level_module.encoder.forward = (
-        lambda pixel_values, *args, **kw: SimpleNamespace(feature_maps=tuple(backbone(pixel_values).values())))
+    model.model.pixel_level_module.encoder.forward = lambda pixel_values, *args, **kw: SimpleNamespace(
+        feature_maps=tuple(backbone(pixel_values).values())
+    )
     return model.to(device).train()
 
 
@@ -89,15 +98,21 @@ def run(device: str, quick: bool) -> list[Row]:
 
     with torch.no_grad():
         outputs = model(images)
-    detached = {**outputs, "pred_logits": outputs["pred_logits"].requires_grad_(), "pred_masks": outputs["pred_masks"].requires_grad_(),
-                "aux_outputs": [{k: v.requires_grad_() for k, v in layer.items()} for layer in outputs["aux_outputs"]]}
+    detached = {
+        **outputs,
+        "pred_logits": outputs["pred_logits"].requires_grad_(),
+        "pred_masks": outputs["pred_masks"].requires_grad_(),
+        "aux_outputs": [{k: v.requires_grad_() for k, v in layer.items()} for layer in outputs["aux_outputs"]],
+    }
     synchronize(device)
     start = time.perf_counter()
     for _ in range(iters):
         model.loss(detached, targets)["loss"].backward()
     synchronize(device)
     loss_s = (time.perf_counter() - start) / iters
-    print(f"matching + point-sampled loss (10 predictions, forward and backward): {loss_s * 1e3:.1f} ms = {100 * loss_s / row.ours_s:.1f}% of the step")
+    print(
+        f"matching + point-sampled loss (10 predictions, forward and backward): {loss_s * 1e3:.1f} ms = {100 * loss_s / row.ours_s:.1f}% of the step"
+    )
     _print_saved_memory(device)
     return [row]
 
@@ -126,8 +141,14 @@ def _print_saved_memory(device: str, size: tuple[int, int] = (800, 1216)) -> Non
     images = torch.zeros(1, 3, *size, device=device)
     ours, ours_largest = saved_for_backward_bytes(lambda: model.loss(model(images), targets)["loss"])
     theirs, their_largest = saved_for_backward_bytes(
-        lambda: reference(images, mask_labels=[t["masks"].float() for t in targets], class_labels=[t["labels"] for t in targets]).loss
+        lambda: (
+            reference(
+                images, mask_labels=[t["masks"].float() for t in targets], class_labels=[t["labels"] for t in targets]
+            ).loss
+        )
     )
     mib = 2**20
-    print(f"saved for backward, 1x{size[0]}x{size[1]}: vision_tx {ours / mib:.0f} MiB (largest tensor {ours_largest / mib:.1f} MiB), "
-          f"transformers {theirs / mib:.0f} MiB (largest {their_largest / mib:.1f} MiB): ratio {theirs / ours:.2f}")
+    print(
+        f"saved for backward, 1x{size[0]}x{size[1]}: vision_tx {ours / mib:.0f} MiB (largest tensor {ours_largest / mib:.1f} MiB), "
+        f"transformers {theirs / mib:.0f} MiB (largest {their_largest / mib:.1f} MiB): ratio {theirs / ours:.2f}"
+    )

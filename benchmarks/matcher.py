@@ -45,7 +45,9 @@ def run(device: str, quick: bool) -> list[Row]:
         pred_boxes = random_boxes((images, queries), generator).to(device)
         classes = logits_per_query if focal else logits_per_query - 1
         labels = [torch.randint(classes, (boxes,), generator=generator).to(device) for _ in range(images)]
-        targets = [{"labels": image_labels, "boxes": random_boxes((boxes,), generator).to(device)} for image_labels in labels]
+        targets = [
+            {"labels": image_labels, "boxes": random_boxes((boxes,), generator).to(device)} for image_labels in labels
+        ]
         if focal:
             ours_matcher = HungarianMatcher(2.0, 5.0, 2.0, focal_alpha=0.25)
             reference_matcher = DeformableDetrHungarianMatcher(class_cost=2.0, bbox_cost=5.0, giou_cost=2.0)

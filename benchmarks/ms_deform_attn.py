@@ -61,15 +61,26 @@ def run(device: str, quick: bool) -> list[Row]:
         def call():
             with torch.no_grad():
                 fn(*inputs)
+
         return call
 
     def forward_backward(fn):
         def call():
             fn(*grad_inputs).sum().backward()
+
         return call
 
     name = f"ms_deform_attn encoder b{BATCH} 512x640 s8-64 {HEADS}x{HEAD_DIM} p{POINTS}"
     return [
-        compare(f"{name} {label}", make(ours), make(reference), "transformers", device, unit_items=BATCH, warmup=1, iters=iters)
+        compare(
+            f"{name} {label}",
+            make(ours),
+            make(reference),
+            "transformers",
+            device,
+            unit_items=BATCH,
+            warmup=1,
+            iters=iters,
+        )
         for label, make in (("forward+backward", forward_backward), ("forward", forward))
     ]

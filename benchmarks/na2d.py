@@ -29,8 +29,14 @@ def _neighborhood(length: int, kernel: int, device: str) -> tuple[torch.Tensor, 
     return inside, (positions[None, :] - positions[:, None] + kernel - 1).clamp(0, 2 * kernel - 2)
 
 
-def masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: int, dilation: int = 1,
-                rpb: torch.Tensor | None = None) -> torch.Tensor:
+def masked_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kernel_size: int,
+    dilation: int = 1,
+    rpb: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``na2d`` as dense SDPA over all keys: ``q, k, v [B, H, W, heads, d]``, ``rpb [heads, 2k-1, 2k-1]``
     -> ``[B, H, W, heads, d]``; the neighbourhood is a boolean mask, or with ``rpb`` an additive one."""
     if dilation != 1:
@@ -39,7 +45,9 @@ def masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: 
     (rows, row_bias), (cols, col_bias) = (_neighborhood(n, kernel_size, q.device) for n in (height, width))
     mask = (rows[:, None, :, None] & cols[None, :, None, :]).reshape(height * width, height * width)
     if rpb is not None:
-        bias = rpb[:, row_bias[:, None, :, None], col_bias[None, :, None, :]].reshape(heads, height * width, height * width)
+        bias = rpb[:, row_bias[:, None, :, None], col_bias[None, :, None, :]].reshape(
+            heads, height * width, height * width
+        )
         mask = bias.masked_fill(~mask, float("-inf"))
     q, k, v = (x.flatten(1, 2).transpose(1, 2) for x in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -59,17 +67,20 @@ def run(device: str, quick: bool) -> list[Row]:
         def call():
             with torch.no_grad():
                 fn(q, k, v, kernel_size=KERNEL)
+
         return call
 
     def forward_backward(fn):
         def call():
             fn(qg, kg, vg, kernel_size=KERNEL).sum().backward()
+
         return call
 
     def autocast(fn):
         def call():
             with torch.no_grad(), torch.autocast(device.split(":")[0], dtype=amp_dtype):
                 fn(q, k, v, kernel_size=KERNEL)
+
         return call
 
     backward_reference, backward_name = (masked_sdpa, "masked SDPA") if device == "cpu" else (natten.na2d, "natten")
@@ -80,6 +91,15 @@ def run(device: str, quick: bool) -> list[Row]:
     )
     name = "x".join(map(str, SHAPE))
     return [
-        compare(f"na2d {name} k{KERNEL} {label}", ours, reference, ref_name, device, unit_items=SHAPE[0], warmup=1, iters=iters)
+        compare(
+            f"na2d {name} k{KERNEL} {label}",
+            ours,
+            reference,
+            ref_name,
+            device,
+            unit_items=SHAPE[0],
+            warmup=1,
+            iters=iters,
+        )
         for label, ours, reference, ref_name in cases
     ]

@@ -26,12 +26,18 @@ from vision_tx.models import RTDETR
 
 PAPER = dict(num_classes=80, boxes=7, batch=2, size=640, backbone=("swin_t", {}), model={})
 TOY = dict(
-    num_classes=3, boxes=3, batch=4, size=128,
-    backbone=("convnext_toy", {}), model=RTDETR.variants["rtdetr_toy"],
+    num_classes=3,
+    boxes=3,
+    batch=4,
+    size=128,
+    backbone=("convnext_toy", {}),
+    model=RTDETR.variants["rtdetr_toy"],
 )
 
 
-def _setting(setting: dict, device: str) -> tuple[RTDETR, torch.nn.Module, torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
+def _setting(
+    setting: dict, device: str
+) -> tuple[RTDETR, torch.nn.Module, torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
     """Our model, transformers' with its weights, images, padding mask and targets, on ``device``."""
     import transformers
 
@@ -49,24 +55,45 @@ def _setting(setting: dict, device: str) -> tuple[RTDETR, torch.nn.Module, torch
     with torch.no_grad():
         name, kwargs = setting["backbone"]
         maps = list(build_backbone(name, out_indices=(1, 2, 3), **kwargs).to(device).eval()(images).values())
-    model = perturb_(RTDETR.build(MapsBackbone(maps), setting["num_classes"], look_forward_twice=False, num_blocks=3, **setting["model"]))
+    model = perturb_(
+        RTDETR.build(
+            MapsBackbone(maps), setting["num_classes"], look_forward_twice=False, num_blocks=3, **setting["model"]
+        )
+    )
     decoder, encoder = model.decoder.layers[0], model.encoder
     config = transformers.RTDetrConfig(
-        backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], embedding_size=8,
-                                                  hidden_sizes=[8, *(m.shape[1] for m in maps)], depths=[1, 1, 1, 1]),
-        num_labels=setting["num_classes"], d_model=model.enc_output.in_features, encoder_hidden_dim=model.enc_output.in_features,
-        encoder_in_channels=[m.shape[1] for m in maps], encoder_layers=len(encoder.encoder.layers),
-        encoder_ffn_dim=encoder.encoder.layers[0].linear1.out_features, encoder_attention_heads=decoder.self_attn.num_heads,
-        hidden_expansion=setting["model"].get("expansion", 1.0), decoder_in_channels=[model.enc_output.in_features] * 3,
-        decoder_ffn_dim=decoder.ffn.linear1.out_features, decoder_layers=len(model.decoder.layers),
-        decoder_attention_heads=decoder.self_attn.num_heads, num_queries=model.num_queries,
+        backbone_config=transformers.ResNetConfig(
+            out_features=["stage2", "stage3", "stage4"],
+            embedding_size=8,
+            hidden_sizes=[8, *(m.shape[1] for m in maps)],
+            depths=[1, 1, 1, 1],
+        ),
+        num_labels=setting["num_classes"],
+        d_model=model.enc_output.in_features,
+        encoder_hidden_dim=model.enc_output.in_features,
+        encoder_in_channels=[m.shape[1] for m in maps],
+        encoder_layers=len(encoder.encoder.layers),
+        encoder_ffn_dim=encoder.encoder.layers[0].linear1.out_features,
+        encoder_attention_heads=decoder.self_attn.num_heads,
+        hidden_expansion=setting["model"].get("expansion", 1.0),
+        decoder_in_channels=[model.enc_output.in_features] * 3,
+        decoder_ffn_dim=decoder.ffn.linear1.out_features,
+        decoder_layers=len(model.decoder.layers),
+        decoder_attention_heads=decoder.self_attn.num_heads,
+        num_queries=model.num_queries,
     )
     reference = transformers.RTDetrForObjectDetection(config)
     reference.load_state_dict(to_transformers(model.state_dict(), len(model.decoder.layers)), strict=False)
     for parameter in reference.model.backbone.parameters():
         parameter.requires_grad_(False)
     reference.model.backbone.forward = lambda pixel_values, pixel_mask: [(m, None) for m in maps]
-    return model.to(device), reference.to(device), images, torch.zeros(batch, size, size, dtype=torch.bool, device=device), targets
+    return (
+        model.to(device),
+        reference.to(device),
+        images,
+        torch.zeros(batch, size, size, dtype=torch.bool, device=device),
+        targets,
+    )
 
 
 def run(device: str, quick: bool) -> list[Row]:
@@ -76,9 +103,12 @@ def run(device: str, quick: bool) -> list[Row]:
         labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
         batch, size = setting["batch"], setting["size"]
         with torch.no_grad():
-            difference = (ours.eval()(images, pixel_mask)["pred_boxes"] - reference.eval()(images).pred_boxes).abs().max()
+            difference = (
+                (ours.eval()(images, pixel_mask)["pred_boxes"] - reference.eval()(images).pred_boxes).abs().max()
+            )
         print(f"{label}: inference boxes, vision_tx vs transformers: largest difference {difference:.1e}", flush=True)
         if setting is PAPER:
+
             def ours_forward() -> None:
                 with torch.no_grad():
                     ours.eval()(images, pixel_mask)
@@ -87,8 +117,18 @@ def run(device: str, quick: bool) -> list[Row]:
                 with torch.no_grad():
                     reference.eval()(images)
 
-            rows.append(compare(f"{label} forward b{batch} {size}x{size}", ours_forward, reference_forward, "transformers",
-                                device=device, unit_items=batch, warmup=1, iters=iters))
+            rows.append(
+                compare(
+                    f"{label} forward b{batch} {size}x{size}",
+                    ours_forward,
+                    reference_forward,
+                    "transformers",
+                    device=device,
+                    unit_items=batch,
+                    warmup=1,
+                    iters=iters,
+                )
+            )
         ours_optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-4)
         reference_optimizer = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=1e-4)
 
@@ -102,6 +142,16 @@ def run(device: str, quick: bool) -> list[Row]:
             reference.train()(images, labels=labels).loss.backward()
             reference_optimizer.step()
 
-        rows.append(compare(f"{label} train step b{batch} {size}x{size}", ours_step, reference_step, "transformers",
-                            device=device, unit_items=batch, warmup=1, iters=iters))
+        rows.append(
+            compare(
+                f"{label} train step b{batch} {size}x{size}",
+                ours_step,
+                reference_step,
+                "transformers",
+                device=device,
+                unit_items=batch,
+                warmup=1,
+                iters=iters,
+            )
+        )
     return rows

@@ -22,13 +22,21 @@ def run(device: str, quick: bool) -> list[Row]:
         ("fp32", contextlib.nullcontext),
         ("bf16 autocast", lambda: torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)),
     ):
+
         def forward(model: torch.nn.Module) -> None:
             with torch.inference_mode(), autocast():
                 model(images)
 
-        rows.append(compare(
-            f"swin_t classifier forward, {batch}x224x224, {precision}",
-            lambda: forward(ours), lambda: forward(reference), "timm",
-            device=device, unit_items=batch, warmup=1 if quick else 2, iters=2 if quick else 6,  # per process
-        ))
+        rows.append(
+            compare(
+                f"swin_t classifier forward, {batch}x224x224, {precision}",
+                lambda: forward(ours),
+                lambda: forward(reference),
+                "timm",
+                device=device,
+                unit_items=batch,
+                warmup=1 if quick else 2,
+                iters=2 if quick else 6,  # per process
+            )
+        )
     return rows

@@ -8,9 +8,9 @@ import re
 import statistics
 import subprocess
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -56,9 +56,16 @@ class Row:
         def largest(peaks: list[int | None]) -> int | None:
             return None if None in peaks else max(peaks)
 
-        return Row(first.name, sum((r.ours_times for r in rows), ()), sum((r.reference_times for r in rows), ()),
-                   first.reference, first.unit_items, tuple(r.speedup for r in rows),
-                   largest([r.ours_peak_bytes for r in rows]), largest([r.reference_peak_bytes for r in rows]))
+        return Row(
+            first.name,
+            sum((r.ours_times for r in rows), ()),
+            sum((r.reference_times for r in rows), ()),
+            first.reference,
+            first.unit_items,
+            tuple(r.speedup for r in rows),
+            largest([r.ours_peak_bytes for r in rows]),
+            largest([r.reference_peak_bytes for r in rows]),
+        )
 
     def format(self) -> str:
         ips = self.unit_items / self.ours_s
@@ -74,8 +81,10 @@ class Row:
         if self.ours_peak_bytes is None or self.reference_peak_bytes is None:
             return ""
         gib = 2**30
-        return (f"   peak {self.ours_peak_bytes / gib:.2f} GiB vs {self.reference_peak_bytes / gib:.2f} GiB, "
-                f"x{self.ours_peak_bytes / self.reference_peak_bytes:.2f}")
+        return (
+            f"   peak {self.ours_peak_bytes / gib:.2f} GiB vs {self.reference_peak_bytes / gib:.2f} GiB, "
+            f"x{self.ours_peak_bytes / self.reference_peak_bytes:.2f}"
+        )
 
     def _spread(self) -> str:
         """The middle half of the per-round speed-ups (how far the machine's noise moves the ratio) and
@@ -85,7 +94,9 @@ class Row:
             low, _, high = statistics.quantiles(self.round_speedups, n=4)
             parts.append(f"rounds x{low:.2f}-x{high:.2f}")
         if len(self.process_speedups) > 1:
-            parts.append(f"{len(self.process_speedups)} processes x{min(self.process_speedups):.2f}-x{max(self.process_speedups):.2f}")
+            parts.append(
+                f"{len(self.process_speedups)} processes x{min(self.process_speedups):.2f}-x{max(self.process_speedups):.2f}"
+            )
         return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -139,22 +150,39 @@ def machine(device: str = "cpu") -> str:
     return cpu
 
 
-def compare(name: str, ours: Callable[[], object], reference: Callable[[], object], reference_name: str,
-            device: str = "cpu", unit_items: int = 1, warmup: int = 2, iters: int = 5) -> Row:
+def compare(
+    name: str,
+    ours: Callable[[], object],
+    reference: Callable[[], object],
+    reference_name: str,
+    device: str = "cpu",
+    unit_items: int = 1,
+    warmup: int = 2,
+    iters: int = 5,
+) -> Row:
     """Times both callables, interleaved in rounds so that machine load hits both alike; on a GPU then
     measures each one's peak memory over one more call (:func:`peak_bytes`)."""
     ours_t, ref_t = [], []
     for _ in range(warmup):
-        ours(); reference()
+        ours()
+        reference()
     for _ in range(iters):
         ours_t.append(seconds_per_call(ours, device, warmup=0, iters=1))
         ref_t.append(seconds_per_call(reference, device, warmup=0, iters=1))
-    return Row(name, tuple(ours_t), tuple(ref_t), reference_name, unit_items,
-               ours_peak_bytes=peak_bytes(ours, device), reference_peak_bytes=peak_bytes(reference, device))
+    return Row(
+        name,
+        tuple(ours_t),
+        tuple(ref_t),
+        reference_name,
+        unit_items,
+        ours_peak_bytes=peak_bytes(ours, device),
+        reference_peak_bytes=peak_bytes(reference, device),
+    )
 
 
-def classifier_training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
-                             labels: torch.Tensor) -> None:
+def classifier_training_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor
+) -> None:
     """One training step: ``model(images [N,3,H,W]) -> logits [N,K]``, cross-entropy with ``labels [N]``,
     backward, ``optimizer.step()``."""
     optimizer.zero_grad(set_to_none=True)
@@ -179,11 +207,13 @@ def rows_from_processes(command: Sequence[str], processes: int) -> Iterator[str 
     for index in range(processes):
         rows = []
         # stdout is read as it comes (lines pass through while the worker runs); stderr goes straight to ours.
-        with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1]) as worker:
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1]
+        ) as worker:
             for line in worker.stdout:
                 line = line.rstrip("\n")
                 if line.startswith(_ROW_MARK):
-                    fields = json.loads(line[len(_ROW_MARK):])
+                    fields = json.loads(line[len(_ROW_MARK) :])
                     rows.append(Row(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}))
                 else:
                     yield f"[process {index + 1}/{processes}] {line}"

@@ -28,20 +28,34 @@ from vision_tx.models import RTDETR
 from vision_tx.ops.onednn import onednn_training_enabled, set_onednn_training
 
 DROP_PATH = 0.2
-TOY_BATCH_SIZES = ((144, 192), (160, 224), (176, 240), (192, 256))  # (height, width): the recipe's shorter sides 144-192
+TOY_BATCH_SIZES = (
+    (144, 192),
+    (160, 224),
+    (176, 240),
+    (192, 256),
+)  # (height, width): the recipe's shorter sides 144-192
 
 
 def _swin(device: str, quick: bool) -> Row:
     torch.manual_seed(0)
-    reference = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, drop_path_rate=DROP_PATH).train().to(device)
+    reference = (
+        timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, drop_path_rate=DROP_PATH).train().to(device)
+    )
     ours = build_classifier("swin_t", drop_path_rate=DROP_PATH).train().to(device)
     load_weights(ours, reference.state_dict(), strict=True)
     images = torch.randn(8, 3, 224, 224, device=device)
     labels = torch.randint(0, 1000, (8,), device=device)
     ours_opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (ours, reference))
-    return compare("swin_t classifier train step, 8x224x224", lambda: classifier_training_step(ours, ours_opt, images, labels),
-                   lambda: classifier_training_step(reference, ref_opt, images, labels), "timm",
-                   device=device, unit_items=8, warmup=1, iters=2 if quick else 4)
+    return compare(
+        "swin_t classifier train step, 8x224x224",
+        lambda: classifier_training_step(ours, ours_opt, images, labels),
+        lambda: classifier_training_step(reference, ref_opt, images, labels),
+        "timm",
+        device=device,
+        unit_items=8,
+        warmup=1,
+        iters=2 if quick else 4,
+    )
 
 
 def _nat(device: str, quick: bool) -> Row:
@@ -55,20 +69,51 @@ def _nat(device: str, quick: bool) -> Row:
         with mock.patch("vision_tx.backbones.nat.na2d", masked_sdpa):
             classifier_training_step(model, optimizer, images, labels)
 
-    return compare("nat_tiny classifier train step, 2x224x224", lambda: classifier_training_step(model, optimizer, images, labels),
-                   reference_step, "masked SDPA", device=device, unit_items=2, warmup=1, iters=2 if quick else 4)
+    return compare(
+        "nat_tiny classifier train step, 2x224x224",
+        lambda: classifier_training_step(model, optimizer, images, labels),
+        reference_step,
+        "masked SDPA",
+        device=device,
+        unit_items=2,
+        warmup=1,
+        iters=2 if quick else 4,
+    )
 
 
 def _rtdetr_toy_products(quick: bool) -> Row:
     torch.manual_seed(0)
-    model = RTDETR.build(build_backbone("convnext_toy", out_indices=(1, 2, 3)), 4, **{**RTDETR.variants["rtdetr_toy"], "num_queries": 100}).train()
+    model = RTDETR.build(
+        build_backbone("convnext_toy", out_indices=(1, 2, 3)),
+        4,
+        **{**RTDETR.variants["rtdetr_toy"], "num_queries": 100},
+    ).train()
     generator = torch.Generator().manual_seed(0)
     batches = []
-    for height, width in TOY_BATCH_SIZES:  # multi-scale training: each timed call a step at each size, as the recipe varies them
-        targets = [{"labels": torch.randint(0, 4, (8,), generator=generator),
-                    "boxes": torch.cat([0.2 + 0.6 * torch.rand(8, 2, generator=generator), 0.05 + 0.2 * torch.rand(8, 2, generator=generator)], 1)}
-                   for _ in range(8)]
-        batches.append((torch.randn(8, 3, height, width, generator=generator), torch.zeros(8, height, width, dtype=torch.bool), targets))
+    for (
+        height,
+        width,
+    ) in TOY_BATCH_SIZES:  # multi-scale training: each timed call a step at each size, as the recipe varies them
+        targets = [
+            {
+                "labels": torch.randint(0, 4, (8,), generator=generator),
+                "boxes": torch.cat(
+                    [
+                        0.2 + 0.6 * torch.rand(8, 2, generator=generator),
+                        0.05 + 0.2 * torch.rand(8, 2, generator=generator),
+                    ],
+                    1,
+                ),
+            }
+            for _ in range(8)
+        ]
+        batches.append(
+            (
+                torch.randn(8, 3, height, width, generator=generator),
+                torch.zeros(8, height, width, dtype=torch.bool),
+                targets,
+            )
+        )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     default = onednn_training_enabled()
 
@@ -80,8 +125,15 @@ def _rtdetr_toy_products(quick: bool) -> Row:
             optimizer.step()
 
     try:
-        return compare(f"rtdetr_convnext_toy train steps b8 at {len(batches)} sizes, products on oneDNN", lambda: step(True),
-                       lambda: step(False), "torch's operators", unit_items=8 * len(batches), warmup=1, iters=2 if quick else 5)
+        return compare(
+            f"rtdetr_convnext_toy train steps b8 at {len(batches)} sizes, products on oneDNN",
+            lambda: step(True),
+            lambda: step(False),
+            "torch's operators",
+            unit_items=8 * len(batches),
+            warmup=1,
+            iters=2 if quick else 5,
+        )
     finally:
         set_onednn_training(default)
 

@@ -28,7 +28,11 @@ def transformers_upernet(aux: bool, device: str, drop_path_rate: float = 0.0) ->
     """transformers' UperNet Swin-T, ``NUM_CLASSES`` classes, with the FCN auxiliary head (loss weight 0.4,
     its default) if ``aux``, in eval mode."""
     swin = SwinConfig(
-        embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], window_size=7, drop_path_rate=drop_path_rate,
+        embed_dim=96,
+        depths=[2, 2, 6, 2],
+        num_heads=[3, 6, 12, 24],
+        window_size=7,
+        drop_path_rate=drop_path_rate,
         out_features=["stage1", "stage2", "stage3", "stage4"],
     )
     config = UperNetConfig(backbone_config=swin, num_labels=NUM_CLASSES, use_auxiliary_head=aux)
@@ -43,11 +47,23 @@ def to_transformers_upernet(state: dict[str, torch.Tensor]) -> dict[str, torch.T
         if key.startswith("backbone."):
             key = re.sub(r"^backbone\.stem\.proj\.", "backbone.swin.embeddings.patch_embeddings.projection.", key)
             key = re.sub(r"^backbone\.stem\.norm\.", "backbone.swin.embeddings.norm.", key)
-            key = re.sub(r"^backbone\.stages\.(\d+)\.out_norm\.", lambda m: f"backbone.hidden_states_norms.stage{int(m[1]) + 1}.", key)
-            key = re.sub(r"^backbone\.stages\.(\d+)\.downsample\.", lambda m: f"backbone.swin.encoder.layers.{int(m[1]) - 1}.downsample.", key)
+            key = re.sub(
+                r"^backbone\.stages\.(\d+)\.out_norm\.",
+                lambda m: f"backbone.hidden_states_norms.stage{int(m[1]) + 1}.",
+                key,
+            )
+            key = re.sub(
+                r"^backbone\.stages\.(\d+)\.downsample\.",
+                lambda m: f"backbone.swin.encoder.layers.{int(m[1]) - 1}.downsample.",
+                key,
+            )
             key = key.replace("backbone.stages.", "backbone.swin.encoder.layers.")
-            for ours, theirs in (("norm1", "layernorm_before"), ("norm2", "layernorm_after"), ("attn.proj", "attention.o_proj"),
-                                 ("attn.relative_position_bias_table", "attention.relative_position_bias.relative_position_bias_table")):
+            for ours, theirs in (
+                ("norm1", "layernorm_before"),
+                ("norm2", "layernorm_after"),
+                ("attn.proj", "attention.o_proj"),
+                ("attn.relative_position_bias_table", "attention.relative_position_bias.relative_position_bias_table"),
+            ):
                 key = key.replace(f".{ours}", f".{theirs}")
             if ".attn.qkv." in key:
                 for name, part in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3)):
@@ -63,7 +79,10 @@ def train_step(device: str, quick: bool, drop_path_rate: float = 0.2) -> Row:
     ours = UperNetSegmentor(build_backbone("swin_t", drop_path_rate=drop_path_rate), NUM_CLASSES).train().to(device)
     reference = transformers_upernet(True, device, drop_path_rate=drop_path_rate).train()
     result = reference.load_state_dict(to_transformers_upernet(ours.state_dict()), strict=False)
-    if result.unexpected_keys or set(result.missing_keys) - {"backbone.swin.layernorm.weight", "backbone.swin.layernorm.bias"}:
+    if result.unexpected_keys or set(result.missing_keys) - {
+        "backbone.swin.layernorm.weight",
+        "backbone.swin.layernorm.bias",
+    }:
         raise RuntimeError(f"{__name__}: UperNet weights do not map onto transformers': {result}")
     images = torch.randn(2, 3, 512, 512, device=device)
     labels = torch.randint(0, NUM_CLASSES, (2, 512, 512), device=device)
@@ -79,8 +98,16 @@ def train_step(device: str, quick: bool, drop_path_rate: float = 0.2) -> Row:
         reference(pixel_values=images, labels=labels).loss.backward()
         ref_opt.step()
 
-    return compare("upernet swin_t + aux train step, 2x512x512", ours_step, reference_step, "transformers",
-                   device=device, unit_items=2, warmup=1, iters=2 if quick else 3)
+    return compare(
+        "upernet swin_t + aux train step, 2x512x512",
+        ours_step,
+        reference_step,
+        "transformers",
+        device=device,
+        unit_items=2,
+        warmup=1,
+        iters=2 if quick else 3,
+    )
 
 
 def run(device: str = "cpu", quick: bool = False) -> list[Row]:
@@ -93,12 +120,17 @@ def run(device: str = "cpu", quick: bool = False) -> list[Row]:
         for aux in (True, False):
             reference = transformers_upernet(aux, device)
             label = "transformers" if aux else "transformers, no aux head"
-            rows.append(compare(
-                f"upernet swin_t 512x512 b1 eval ({'vs default' if aux else 'vs no aux'})",
-                lambda: ours.inference(images),
-                lambda: reference(pixel_values=images).logits,
-                label, device=device, warmup=warmup, iters=iters,
-            ))
+            rows.append(
+                compare(
+                    f"upernet swin_t 512x512 b1 eval ({'vs default' if aux else 'vs no aux'})",
+                    lambda: ours.inference(images),
+                    lambda: reference(pixel_values=images).logits,
+                    label,
+                    device=device,
+                    warmup=warmup,
+                    iters=iters,
+                )
+            )
             del reference
     if device.startswith("cuda"):
         rows.append(train_step(device, quick))

@@ -25,9 +25,16 @@ def run(device: str, quick: bool) -> list[Row]:
             with torch.inference_mode():
                 model(images)
 
-        rows.append(compare(
-            f"{name} classifier forward, {batch}x224x224, fp32",
-            lambda: forward(ours), lambda: forward(reference), "timm",
-            device=device, unit_items=batch, warmup=1 if quick else 2, iters=2 if quick else 6,  # per process
-        ))
+        rows.append(
+            compare(
+                f"{name} classifier forward, {batch}x224x224, fp32",
+                lambda: forward(ours),
+                lambda: forward(reference),
+                "timm",
+                device=device,
+                unit_items=batch,
+                warmup=1 if quick else 2,
+                iters=2 if quick else 6,  # per process
+            )
+        )
     return rows

@@ -39,7 +39,14 @@ COCO128 = Path(__file__).resolve().parents[2] / "shared" / "data" / "coco128"
 SMALL_KWARGS: dict[str, dict[str, Any]] = {
     "deit_tiny": {"patch_size": 6, "drop_path_rate": 0.1},
     "convnext_tiny": {"drop_path_rate": 0.1},
-    "swin_t": {"embed_dim": 48, "depths": [2, 2, 2, 2], "num_heads": [2, 4, 8, 16], "window_size": 3, "patch_size": 2, "drop_path_rate": 0.1},
+    "swin_t": {
+        "embed_dim": 48,
+        "depths": [2, 2, 2, 2],
+        "num_heads": [2, 4, 8, 16],
+        "window_size": 3,
+        "patch_size": 2,
+        "drop_path_rate": 0.1,
+    },
 }
 
 
@@ -51,7 +58,9 @@ def small_kwargs(name: str, size: int) -> dict[str, Any] | None:
     return {**kwargs, "img_size": size}
 
 
-def cut_crops(coco_root: Path, out: Path, categories: int, min_box: int, context: float, side: int, val_every: int) -> dict[str, Counter]:
+def cut_crops(
+    coco_root: Path, out: Path, categories: int, min_box: int, context: float, side: int, val_every: int
+) -> dict[str, Counter]:
     """Writes ``out/{train,val}/CATEGORY/ANN.png`` crops; returns the crop counts per split and category."""
     data = json.loads((coco_root / "annotations" / "instances_train2017.json").read_text())
     names = {c["id"]: c["name"].replace(" ", "_") for c in data["categories"]}
@@ -77,24 +86,52 @@ def cut_crops(coco_root: Path, out: Path, categories: int, min_box: int, context
     return counts
 
 
-def train(args: argparse.Namespace, root: Path, run_dir: Path, backbone: str, teacher: Path | None = None,
-          teacher_backbone: str | None = None, sam: bool = False) -> dict[str, Any]:
+def train(
+    args: argparse.Namespace,
+    root: Path,
+    run_dir: Path,
+    backbone: str,
+    teacher: Path | None = None,
+    teacher_backbone: str | None = None,
+    sam: bool = False,
+) -> dict[str, Any]:
     """Trains one classifier from scratch; returns its final validation metrics, last checkpoint,
     optimiser steps and wall and CPU minutes (this process, all its threads)."""
     pl.seed_everything(args.seed, workers=True)
     module = ClassificationModule(
-        backbone, backbone_kwargs=small_kwargs(backbone, args.size), lr=args.lr, lr_batch_size=args.batch_size,
-        warmup_epochs=args.warmup_epochs, mixup_alpha=args.mixup_alpha, cutmix_alpha=args.cutmix_alpha,
-        teacher=str(teacher) if teacher else None, teacher_backbone=teacher_backbone,
+        backbone,
+        backbone_kwargs=small_kwargs(backbone, args.size),
+        lr=args.lr,
+        lr_batch_size=args.batch_size,
+        warmup_epochs=args.warmup_epochs,
+        mixup_alpha=args.mixup_alpha,
+        cutmix_alpha=args.cutmix_alpha,
+        teacher=str(teacher) if teacher else None,
+        teacher_backbone=teacher_backbone,
         teacher_kwargs=small_kwargs(teacher_backbone, args.size) if teacher_backbone else None,
     )
-    data = ImageFolderDataModule(str(root), image_size=args.size, crop_fraction=1.0, repeats=1, batch_size=args.batch_size,
-                                 val_batch_size=64, num_workers=args.workers,
-                                 train_transform_kwargs={"scale": (0.35, 1.0), "rand_augment_ops": args.rand_augment_ops})
+    data = ImageFolderDataModule(
+        str(root),
+        image_size=args.size,
+        crop_fraction=1.0,
+        repeats=1,
+        batch_size=args.batch_size,
+        val_batch_size=64,
+        num_workers=args.workers,
+        train_transform_kwargs={"scale": (0.35, 1.0), "rand_augment_ops": args.rand_augment_ops},
+    )
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=args.epochs, default_root_dir=run_dir, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
-        check_val_every_n_epoch=args.epochs, callbacks=[SharpnessAwareMinimization(args.rho)] if sam else [],
+        accelerator="cpu",
+        devices=1,
+        max_epochs=args.epochs,
+        default_root_dir=run_dir,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        check_val_every_n_epoch=args.epochs,
+        callbacks=[SharpnessAwareMinimization(args.rho)] if sam else [],
     )
     wall, cpu = time.perf_counter(), time.process_time()
     trainer.fit(module, data)
@@ -136,14 +173,21 @@ def main() -> None:
     root = out / "crops"
     counts = cut_crops(args.coco, root, 10, args.min_box, 0.1, 2 * args.size, args.val_every)
     for split, count in counts.items():
-        print(f"{split}: {sum(count.values())} crops: " + ", ".join(f"{n} {c}" for n, c in sorted(count.items())), flush=True)
+        print(
+            f"{split}: {sum(count.values())} crops: " + ", ".join(f"{n} {c}" for n, c in sorted(count.items())),
+            flush=True,
+        )
     frequent = [name for name, _ in counts["train"].most_common(5)]
-    baseline = {f"val/top{k}": sum(counts["val"][name] for name in frequent[:k]) / counts["val"].total() for k in (1, 5)}
+    baseline = {
+        f"val/top{k}": sum(counts["val"][name] for name in frequent[:k]) / counts["val"].total() for k in (1, 5)
+    }
     rows = [(f"always `{frequent[0]}` (top-5: the five most frequent training classes)", {"metrics": baseline})]
 
     def record(name: str, run: dict[str, Any]) -> None:
         rows.append((name, run))
-        print(name, run["metrics"], f"{run['steps']} steps, {run['wall']:.1f} min, {run['cpu']:.1f} CPU min", flush=True)
+        print(
+            name, run["metrics"], f"{run['steps']} steps, {run['wall']:.1f} min, {run['cpu']:.1f} CPU min", flush=True
+        )
 
     plain = {student: train(args, root, out / student, student) for student in args.students if student == args.teacher}
     teacher = plain.get(args.teacher) or train(args, root, out / "teacher", args.teacher)
@@ -154,18 +198,31 @@ def main() -> None:
             plain[student] = train(args, root, out / student, student)
         record(student + (" (the teacher)" if student == args.teacher else ""), plain[student])
         distilled = distilled_form(student)
-        record(f"{distilled} + distillation from {args.teacher}", train(
-            args, root, out / f"{distilled}_distillation", distilled, teacher=teacher["checkpoint"], teacher_backbone=args.teacher))
+        record(
+            f"{distilled} + distillation from {args.teacher}",
+            train(
+                args,
+                root,
+                out / f"{distilled}_distillation",
+                distilled,
+                teacher=teacher["checkpoint"],
+                teacher_backbone=args.teacher,
+            ),
+        )
         record(f"{student} + SAM (rho {args.rho})", train(args, root, out / f"{student}_sam", student, sam=True))
 
-    print(f"\n| model (from scratch, {args.size} px, {args.epochs} epochs) | top-1 | top-5 | train crops | val crops | steps | "
-          f"minutes (wall) | CPU minutes |\n|---|---|---|---|---|---|---|---|")
+    print(
+        f"\n| model (from scratch, {args.size} px, {args.epochs} epochs) | top-1 | top-5 | train crops | val crops | steps | "
+        f"minutes (wall) | CPU minutes |\n|---|---|---|---|---|---|---|---|"
+    )
     train_size, val_size = counts["train"].total(), counts["val"].total()
     for name, run in rows:
         metrics = run["metrics"]
         time_columns = f"{run['steps']} | {run['wall']:.1f} | {run['cpu']:.1f}" if "steps" in run else "- | - | -"
-        print(f"| {name} | {metrics.get('val/top1', float('nan')):.3f} | {metrics.get('val/top5', float('nan')):.3f} | "
-              f"{train_size} | {val_size} | {time_columns} |")
+        print(
+            f"| {name} | {metrics.get('val/top1', float('nan')):.3f} | {metrics.get('val/top5', float('nan')):.3f} | "
+            f"{train_size} | {val_size} | {time_columns} |"
+        )
 
 
 if __name__ == "__main__":

@@ -26,20 +26,27 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 import torchvision
+from compare_common import (
+    comparison_parser,
+    cpu_description,
+    machine_line,
+    parse_with_vision_tx_options,
+    side_by_side,
+    train_vision_tx,
+    versions,
+    write_report,
+)
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from compare_common import (
-    comparison_parser, cpu_description, machine_line, parse_with_vision_tx_options, side_by_side, train_vision_tx, versions,
-    write_report,
-)
 from vision_tx.data.imagefolder import val_transforms
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
@@ -60,23 +67,33 @@ def top_k(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], model: torch.nn.
     return {f"top{k}": hits[k] / count for k in hits}
 
 
-def resnet_loaders(root: Path, size: int, crop_fraction: float, batch_size: int, workers: int, seed: int,
-                   classes: Sequence[str]) -> tuple[DataLoader, DataLoader]:
+def resnet_loaders(
+    root: Path, size: int, crop_fraction: float, batch_size: int, workers: int, seed: int, classes: Sequence[str]
+) -> tuple[DataLoader, DataLoader]:
     """ResNet-18's training loader (random resized crop, flip) and the validation loader (vision_tx's transform)."""
-    train_pipeline = v2.Compose([
-        v2.PILToTensor(), v2.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True), v2.RandomHorizontalFlip(),
-        v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
+    train_pipeline = v2.Compose(
+        [
+            v2.PILToTensor(),
+            v2.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
     train = ImageFolder(str(root / "train"), transform=train_pipeline)
     val = ImageFolder(str(root / "val"), transform=v2.Compose([v2.PILToTensor(), val_transforms(size, crop_fraction)]))
     if train.classes != list(classes) or val.classes != list(classes):
         raise SystemExit(f"error: {root}: the class folders of train/ and val/ differ from vision_tx's {list(classes)}")
     generator = torch.Generator().manual_seed(seed)
-    return (DataLoader(train, batch_size, shuffle=True, num_workers=workers, generator=generator, drop_last=True),
-            DataLoader(val, 64, num_workers=workers))
+    return (
+        DataLoader(train, batch_size, shuffle=True, num_workers=workers, generator=generator, drop_last=True),
+        DataLoader(val, 64, num_workers=workers),
+    )
 
 
-def train_resnet(loader: DataLoader, num_classes: int, seconds: float, lr: float, seed: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+def train_resnet(
+    loader: DataLoader, num_classes: int, seconds: float, lr: float, seed: int
+) -> tuple[torch.nn.Module, dict[str, Any]]:
     """ResNet-18 from scratch, trained for ``seconds`` of wall-clock (AdamW, warm-up then cosine in time)."""
     torch.manual_seed(seed)
     model = torchvision.models.resnet18(num_classes=num_classes)
@@ -88,8 +105,11 @@ def train_resnet(loader: DataLoader, num_classes: int, seconds: float, lr: float
     while elapsed < seconds:
         for batch, labels in loader:
             progress = elapsed / seconds
-            factor = progress / WARMUP_FRACTION if progress < WARMUP_FRACTION else 0.5 * (1 + math.cos(
-                math.pi * (progress - WARMUP_FRACTION) / (1 - WARMUP_FRACTION)))
+            factor = (
+                progress / WARMUP_FRACTION
+                if progress < WARMUP_FRACTION
+                else 0.5 * (1 + math.cos(math.pi * (progress - WARMUP_FRACTION) / (1 - WARMUP_FRACTION)))
+            )
             for group in optimizer.param_groups:
                 group["lr"] = lr * factor
             loss = F.cross_entropy(model(batch), labels)
@@ -100,13 +120,22 @@ def train_resnet(loader: DataLoader, num_classes: int, seconds: float, lr: float
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
                 break
-    return model, {"train_seconds": elapsed, "cpu_seconds": time.process_time() - cpu_start, "images_seen": images,
-                   "images_per_second": images / max(elapsed, 1e-9), "steps": steps, "epochs": images / len(loader.dataset),
-                   "torch_threads": [torch.get_num_threads()], "final_loss": loss.item()}
+    return model, {
+        "train_seconds": elapsed,
+        "cpu_seconds": time.process_time() - cpu_start,
+        "images_seen": images,
+        "images_per_second": images / max(elapsed, 1e-9),
+        "steps": steps,
+        "epochs": images / len(loader.dataset),
+        "torch_threads": [torch.get_num_threads()],
+        "final_loss": loss.item(),
+    }
 
 
 def parser() -> argparse.ArgumentParser:
-    p = comparison_parser(__doc__, "an ImageFolder set: train/CLASS/*, val/CLASS/*", "classification_toy", "runs/compare_classification")
+    p = comparison_parser(
+        __doc__, "an ImageFolder set: train/CLASS/*, val/CLASS/*", "classification_toy", "runs/compare_classification"
+    )
     p.add_argument("--resnet-batch", type=int, default=32)
     p.add_argument("--resnet-lr", type=float, default=2e-3)
     return p
@@ -120,28 +149,43 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     out = args.out.resolve()
 
-    cli, vtx = train_vision_tx(args.config, args.root, out / "vision_tx", args.seed, args.workers, args.budget_seconds, extra)
+    cli, vtx = train_vision_tx(
+        args.config, args.root, out / "vision_tx", args.seed, args.workers, args.budget_seconds, extra
+    )
     data = cli.datamodule
     vtx.update(top_k(data.val_dataloader(), cli.model))
     classes, size, crop_fraction = data.class_names, data.hparams.image_size, data.hparams.crop_fraction
     del cli
 
     budget = args.budget_seconds or vtx["train_seconds"]
-    train_loader, val_loader = resnet_loaders(args.root, size, crop_fraction, args.resnet_batch, args.workers, args.seed, classes)
+    train_loader, val_loader = resnet_loaders(
+        args.root, size, crop_fraction, args.resnet_batch, args.workers, args.seed, classes
+    )
     model, resnet = train_resnet(train_loader, len(classes), budget, args.resnet_lr, args.seed)
     resnet.update(top_k(val_loader, model))
 
     report = {
-        "data": str(args.root.resolve()), "classes": list(classes), "image_size": size, "budget_seconds": budget,
-        "threads": args.threads, "seed": args.seed, "workers": args.workers, "cpu": cpu_description(),
+        "data": str(args.root.resolve()),
+        "classes": list(classes),
+        "image_size": size,
+        "budget_seconds": budget,
+        "threads": args.threads,
+        "seed": args.seed,
+        "workers": args.workers,
+        "cpu": cpu_description(),
         "versions": versions("torch", "torchvision", "lightning"),
         "vision_tx": {"config": args.config, "extra_args": extra, **vtx},
         "resnet18": {"batch": args.resnet_batch, "lr": args.resnet_lr, "optimizer": "AdamW", **resnet},
     }
     rows = ("top1", "top5", "train_seconds", "cpu_seconds", "images_seen", "images_per_second", "steps")
-    print(side_by_side(f"\nclassification on {args.root} val, {len(classes)} classes, {size} px, training {budget:.0f} s each\n"
-                       f"{machine_line(report['cpu'], args.threads, report['versions'])}",
-                       rows, {args.config: vtx, "ResNet-18": resnet}))
+    print(
+        side_by_side(
+            f"\nclassification on {args.root} val, {len(classes)} classes, {size} px, training {budget:.0f} s each\n"
+            f"{machine_line(report['cpu'], args.threads, report['versions'])}",
+            rows,
+            {args.config: vtx, "ResNet-18": resnet},
+        )
+    )
     write_report(out / "comparison.json", report)
 
 

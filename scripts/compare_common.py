@@ -14,13 +14,16 @@ import platform
 import re
 import shlex
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 
-def comparison_parser(doc: str, root_help: str, config: str, out: str, root_optional: bool = False) -> argparse.ArgumentParser:
+def comparison_parser(
+    doc: str, root_help: str, config: str, out: str, root_optional: bool = False
+) -> argparse.ArgumentParser:
     """The options both comparisons take: the data ``root`` (optional where the script offers suites of sets), the
     vision_tx ``--config``, ``--out``, the time budget, threads, loader workers and seed; each script adds its peer's own."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,11 +37,13 @@ def comparison_parser(doc: str, root_help: str, config: str, out: str, root_opti
     return p
 
 
-def parse_with_vision_tx_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+def parse_with_vision_tx_options(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, list[str]]:
     """The script's options, and those after ``--``, which go to vision_tx's training command."""
     argv = list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
-    return parser.parse_args(argv[:split]), argv[split + 1:]
+    return parser.parse_args(argv[:split]), argv[split + 1 :]
 
 
 def cpu_description() -> dict[str, Any]:
@@ -49,15 +54,23 @@ def cpu_description() -> dict[str, Any]:
         text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     model = re.search(r"^(?:Model name|model name)\s*:\s*(.+)$", text, re.MULTILINE)
     flags = re.search(r"^(?:Flags|flags)\s*:\s*(.+)$", text, re.MULTILINE)
-    vector = sorted(f for f in (flags.group(1).split() if flags else []) if f == "avx2" or f.startswith(("avx512", "amx")))
-    return {"model": model.group(1).strip() if model else platform.processor(), "vector_extensions": vector,
-            "logical_cpus": torch.multiprocessing.cpu_count()}
+    vector = sorted(
+        f for f in (flags.group(1).split() if flags else []) if f == "avx2" or f.startswith(("avx512", "amx"))
+    )
+    return {
+        "model": model.group(1).strip() if model else platform.processor(),
+        "vector_extensions": vector,
+        "logical_cpus": torch.multiprocessing.cpu_count(),
+    }
 
 
 def machine_line(cpu: dict[str, Any], threads: int, versions: dict[str, str]) -> str:
     """``CPU model (AVX2, AVX-512 F/BF16/FP16/VNNI, AMX), N threads, torch X, ...`` in one line."""
-    shown = [f for f in cpu["vector_extensions"] if f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni")
-             or f.startswith("amx")]
+    shown = [
+        f
+        for f in cpu["vector_extensions"]
+        if f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni") or f.startswith("amx")
+    ]
     packages = ", ".join(f"{name} {version}" for name, version in versions.items())
     return f"{cpu['model']} ({' '.join(shown) or 'no AVX2'}), {threads} threads, {packages}"
 
@@ -73,17 +86,37 @@ def versions(*packages: str) -> dict[str, str]:
     return found
 
 
-def training_args(config: str, data_root: str | Path, out: Path, seed: int, workers: int,
-                  budget_seconds: float | None, extra: Sequence[str]) -> list[str]:
+def training_args(
+    config: str,
+    data_root: str | Path,
+    out: Path,
+    seed: int,
+    workers: int,
+    budget_seconds: float | None,
+    extra: Sequence[str],
+) -> list[str]:
     """``tools/train.py``'s arguments for a comparison run: the config on ``data_root``, logs in ``out``,
     with ``--budget.minutes`` when ``budget_seconds`` is given, then ``extra``."""
     budget = ["--budget.minutes", str(budget_seconds / 60)] if budget_seconds else []
-    return ["--config", config, "--data.root", str(data_root), "--seed_everything", str(seed),
-            "--data.num_workers", str(workers), "--trainer.default_root_dir", str(out), *budget, *extra]
+    return [
+        "--config",
+        config,
+        "--data.root",
+        str(data_root),
+        "--seed_everything",
+        str(seed),
+        "--data.num_workers",
+        str(workers),
+        "--trainer.default_root_dir",
+        str(out),
+        *budget,
+        *extra,
+    ]
 
 
-def train_vision_tx(config: str, data_root: str, out: Path, seed: int, workers: int,
-                    budget_seconds: float | None, extra: Sequence[str]) -> tuple[Any, dict[str, Any]]:
+def train_vision_tx(
+    config: str, data_root: str, out: Path, seed: int, workers: int, budget_seconds: float | None, extra: Sequence[str]
+) -> tuple[Any, dict[str, Any]]:
     """Trains ``config`` on ``data_root`` through vision_tx's CLI (``tools/train.py``'s ``fit``), with
     ``--budget.minutes`` when ``budget_seconds`` is given (the config's step plan stretched to it);
     returns the CLI (trainer, model, datamodule) and the summary of its :class:`TrainingBudget` clock."""
@@ -99,6 +132,7 @@ def train_vision_tx(config: str, data_root: str, out: Path, seed: int, workers: 
 
 def side_by_side(title: str, names: Sequence[str], columns: dict[str, dict[str, Any]]) -> str:
     """A text table: one row per name in ``names``, one column per entry of ``columns``."""
+
     def cell(value: Any) -> str:
         if isinstance(value, float):
             return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"

@@ -66,23 +66,30 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from contextlib import redirect_stdout
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import yaml
+from compare_common import (
+    comparison_parser,
+    cpu_description,
+    machine_line,
+    parse_with_vision_tx_options,
+    side_by_side,
+    train_vision_tx,
+    training_args,
+    versions,
+    write_report,
+)
 from PIL import Image
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from scipy.optimize import linear_sum_assignment
 from torchvision.ops import box_convert, box_iou
-
-from compare_common import (
-    comparison_parser, cpu_description, machine_line, parse_with_vision_tx_options, side_by_side, train_vision_tx,
-    training_args, versions, write_report,
-)
 
 PYCOCOTOOLS_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 HIGH_IOU_THRESHOLDS = (0.80, 0.85, 0.90, 0.95)  # past pycocotools' AP75: where the box edges decide AP
@@ -91,9 +98,15 @@ SPLITS = {"train": "train2017", "val": "val2017"}  # YOLO split -> COCO folder
 MAX_DETECTIONS = 100
 SCORE_FLOOR = 0.001
 ROUND_TRIP_TOLERANCE_PX = 1e-3
-GPU_PRECISION = "bf16-mixed"  # vision_tx's on a GPU; Ultralytics' own mixed precision (amp=True) is fp16 with loss scaling
+GPU_PRECISION = (
+    "bf16-mixed"  # vision_tx's on a GPU; Ultralytics' own mixed precision (amp=True) is fp16 with loss scaling
+)
 TRAIN_TOOL = Path(__file__).resolve().parents[1] / "tools" / "train.py"
-YOLO_MODELS = {"yolov8n": "YOLOv8n", "yolo11n": "YOLO11n", "yolo26n": "YOLO26n"}  # Ultralytics' YAML name -> display name
+YOLO_MODELS = {
+    "yolov8n": "YOLOv8n",
+    "yolo11n": "YOLO11n",
+    "yolo26n": "YOLO26n",
+}  # Ultralytics' YAML name -> display name
 # ../shared/data beside the checkout, or VISION_TX_SHARED_DATA (as the tests read it)
 SHARED_DATA = Path(os.environ.get("VISION_TX_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 SUITES = {"real": ("bccd", "masks", "plates", "aquarium")}  # sets of SHARED_DATA, in the order they run
@@ -109,7 +122,9 @@ def category_ids(dataset: dict[str, Any]) -> list[int]:
     return sorted(c["id"] for c in dataset["categories"])
 
 
-def yolo_label_lines(annotations: Sequence[dict[str, Any]], width: int, height: int, classes: dict[int, int]) -> list[str]:
+def yolo_label_lines(
+    annotations: Sequence[dict[str, Any]], width: int, height: int, classes: dict[int, int]
+) -> list[str]:
     """YOLO label lines ``class cx cy w h`` (fractions of the image) of an image's non-crowd COCO
     annotations (xywh ``bbox`` in pixels); ``classes`` maps category id -> YOLO class."""
     lines = []
@@ -117,8 +132,10 @@ def yolo_label_lines(annotations: Sequence[dict[str, Any]], width: int, height: 
         if ann.get("iscrowd", 0):
             continue
         x, y, w, h = ann["bbox"]
-        lines.append(f"{classes[ann['category_id']]} {(x + w / 2) / width:.10f} {(y + h / 2) / height:.10f} "
-                     f"{w / width:.10f} {h / height:.10f}")
+        lines.append(
+            f"{classes[ann['category_id']]} {(x + w / 2) / width:.10f} {(y + h / 2) / height:.10f} "
+            f"{w / width:.10f} {h / height:.10f}"
+        )
     return lines
 
 
@@ -132,12 +149,19 @@ def read_yolo_labels(path: Path, width: int, height: int) -> tuple[list[int], np
     return [int(row[0]) for row in rows], np.concatenate([centre - size / 2, centre + size / 2], axis=1)
 
 
-def coco_results(image_id: int, boxes: Any, classes: Sequence[float], scores: Sequence[float],
-                 categories: Sequence[int]) -> list[dict[str, Any]]:
+def coco_results(
+    image_id: int, boxes: Any, classes: Sequence[float], scores: Sequence[float], categories: Sequence[int]
+) -> list[dict[str, Any]]:
     """COCO results (xywh) of one image's detections: pixel xyxy ``boxes [N,4]``, YOLO ``classes``."""
-    return [{"image_id": image_id, "category_id": categories[int(c)], "score": float(s),
-             "bbox": [float(x0), float(y0), float(x1) - float(x0), float(y1) - float(y0)]}
-            for (x0, y0, x1, y1), c, s in zip(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), classes, scores)]
+    return [
+        {
+            "image_id": image_id,
+            "category_id": categories[int(c)],
+            "score": float(s),
+            "bbox": [float(x0), float(y0), float(x1) - float(x0), float(y1) - float(y0)],
+        }
+        for (x0, y0, x1, y1), c, s in zip(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), classes, scores)
+    ]
 
 
 def write_yolo_dataset(root: Path, out: Path) -> Path:
@@ -158,8 +182,10 @@ def write_yolo_dataset(root: Path, out: Path) -> Path:
             source = Path(root) / folder / image["file_name"]
             with Image.open(source) as picture:
                 if picture.size != (image["width"], image["height"]):
-                    raise SystemExit(f"error: {source}: the image is {picture.size[0]}x{picture.size[1]}, its annotation says "
-                                     f"{image['width']}x{image['height']}")
+                    raise SystemExit(
+                        f"error: {source}: the image is {picture.size[0]}x{picture.size[1]}, its annotation says "
+                        f"{image['width']}x{image['height']}"
+                    )
             stem = Path(image["file_name"]).stem
             if stem in stems:
                 raise SystemExit(f"error: {source}: a second image named {stem}.* in {folder} (YOLO labels go by name)")
@@ -211,8 +237,10 @@ def coco_stats(gt_file: Path, results: list[dict[str, Any]], classes: bool = Tru
         evaluation.evaluate()
         evaluation.accumulate()
         evaluation.summarize()
-    return {**dict(zip(PYCOCOTOOLS_NAMES, (float(v) for v in evaluation.stats))),
-            **{f"AP{round(100 * t)}": ap_at_iou(evaluation, t) for t in HIGH_IOU_THRESHOLDS}}
+    return {
+        **dict(zip(PYCOCOTOOLS_NAMES, (float(v) for v in evaluation.stats))),
+        **{f"AP{round(100 * t)}": ap_at_iou(evaluation, t) for t in HIGH_IOU_THRESHOLDS},
+    }
 
 
 def worst_box_error(truth: Sequence[dict[str, Any]], back: Sequence[dict[str, Any]]) -> float | None:
@@ -228,7 +256,9 @@ def worst_box_error(truth: Sequence[dict[str, Any]], back: Sequence[dict[str, An
     for expected, found in groups.values():
         if len(expected) != len(found):
             return None
-        differences = np.abs(np.asarray(expected, dtype=np.float64)[:, None] - np.asarray(found, dtype=np.float64)[None]).max(-1)
+        differences = np.abs(
+            np.asarray(expected, dtype=np.float64)[:, None] - np.asarray(found, dtype=np.float64)[None]
+        ).max(-1)
         rows, columns = linear_sum_assignment(differences)
         worst = max(worst, float(differences[rows, columns].max()))
     return worst
@@ -253,8 +283,10 @@ def wrong_class_flags(gt_file: Path, results: Sequence[dict[str, Any]], iou_thre
         truth = objects.get(result["image_id"], [])
         if not truth:
             continue
-        ious = box_iou(box_convert(torch.tensor([result["bbox"]], dtype=torch.float64), "xywh", "xyxy"),
-                       box_convert(torch.tensor([a["bbox"] for a in truth], dtype=torch.float64), "xywh", "xyxy"))[0]
+        ious = box_iou(
+            box_convert(torch.tensor([result["bbox"]], dtype=torch.float64), "xywh", "xyxy"),
+            box_convert(torch.tensor([a["bbox"] for a in truth], dtype=torch.float64), "xywh", "xyxy"),
+        )[0]
         same = torch.tensor([a["category_id"] == result["category_id"] for a in truth])
         flags[index] = bool((ious[same] < iou_threshold).all() and (ious[~same] >= iou_threshold).any())
     return flags
@@ -273,7 +305,12 @@ def scored(gt_file: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
     detections (with their count from score 0.2)."""
     by_class, merged = both_scores(gt_file, results)
     without, wrong = without_wrong_classes(gt_file, results)
-    return {"coco": by_class, "coco_classes_merged": merged, "coco_without_wrong_classes": without, "wrong_class_detections": wrong}
+    return {
+        "coco": by_class,
+        "coco_classes_merged": merged,
+        "coco_without_wrong_classes": without,
+        "wrong_class_detections": wrong,
+    }
 
 
 def check_round_trip(root: Path, yolo_root: Path) -> dict[str, float]:
@@ -286,11 +323,15 @@ def check_round_trip(root: Path, yolo_root: Path) -> dict[str, float]:
         truth = [a for a in json.loads(gt_file.read_text())["annotations"] if not a.get("iscrowd", 0)]
         errors[split] = worst_box_error(truth, results)
         if errors[split] is None:
-            raise SystemExit(f"error: {yolo_root}/labels/{split}: the labels read back are not the objects of {gt_file}")
+            raise SystemExit(
+                f"error: {yolo_root}/labels/{split}: the labels read back are not the objects of {gt_file}"
+            )
         ap = coco_stats(gt_file, results)["AP"] if results else 1.0
         if ap != 1.0 or errors[split] > ROUND_TRIP_TOLERANCE_PX:
-            raise SystemExit(f"error: {yolo_root}/labels/{split}: the ground truth through YOLO labels scores AP {ap} with "
-                             f"boxes off by up to {errors[split]:.2g} px (need AP 1.0, within {ROUND_TRIP_TOLERANCE_PX} px)")
+            raise SystemExit(
+                f"error: {yolo_root}/labels/{split}: the ground truth through YOLO labels scores AP {ap} with "
+                f"boxes off by up to {errors[split]:.2g} px (need AP 1.0, within {ROUND_TRIP_TOLERANCE_PX} px)"
+            )
     return errors
 
 
@@ -303,16 +344,34 @@ def offline_ultralytics(config_dir: Path) -> None:
         from ultralytics.utils import SETTINGS, USER_CONFIG_DIR
         from ultralytics.utils.checks import check_font
     except ImportError as err:
-        raise SystemExit(f"error: this comparison needs Ultralytics (AGPL-3.0, not a vision_tx dependency): "
-                         f"pip install ultralytics ({err})") from err
+        raise SystemExit(
+            f"error: this comparison needs Ultralytics (AGPL-3.0, not a vision_tx dependency): "
+            f"pip install ultralytics ({err})"
+        ) from err
     font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
     for name in ("Arial.ttf", "Arial.Unicode.ttf"):  # the fonts Ultralytics would otherwise download
         if not (USER_CONFIG_DIR / name).is_file():
             shutil.copyfile(font, USER_CONFIG_DIR / name)
         if Path(check_font(name) or "") != USER_CONFIG_DIR / name:
             raise SystemExit(f"error: {USER_CONFIG_DIR / name}: Ultralytics does not take this local font")
-    SETTINGS.update({key: False for key in ("sync", "hub", "clearml", "comet", "dvc", "mlflow", "neptune", "raytune",
-                                              "tensorboard", "wandb") if key in SETTINGS})
+    SETTINGS.update(
+        {
+            key: False
+            for key in (
+                "sync",
+                "hub",
+                "clearml",
+                "comet",
+                "dvc",
+                "mlflow",
+                "neptune",
+                "raytune",
+                "tensorboard",
+                "wandb",
+            )
+            if key in SETTINGS
+        }
+    )
 
 
 class YoloClock:
@@ -331,7 +390,9 @@ class YoloClock:
     def on_train_epoch_start(self, trainer: Any) -> None:
         self.batches = 0
 
-    def on_train_batch_start(self, trainer: Any) -> None:  # every batch started is trained (its end hook is skipped at the time limit)
+    def on_train_batch_start(
+        self, trainer: Any
+    ) -> None:  # every batch started is trained (its end hook is skipped at the time limit)
         self.batches += 1
         self.seen_threads.add(torch.get_num_threads())
 
@@ -341,9 +402,14 @@ class YoloClock:
         self.epochs += 1
 
     def summary(self) -> dict[str, Any]:
-        return {"train_seconds": self.wall, "cpu_seconds": self.cpu, "images_seen": self.images,
-                "images_per_second": self.images / max(self.wall, 1e-9), "epochs": self.epochs,
-                "torch_threads": sorted(self.seen_threads)}
+        return {
+            "train_seconds": self.wall,
+            "cpu_seconds": self.cpu,
+            "images_seen": self.images,
+            "images_per_second": self.images / max(self.wall, 1e-9),
+            "epochs": self.epochs,
+            "torch_threads": sorted(self.seen_threads),
+        }
 
 
 def accelerator_args(accelerator: str) -> list[str]:
@@ -358,7 +424,9 @@ def yolo_device(accelerator: str) -> str | int:
     return 0 if accelerator == "gpu" else "cpu"
 
 
-def train_yolo(name: str, data_yaml: Path, out: Path, seconds: float, args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+def train_yolo(
+    name: str, data_yaml: Path, out: Path, seconds: float, args: argparse.Namespace
+) -> tuple[Path, dict[str, Any]]:
     """Trains the YOLO model ``name`` (e.g. ``yolov8n``) from its YAML for ``seconds`` of training;
     returns its last weights and its clock."""
     offline_ultralytics(out / "ultralytics_config")
@@ -368,12 +436,27 @@ def train_yolo(name: str, data_yaml: Path, out: Path, seconds: float, args: argp
     clock = YoloClock(args.threads)
     for event in ("on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_train_epoch_end"):
         model.add_callback(event, getattr(clock, event))
-    model.train(data=str(data_yaml), imgsz=args.imgsz, batch=args.yolo_batch, time=seconds / 3600, workers=args.workers,
-                seed=args.seed, device=yolo_device(args.accelerator), pretrained=False, amp=args.accelerator == "gpu",
-                val=False, plots=False,
-                project=str(out.resolve()), name=name, exist_ok=True)
+    model.train(
+        data=str(data_yaml),
+        imgsz=args.imgsz,
+        batch=args.yolo_batch,
+        time=seconds / 3600,
+        workers=args.workers,
+        seed=args.seed,
+        device=yolo_device(args.accelerator),
+        pretrained=False,
+        amp=args.accelerator == "gpu",
+        val=False,
+        plots=False,
+        project=str(out.resolve()),
+        name=name,
+        exist_ok=True,
+    )
     # Ultralytics' own validation of the same weights (best.pt is the last epoch's: the only one validated), a cross-check
-    own = {"own AP50": model.trainer.metrics.get("metrics/mAP50(B)"), "own AP": model.trainer.metrics.get("metrics/mAP50-95(B)")}
+    own = {
+        "own AP50": model.trainer.metrics.get("metrics/mAP50(B)"),
+        "own AP": model.trainer.metrics.get("metrics/mAP50-95(B)"),
+    }
     return Path(model.trainer.last), {**clock.summary(), "ultralytics_val": own}
 
 
@@ -385,11 +468,24 @@ def predict_yolo(weights: Path, root: Path, args: argparse.Namespace) -> list[di
     ids = {Path(image["file_name"]).name: image["id"] for image in dataset["images"]}
     paths = [str(Path(root) / SPLITS["val"] / image["file_name"]) for image in dataset["images"]]
     results: list[dict[str, Any]] = []
-    for found in YOLO(str(weights)).predict(paths, imgsz=args.imgsz, conf=SCORE_FLOOR, iou=0.7, max_det=MAX_DETECTIONS,
-                                            device=yolo_device(args.accelerator), stream=True, verbose=False):
+    for found in YOLO(str(weights)).predict(
+        paths,
+        imgsz=args.imgsz,
+        conf=SCORE_FLOOR,
+        iou=0.7,
+        max_det=MAX_DETECTIONS,
+        device=yolo_device(args.accelerator),
+        stream=True,
+        verbose=False,
+    ):
         boxes = found.boxes
-        results += coco_results(ids[Path(found.path).name], boxes.xyxy.tolist(), boxes.cls.tolist(), boxes.conf.tolist(),
-                                category_ids(dataset))
+        results += coco_results(
+            ids[Path(found.path).name],
+            boxes.xyxy.tolist(),
+            boxes.cls.tolist(),
+            boxes.conf.tolist(),
+            category_ids(dataset),
+        )
     return results
 
 
@@ -407,12 +503,25 @@ def train_on_processes(args: argparse.Namespace, out: Path, extra: Sequence[str]
     if "--data.batch_size" not in extra:
         config_batch = load_config(resolve_config(args.config))["data"]["init_args"]["batch_size"]
         if config_batch % args.processes:
-            raise SystemExit(f"error: {args.config}'s batch of {config_batch} cannot be shared among --processes "
-                             f"{args.processes} (give each process's after --: --data.batch_size B)")
+            raise SystemExit(
+                f"error: {args.config}'s batch of {config_batch} cannot be shared among --processes "
+                f"{args.processes} (give each process's after --: --data.batch_size B)"
+            )
         batch = ["--data.batch_size", str(config_batch // args.processes)]
-    ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", str(args.processes), "--trainer.strategy", "ddp", *batch]
-    command = [sys.executable, str(TRAIN_TOOL),
-               *training_args(args.config, args.root, out, args.seed, args.workers, args.budget_seconds, [*ddp, *extra])]
+    ddp = [
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        str(args.processes),
+        "--trainer.strategy",
+        "ddp",
+        *batch,
+    ]
+    command = [
+        sys.executable,
+        str(TRAIN_TOOL),
+        *training_args(args.config, args.root, out, args.seed, args.workers, args.budget_seconds, [*ddp, *extra]),
+    ]
     print(f"vision_tx: OMP_NUM_THREADS={args.threads // args.processes} {shlex.join(command[1:])}", flush=True)
     started = time.time()
     run = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(args.threads // args.processes)})
@@ -421,10 +530,14 @@ def train_on_processes(args: argparse.Namespace, out: Path, extra: Sequence[str]
     written = [m for m in out.glob("lightning_logs/version_*/metrics.json") if m.stat().st_mtime >= started]
     clock = json.loads(written[0].read_text()).get("training") if len(written) == 1 else None
     if clock is None:
-        raise SystemExit(f"error: {out}: no metrics.json with the run's clock (a logger is needed: leave --trainer.logger alone)")
+        raise SystemExit(
+            f"error: {out}: no metrics.json with the run's clock (a logger is needed: leave --trainer.logger alone)"
+        )
     if clock["validated_step"] != clock["steps"]:
-        raise SystemExit(f"error: the run ended at step {clock['steps']} without validating its final weights "
-                         f"(last validation at step {clock['validated_step']}): give --budget-seconds")
+        raise SystemExit(
+            f"error: the run ended at step {clock['steps']} without validating its final weights "
+            f"(last validation at step {clock['validated_step']}): give --budget-seconds"
+        )
     return written[0].parent, clock
 
 
@@ -434,41 +547,81 @@ def run_vision_tx(args: argparse.Namespace, out: Path, extra: Sequence[str]) -> 
     if args.processes > 1:
         log_dir, vtx = train_on_processes(args, out / "vision_tx", extra)
     else:
-        cli, vtx = train_vision_tx(args.config, args.root, out / "vision_tx", args.seed, args.workers, args.budget_seconds,
-                                   [*accelerator_args(args.accelerator), *extra])
+        cli, vtx = train_vision_tx(
+            args.config,
+            args.root,
+            out / "vision_tx",
+            args.seed,
+            args.workers,
+            args.budget_seconds,
+            [*accelerator_args(args.accelerator), *extra],
+        )
         if vtx["validated_step"] != vtx["steps"]:  # the final weights' predictions, unless the run ended validating
             cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
         log_dir = Path(cli.trainer.log_dir or "")
         del cli
     vtx_file = log_dir / "bbox_results.json"
     if not vtx_file.is_file():
-        raise SystemExit(f"error: {vtx_file}: vision_tx wrote no results (a logger is needed: leave --trainer.logger alone)")
+        raise SystemExit(
+            f"error: {vtx_file}: vision_tx wrote no results (a logger is needed: leave --trainer.logger alone)"
+        )
     vtx.update(scored(annotation_file(args.root, SPLITS["val"]), json.loads(vtx_file.read_text())))
     return vtx
 
 
 def parser() -> argparse.ArgumentParser:
-    p = comparison_parser(__doc__, "a COCO-layout set: train2017/, val2017/, annotations/instances_*.json (or --suite)",
-                          "rtdetr_convnext_toy", "runs/compare_detection", root_optional=True)
-    p.add_argument("--suite", choices=SUITES, help="the sets of ../shared/data compared in turn, one table: "
-                   + "; ".join(f"{name}: {', '.join(sets)}" for name, sets in SUITES.items()))
-    p.add_argument("--yolo-cache", type=Path, default=Path.home() / ".cache" / "vision_tx" / "compare_detection",
-                   help="where YOLO's scored runs of a fixed --budget-seconds are kept and reused")
+    p = comparison_parser(
+        __doc__,
+        "a COCO-layout set: train2017/, val2017/, annotations/instances_*.json (or --suite)",
+        "rtdetr_convnext_toy",
+        "runs/compare_detection",
+        root_optional=True,
+    )
+    p.add_argument(
+        "--suite",
+        choices=SUITES,
+        help="the sets of ../shared/data compared in turn, one table: "
+        + "; ".join(f"{name}: {', '.join(sets)}" for name, sets in SUITES.items()),
+    )
+    p.add_argument(
+        "--yolo-cache",
+        type=Path,
+        default=Path.home() / ".cache" / "vision_tx" / "compare_detection",
+        help="where YOLO's scored runs of a fixed --budget-seconds are kept and reused",
+    )
     p.add_argument("--no-yolo-cache", dest="use_yolo_cache", action="store_false", help="train the YOLO models again")
     p.add_argument("--imgsz", type=int, default=192, help="YOLO's image size (the longer side)")
     p.add_argument("--yolo-batch", type=int, default=16, help="YOLO's batch size (its default)")
-    p.add_argument("--processes", type=int, default=1,
-                   help="vision_tx's processes (Lightning's DDP on the CPU), --threads shared among them and the config's "
-                        "batch divided among them: the same global batches (default 1: this process)")
-    p.add_argument("--yolo", nargs="*", choices=YOLO_MODELS, default=["yolov8n"], metavar="MODEL",
-                   help=f"the YOLO models trained after vision_tx, each for the same time ({', '.join(YOLO_MODELS)}; "
-                        "none: vision_tx alone)")
-    p.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu",
-                   help=f"where both sides train and predict: the CPU in fp32, or one GPU in mixed precision (vision_tx "
-                        f"{GPU_PRECISION}, Ultralytics' own AMP)")
-    p.add_argument("--vision-tx", action=argparse.BooleanOptionalAction, default=True,
-                   help="train the vision_tx side (--no-vision-tx: the YOLO models alone, for --budget-seconds, e.g. to "
-                        "run the two sides at once on one machine)")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="vision_tx's processes (Lightning's DDP on the CPU), --threads shared among them and the config's "
+        "batch divided among them: the same global batches (default 1: this process)",
+    )
+    p.add_argument(
+        "--yolo",
+        nargs="*",
+        choices=YOLO_MODELS,
+        default=["yolov8n"],
+        metavar="MODEL",
+        help=f"the YOLO models trained after vision_tx, each for the same time ({', '.join(YOLO_MODELS)}; "
+        "none: vision_tx alone)",
+    )
+    p.add_argument(
+        "--accelerator",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help=f"where both sides train and predict: the CPU in fp32, or one GPU in mixed precision (vision_tx "
+        f"{GPU_PRECISION}, Ultralytics' own AMP)",
+    )
+    p.add_argument(
+        "--vision-tx",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train the vision_tx side (--no-vision-tx: the YOLO models alone, for --budget-seconds, e.g. to "
+        "run the two sides at once on one machine)",
+    )
     return p
 
 
@@ -487,11 +640,21 @@ def check_options(args: argparse.Namespace) -> None:
 def yolo_cache_file(args: argparse.Namespace, name: str, budget: float) -> Path:
     """Where the YOLO model ``name``'s scored run on ``args.root`` for ``budget`` seconds is kept: named by the set,
     the model and a digest of everything that decides the run (the annotations' contents, not the folder's path)."""
-    key = {"annotations": [hashlib.sha256(annotation_file(args.root, folder).read_bytes()).hexdigest() for folder in SPLITS.values()],
-           "model": name, "budget_seconds": budget, "seed": args.seed, "threads": args.threads, "workers": args.workers,
-           "imgsz": args.imgsz, "batch": args.yolo_batch, "accelerator": args.accelerator,
-           "device": torch.cuda.get_device_name(0) if args.accelerator == "gpu" else cpu_description()["model"],
-           "versions": versions("torch", "ultralytics")}
+    key = {
+        "annotations": [
+            hashlib.sha256(annotation_file(args.root, folder).read_bytes()).hexdigest() for folder in SPLITS.values()
+        ],
+        "model": name,
+        "budget_seconds": budget,
+        "seed": args.seed,
+        "threads": args.threads,
+        "workers": args.workers,
+        "imgsz": args.imgsz,
+        "batch": args.yolo_batch,
+        "accelerator": args.accelerator,
+        "device": torch.cuda.get_device_name(0) if args.accelerator == "gpu" else cpu_description()["model"],
+        "versions": versions("torch", "ultralytics"),
+    }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return args.yolo_cache / f"{Path(args.root).resolve().name}_{name}_{digest}.json"
 
@@ -514,6 +677,7 @@ def run_yolo(name: str, data_yaml: Path, out: Path, budget: float, args: argpars
 def suite_table(reports: dict[str, dict[str, Any]]) -> tuple[str, dict[str, dict[str, float]]]:
     """One row per set of ``reports`` (set -> a comparison's report), one column per side: AP50 / AP / AP75 and images
     per second; then the means over the sets of the sides that ran on all of them. Returns the table and the means."""
+
     def stats(run: dict[str, Any]) -> dict[str, float]:
         return {**{k: run["coco"][k] for k in SUITE_STATS}, "images_per_second": run["images_per_second"]}
 
@@ -523,16 +687,21 @@ def suite_table(reports: dict[str, dict[str, Any]]) -> tuple[str, dict[str, dict
             table.setdefault(report["vision_tx"]["config"], {})[name] = stats(report["vision_tx"])
         for model, run in report["yolo"].items():
             table.setdefault(YOLO_MODELS[model], {})[name] = stats(run)
-    means = {side: {k: float(np.mean([row[k] for row in rows.values()])) for k in (*SUITE_STATS, "images_per_second")}
-             for side, rows in table.items() if len(rows) == len(reports)}
+    means = {
+        side: {k: float(np.mean([row[k] for row in rows.values()])) for k in (*SUITE_STATS, "images_per_second")}
+        for side, rows in table.items()
+        if len(rows) == len(reports)
+    }
     width = max(len(side) for side in table) + 2
     lines = [f"{'set':<10}{'side':<{width}}{' / '.join(SUITE_STATS):>22}{'images/s':>10}"]
     for name in [*reports, "mean"]:
         for side, rows in table.items():
             row = means.get(side) if name == "mean" else rows.get(name)
             if row is not None:
-                lines.append(f"{name:<10}{side:<{width}}{' / '.join(f'{row[k]:.3f}' for k in SUITE_STATS):>22}"
-                             f"{row['images_per_second']:>10.1f}")
+                lines.append(
+                    f"{name:<10}{side:<{width}}{' / '.join(f'{row[k]:.3f}' for k in SUITE_STATS):>22}"
+                    f"{row['images_per_second']:>10.1f}"
+                )
     return "\n".join(lines), means
 
 
@@ -543,15 +712,28 @@ def run_suite(args: argparse.Namespace, extra: Sequence[str]) -> None:
     for name in SUITES[args.suite]:
         root = SHARED_DATA / name
         if not root.is_dir():
-            raise SystemExit(f"error: {root}: no such folder (the suite's sets are read from ../shared/data beside the checkout)")
+            raise SystemExit(
+                f"error: {root}: no such folder (the suite's sets are read from ../shared/data beside the checkout)"
+            )
         reports[name] = compare(argparse.Namespace(**{**vars(args), "root": root}), out / name, extra)
     table, means = suite_table(reports)
     cpu = cpu_description()
-    print(f"\nthe {args.suite} suite, training {args.budget_seconds:.0f} s each, seed {args.seed}, "
-          f"{machine_line(cpu, args.threads, versions('torch', 'ultralytics'))}\n{table}")
-    write_report(out / "suite.json", {"suite": args.suite, "budget_seconds": args.budget_seconds, "seed": args.seed,
-                                      "threads": args.threads, "cpu": cpu, "means": means,
-                                      "sets": {name: str(out / name / "comparison.json") for name in reports}})
+    print(
+        f"\nthe {args.suite} suite, training {args.budget_seconds:.0f} s each, seed {args.seed}, "
+        f"{machine_line(cpu, args.threads, versions('torch', 'ultralytics'))}\n{table}"
+    )
+    write_report(
+        out / "suite.json",
+        {
+            "suite": args.suite,
+            "budget_seconds": args.budget_seconds,
+            "seed": args.seed,
+            "threads": args.threads,
+            "cpu": cpu,
+            "means": means,
+            "sets": {name: str(out / name / "comparison.json") for name in reports},
+        },
+    )
 
 
 def compare(args: argparse.Namespace, out: Path, extra: Sequence[str]) -> dict[str, Any]:
@@ -571,11 +753,18 @@ def compare(args: argparse.Namespace, out: Path, extra: Sequence[str]) -> dict[s
     yolos = {name: run_yolo(name, data_yaml, out, budget, args) for name in args.yolo}
 
     report = {
-        "data": str(Path(args.root).resolve()), "budget_seconds": budget, "threads": args.threads, "seed": args.seed,
-        "workers": args.workers, "cpu": cpu_description(), "accelerator": args.accelerator,
+        "data": str(Path(args.root).resolve()),
+        "budget_seconds": budget,
+        "threads": args.threads,
+        "seed": args.seed,
+        "workers": args.workers,
+        "cpu": cpu_description(),
+        "accelerator": args.accelerator,
         "gpu": torch.cuda.get_device_name(0) if args.accelerator == "gpu" else None,
         "versions": versions("torch", "torchvision", "lightning", "pycocotools", "ultralytics"),
-        "round_trip_max_error_px": errors, "max_detections": MAX_DETECTIONS, "score_floor": SCORE_FLOOR,
+        "round_trip_max_error_px": errors,
+        "max_detections": MAX_DETECTIONS,
+        "score_floor": SCORE_FLOOR,
         "vision_tx": vtx and {"config": args.config, "extra_args": extra, "processes": args.processes, **vtx},
         "yolo": yolos,
     }
@@ -583,23 +772,42 @@ def compare(args: argparse.Namespace, out: Path, extra: Sequence[str]) -> dict[s
     merged = ("AP", "AP50")
 
     def column(run: dict[str, Any], steps: int) -> dict[str, Any]:
-        return {**run["coco"], **{f"{k} classes merged": run["coco_classes_merged"][k] for k in merged},
-                **{f"{k} no wrong classes": run["coco_without_wrong_classes"][k] for k in merged},
-                "wrong classes >= 0.2": run["wrong_class_detections"], **{k: run[k] for k in timing}, "steps/epochs": steps}
+        return {
+            **run["coco"],
+            **{f"{k} classes merged": run["coco_classes_merged"][k] for k in merged},
+            **{f"{k} no wrong classes": run["coco_without_wrong_classes"][k] for k in merged},
+            "wrong classes >= 0.2": run["wrong_class_detections"],
+            **{k: run[k] for k in timing},
+            "steps/epochs": steps,
+        }
 
     columns = {args.config: column(vtx, vtx["steps"])} if vtx else {}
     for name, yolo in yolos.items():
         columns[YOLO_MODELS[name]] = {**column(yolo, yolo["epochs"]), **yolo["ultralytics_val"]}
     where = f"{report['gpu']} (vision_tx {GPU_PRECISION}, Ultralytics AMP), " if report["gpu"] else ""
-    print(side_by_side(f"\nbox detection on {args.root} val2017, training {budget:.0f} s each (vision_tx on {args.processes} "
-                       f"process{'es' * (args.processes > 1)})\n"
-                       f"{where}{machine_line(report['cpu'], args.threads, report['versions'])}",
-                       [*STAT_NAMES, *(f"{k} classes merged" for k in merged), *(f"{k} no wrong classes" for k in merged),
-                        "wrong classes >= 0.2", *timing, "steps/epochs", "own AP50", "own AP"],
-                       columns))
-    print("no wrong classes: scored without the detections that overlap an object of another class and none of their own\n"
-          "(IoU 0.5; what the classes cost); wrong classes >= 0.2: how many of those score 0.2 or more\n"
-          "own AP50, own AP: Ultralytics' validation of its final weights (its own mAP, not pycocotools'), a cross-check")
+    print(
+        side_by_side(
+            f"\nbox detection on {args.root} val2017, training {budget:.0f} s each (vision_tx on {args.processes} "
+            f"process{'es' * (args.processes > 1)})\n"
+            f"{where}{machine_line(report['cpu'], args.threads, report['versions'])}",
+            [
+                *STAT_NAMES,
+                *(f"{k} classes merged" for k in merged),
+                *(f"{k} no wrong classes" for k in merged),
+                "wrong classes >= 0.2",
+                *timing,
+                "steps/epochs",
+                "own AP50",
+                "own AP",
+            ],
+            columns,
+        )
+    )
+    print(
+        "no wrong classes: scored without the detections that overlap an object of another class and none of their own\n"
+        "(IoU 0.5; what the classes cost); wrong classes >= 0.2: how many of those score 0.2 or more\n"
+        "own AP50, own AP: Ultralytics' validation of its final weights (its own mAP, not pycocotools'), a cross-check"
+    )
     write_report(out / "comparison.json", report)
     return report
 

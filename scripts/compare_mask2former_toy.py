@@ -23,11 +23,14 @@ import lightning.pytorch as pl
 from vision_tx.config_loader import load_config
 from vision_tx.lightning.budget import TrainingBudget
 
-
 CONFIGS = Path(__file__).resolve().parents[1] / "vision_tx" / "configs"
 RUNS = {
     "m2f_semantic": ("mask2former_swin_toy_ade20k", {}, "val/mIoU"),
-    "upernet_semantic": ("mask2former_swin_toy_ade20k", {"head": "upernet", "head_kwargs": {"channels": 128, "aux_channels": 64}, "criterion_kwargs": None}, "val/mIoU"),
+    "upernet_semantic": (
+        "mask2former_swin_toy_ade20k",
+        {"head": "upernet", "head_kwargs": {"channels": 128, "aux_channels": 64}, "criterion_kwargs": None},
+        "val/mIoU",
+    ),
     "m2f_panoptic": ("mask2former_swin_toy_coco_panoptic", {}, "val/PQ"),
     "detr_panoptic": ("detr_panoptic_swin_toy", {}, "val/PQ"),
     "m2f_instance": ("mask2former_swin_toy_coco_instance", {}, "val/segm_AP50"),
@@ -38,7 +41,9 @@ def build(node):
     """A config node with its ``class_path`` objects built."""
     if isinstance(node, dict) and "class_path" in node:
         module, _, name = node["class_path"].rpartition(".")
-        return getattr(importlib.import_module(module), name)(**{k: build(v) for k, v in node.get("init_args", {}).items()})
+        return getattr(importlib.import_module(module), name)(
+            **{k: build(v) for k, v in node.get("init_args", {}).items()}
+        )
     if isinstance(node, dict):
         return {k: build(v) for k, v in node.items()}
     if isinstance(node, list):
@@ -62,17 +67,38 @@ def main() -> None:
     clip = None if args.run == "upernet_semantic" else config["trainer"].get("gradient_clip_val")
     clock = TrainingBudget()
     trainer = pl.Trainer(
-        max_steps=args.steps, val_check_interval=args.steps, check_val_every_n_epoch=None, num_sanity_val_steps=0,
-        accelerator=args.accelerator, devices=1, gradient_clip_val=clip, enable_checkpointing=False,
-        enable_progress_bar=False, default_root_dir=str(Path(args.out) / args.run), log_every_n_steps=50, callbacks=[clock],
+        max_steps=args.steps,
+        val_check_interval=args.steps,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        accelerator=args.accelerator,
+        devices=1,
+        gradient_clip_val=clip,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=str(Path(args.out) / args.run),
+        log_every_n_steps=50,
+        callbacks=[clock],
     )
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
     seconds = time.perf_counter() - start
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-    print(json.dumps({"run": args.run, "config": name, "steps": args.steps, "seconds": round(seconds, 1),
-                      "train_seconds": round(clock.spent, 1), "metric": metric,
-                      "value": metrics.get(metric), "val": metrics}), flush=True)
+    print(
+        json.dumps(
+            {
+                "run": args.run,
+                "config": name,
+                "steps": args.steps,
+                "seconds": round(seconds, 1),
+                "train_seconds": round(clock.spent, 1),
+                "metric": metric,
+                "value": metrics.get(metric),
+                "val": metrics,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

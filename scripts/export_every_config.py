@@ -44,11 +44,9 @@ sys.path.insert(0, str(ROOT))  # tests/ holds the perturbation and the compariso
 
 import torch  # noqa: E402
 
-from tests.test_export import (IS_THING, TOLERANCE, assert_detections_close, assert_outputs_close,  # noqa: E402
-                               build_task, run_onnx)
-from vision_tx.export import (Deployable, DetectionExport, PanopticExport, deployable, example_images,  # noqa: E402
-                               export)
+from tests.test_export import IS_THING, TOLERANCE, assert_detections_close, assert_outputs_close, build_task, run_onnx  # noqa: E402
 from vision_tx.config_loader import load_config  # noqa: E402
+from vision_tx.export import Deployable, DetectionExport, PanopticExport, deployable, example_images, export  # noqa: E402
 from vision_tx.lightning.cli import resolve_config  # noqa: E402
 
 SIGMOID_DETECTORS = ("dino", "rtdetr", "dfine")  # detector names whose class logits stay as they are (see build_task)
@@ -81,7 +79,9 @@ def detections_found(got: list[torch.Tensor], expected: tuple[torch.Tensor, ...]
     for b in range(len(labels)):
         for i in torch.nonzero(labels[b] >= 0).flatten().tolist():
             close = ((got_boxes[b] - boxes[b, i]).abs() <= TOLERANCE + RTOL * boxes[b, i].abs()).all(-1)
-            found += bool((close & (got_labels[b] == labels[b, i]) & ((got_scores[b] - scores[b, i]).abs() <= TOLERANCE)).any())
+            found += bool(
+                (close & (got_labels[b] == labels[b, i]) & ((got_scores[b] - scores[b, i]).abs() <= TOLERANCE)).any()
+            )
             total += 1
     return found / max(total, 1)
 
@@ -158,7 +158,9 @@ def network_outputs_difference(model: Deployable, size: tuple[int, int], path: P
     info = export(network, path, "onnx", images, dynamic_size=False, dynamic_batch=False)
     with torch.no_grad():
         expected = network(images)
-    difference = max(0.0, *(((a - b).abs() - RTOL * b.abs()).max().item() for a, b in zip(run_onnx(info["path"], images), expected)))
+    difference = max(
+        0.0, *(((a - b).abs() - RTOL * b.abs()).max().item() for a, b in zip(run_onnx(info["path"], images), expected))
+    )
     return difference, names
 
 
@@ -187,18 +189,37 @@ def check_config(config: str, folder: Path) -> dict[str, Any]:
         except AssertionError:
             strict = False
         agreement = min(agreement, outputs_agreement(model, got, ours))
-        largest = max([largest, *((a - b).abs().max().item() for a, b in zip(got, ours) if b.is_floating_point() and b.numel())])
+        largest = max(
+            [largest, *((a - b).abs().max().item() for a, b in zip(got, ours) if b.is_floating_point() and b.numel())]
+        )
     network_difference, network_compared = None, ()
-    if agreement < AGREEMENT:  # near-ties, or a wrong export? The network's own outputs, before any post-processing, decide
-        network_difference, network_compared = network_outputs_difference(model, size, folder / f"{config}_network.onnx")
+    if (
+        agreement < AGREEMENT
+    ):  # near-ties, or a wrong export? The network's own outputs, before any post-processing, decide
+        network_difference, network_compared = network_outputs_difference(
+            model, size, folder / f"{config}_network.onnx"
+        )
         if network_difference > TOLERANCE:
-            raise AssertionError(f"onnxruntime agrees with eager on {agreement:.2%} of the outputs (at least {AGREEMENT:.0%} "
-                                 f"needed), and the network's own outputs ({', '.join(network_compared)}) differ by {network_difference:.1e}")
-    return {"config": config, "model": type(model).__name__, "classes": num_classes, "size": list(size),
-            "parameters_m": round(parameters / 1e6, 1), "export_s": round(export_seconds, 1),
-            "onnx_mb": round(info["path"].stat().st_size / 2**20, 1), "dims": info["dims"], "largest_difference": largest,
-            "strict": strict, "agreement": agreement, "network_difference": network_difference,
-            "network_compared": list(network_compared), "ok": True}
+            raise AssertionError(
+                f"onnxruntime agrees with eager on {agreement:.2%} of the outputs (at least {AGREEMENT:.0%} "
+                f"needed), and the network's own outputs ({', '.join(network_compared)}) differ by {network_difference:.1e}"
+            )
+    return {
+        "config": config,
+        "model": type(model).__name__,
+        "classes": num_classes,
+        "size": list(size),
+        "parameters_m": round(parameters / 1e6, 1),
+        "export_s": round(export_seconds, 1),
+        "onnx_mb": round(info["path"].stat().st_size / 2**20, 1),
+        "dims": info["dims"],
+        "largest_difference": largest,
+        "strict": strict,
+        "agreement": agreement,
+        "network_difference": network_difference,
+        "network_compared": list(network_compared),
+        "ok": True,
+    }
 
 
 def outcome(result: dict[str, Any]) -> str:
@@ -207,8 +228,10 @@ def outcome(result: dict[str, Any]) -> str:
         return "exact"
     if result["network_difference"] is None:
         return f"agrees on {result['agreement']:.2%}"
-    return (f"network outputs ({', '.join(result['network_compared'])}) within {result['network_difference']:.0e}, "
-            f"then near-ties (agrees on {result['agreement']:.2%})")
+    return (
+        f"network outputs ({', '.join(result['network_compared'])}) within {result['network_difference']:.0e}, "
+        f"then near-ties (agrees on {result['agreement']:.2%})"
+    )
 
 
 def main() -> None:
@@ -222,8 +245,11 @@ def main() -> None:
             resolve_config(config)
         except SystemExit as err:
             parser.error(str(err))
-    print(f"{len(configs)} configs; torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads", flush=True)
+    print(
+        f"{len(configs)} configs; torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads",
+        flush=True,
+    )
     results = []
     with tempfile.TemporaryDirectory() as folder:
         for config in configs:
@@ -235,17 +261,26 @@ def main() -> None:
             result["total_s"] = round(time.perf_counter() - start, 1)
             results.append(result)
             if result["ok"]:
-                print(f"ok   {config:36s} {result['model']:26s} {result['parameters_m']:6.1f} M  {result['size'][0]}x{result['size'][1]}  "
-                      f"export {result['export_s']:6.1f} s  {result['onnx_mb']:6.1f} MB  "
-                      f"{outcome(result)}, largest difference "
-                      f"{result['largest_difference']:.1e}  ({result['total_s']:.0f} s)", flush=True)
+                print(
+                    f"ok   {config:36s} {result['model']:26s} {result['parameters_m']:6.1f} M  {result['size'][0]}x{result['size'][1]}  "
+                    f"export {result['export_s']:6.1f} s  {result['onnx_mb']:6.1f} MB  "
+                    f"{outcome(result)}, largest difference "
+                    f"{result['largest_difference']:.1e}  ({result['total_s']:.0f} s)",
+                    flush=True,
+                )
             else:
-                print(f"FAIL {config:36s} {' | '.join(line for line in result['error'].splitlines() if line.strip())}", flush=True)
+                print(
+                    f"FAIL {config:36s} {' | '.join(line for line in result['error'].splitlines() if line.strip())}",
+                    flush=True,
+                )
             for path in Path(folder).glob("*.onnx"):
                 path.unlink()
             gc.collect()
     failed = [r["config"] for r in results if not r["ok"]]
-    print(f"{len(results) - len(failed)} of {len(results)} configs export and match eager" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(
+        f"{len(results) - len(failed)} of {len(results)} configs export and match eager"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"torch": torch.__version__, "results": results}, indent=1))

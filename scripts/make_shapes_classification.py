@@ -18,9 +18,8 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
-
 from make_shapes_dataset import BACKGROUNDS, KINDS, _paint, _random_box, _regular, _shape_mask
+from PIL import Image
 
 # make_shapes_dataset's (category id, name, outline) rows; the two added have no COCO id.
 CLASSES = (*KINDS, (None, "triangle", _regular(3)), (None, "four_point_star", _regular(4, inner=0.4)))
@@ -44,7 +43,9 @@ def make_dataset(args: argparse.Namespace) -> Path:
             folder = out / split / name
             folder.mkdir(parents=True, exist_ok=False)
             for index in range(count):
-                Image.fromarray(draw_image(rng, kind, args)).save(folder / f"{index:05d}.jpg", quality=int(rng.integers(70, 96)))
+                Image.fromarray(draw_image(rng, kind, args)).save(
+                    folder / f"{index:05d}.jpg", quality=int(rng.integers(70, 96))
+                )
     return out
 
 
@@ -57,8 +58,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=64, help="image side, pixels")
     p.add_argument("--min-object", type=float, default=0.4, help="smallest shape side, fraction of the image side")
     p.add_argument("--max-object", type=float, default=0.9, help="largest shape side, fraction of the image side")
-    p.add_argument("--background", choices=sorted(BACKGROUNDS), default="textured",
-                   help="textured: a gradient with stripes and noise; plain: one colour with noise")
+    p.add_argument(
+        "--background",
+        choices=sorted(BACKGROUNDS),
+        default="textured",
+        help="textured: a gradient with stripes and noise; plain: one colour with noise",
+    )
     return p
 
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -32,22 +33,38 @@ Polygon = list[tuple[float, float]]
 
 def _regular(corners: int, inner: float | None = None) -> Callable[[np.random.Generator], Polygon]:
     """A regular polygon (or a star when ``inner`` is the inner radius) in the unit box ``[-1, 1]^2``."""
+
     def outline(rng: np.random.Generator) -> Polygon:
         turn = rng.uniform(0, 2 * math.pi)
         radii = [1.0] if inner is None else [1.0, inner]
         points = corners * len(radii)
         return [
-            (radii[i % len(radii)] * math.cos(turn + 2 * math.pi * i / points),
-             radii[i % len(radii)] * math.sin(turn + 2 * math.pi * i / points))
+            (
+                radii[i % len(radii)] * math.cos(turn + 2 * math.pi * i / points),
+                radii[i % len(radii)] * math.sin(turn + 2 * math.pi * i / points),
+            )
             for i in range(points)
         ]
+
     return outline
 
 
 def _cross(rng: np.random.Generator) -> Polygon:
     arm = rng.uniform(0.25, 0.45)
-    return [(-arm, -1), (arm, -1), (arm, -arm), (1, -arm), (1, arm), (arm, arm), (arm, 1), (-arm, 1),
-            (-arm, arm), (-1, arm), (-1, -arm), (-arm, -arm)]
+    return [
+        (-arm, -1),
+        (arm, -1),
+        (arm, -arm),
+        (1, -arm),
+        (1, arm),
+        (arm, arm),
+        (arm, 1),
+        (-arm, 1),
+        (-arm, arm),
+        (-1, arm),
+        (-1, -arm),
+        (-arm, -arm),
+    ]
 
 
 def _diamond(rng: np.random.Generator) -> Polygon:
@@ -95,13 +112,26 @@ BACKGROUNDS = {"textured": _background, "plain": _plain_background}
 
 def _colour(rng: np.random.Generator) -> np.ndarray:
     """A random saturated or dark/light colour: any hue, so that colour tells nothing of the kind."""
-    return rng.uniform(0, 255, size=3) if rng.random() < 0.3 else np.array(
-        Image.new("HSV", (1, 1), (int(rng.integers(256)), int(rng.integers(120, 256)), int(rng.integers(90, 256))))
-        .convert("RGB").getpixel((0, 0)), dtype=np.float64)
+    return (
+        rng.uniform(0, 255, size=3)
+        if rng.random() < 0.3
+        else np.array(
+            Image.new("HSV", (1, 1), (int(rng.integers(256)), int(rng.integers(120, 256)), int(rng.integers(90, 256))))
+            .convert("RGB")
+            .getpixel((0, 0)),
+            dtype=np.float64,
+        )
+    )
 
 
-def _shape_mask(rng: np.random.Generator, kind: int, height: int, width: int, box: tuple[float, ...],
-                kinds: Sequence[tuple[Any, str, Callable[[np.random.Generator], Polygon] | None]] = KINDS) -> np.ndarray:
+def _shape_mask(
+    rng: np.random.Generator,
+    kind: int,
+    height: int,
+    width: int,
+    box: tuple[float, ...],
+    kinds: Sequence[tuple[Any, str, Callable[[np.random.Generator], Polygon] | None]] = KINDS,
+) -> np.ndarray:
     """The filled mask ``[H, W]`` bool of ``kinds[kind]`` drawn to fill the box ``(x0, y0, x1, y1)``."""
     canvas = Image.new("L", (width, height), 0)
     draw = ImageDraw.Draw(canvas)
@@ -158,7 +188,9 @@ def draw_image(rng: np.random.Generator, args: argparse.Namespace) -> tuple[np.n
     for _ in range(int(rng.integers(args.min_objects, args.max_objects + 1))):
         kind = int(rng.integers(args.kinds))
         for _attempt in range(30):  # overlap with what is drawn is allowed, up to a quarter of the new shape
-            mask = _shape_mask(rng, kind, height, width, _random_box(rng, height, width, args.min_object, args.max_object))
+            mask = _shape_mask(
+                rng, kind, height, width, _random_box(rng, height, width, args.min_object, args.max_object)
+            )
             if mask.sum() >= 16 and (mask & visible_so_far).sum() <= 0.25 * mask.sum():
                 break
         else:
@@ -177,9 +209,12 @@ def annotation(obj: dict[str, Any], ann_id: int, image_id: int) -> dict[str, Any
     x0, y0 = int(xs.min()), int(ys.min())
     rle = mask_utils.encode(np.asfortranarray(obj["mask"].astype(np.uint8)))
     return {
-        "id": ann_id, "image_id": image_id, "category_id": obj["category_id"],
+        "id": ann_id,
+        "image_id": image_id,
+        "category_id": obj["category_id"],
         "bbox": [x0, y0, int(xs.max()) + 1 - x0, int(ys.max()) + 1 - y0],
-        "area": int(obj["mask"].sum()), "iscrowd": obj["iscrowd"],
+        "area": int(obj["mask"].sum()),
+        "iscrowd": obj["iscrowd"],
         "segmentation": {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")},
     }
 
@@ -203,8 +238,12 @@ def make_dataset(args: argparse.Namespace) -> Path:
                 ann_id += 1
                 annotations.append(annotation(obj, ann_id, image_id))
         (out / "annotations").mkdir(exist_ok=True)
-        dataset = {"info": {"description": "held-out shapes", "seed": args.seed}, "images": images,
-                   "annotations": annotations, "categories": categories}
+        dataset = {
+            "info": {"description": "held-out shapes", "seed": args.seed},
+            "images": images,
+            "annotations": annotations,
+            "categories": categories,
+        }
         (out / "annotations" / f"instances_{split}.json").write_text(json.dumps(dataset))
     return out
 
@@ -220,11 +259,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-side", type=int, default=320, help="largest image side, pixels")
     p.add_argument("--min-objects", type=int, default=1)
     p.add_argument("--max-objects", type=int, default=4)
-    p.add_argument("--min-object", type=float, default=1 / 7, help="smallest object side, fraction of the shorter image side")
-    p.add_argument("--max-object", type=float, default=0.5, help="largest object side, fraction of the shorter image side")
+    p.add_argument(
+        "--min-object", type=float, default=1 / 7, help="smallest object side, fraction of the shorter image side"
+    )
+    p.add_argument(
+        "--max-object", type=float, default=0.5, help="largest object side, fraction of the shorter image side"
+    )
     p.add_argument("--empty", type=float, default=0.12, help="fraction of images without objects")
-    p.add_argument("--background", choices=sorted(BACKGROUNDS), default="textured",
-                   help="textured: a gradient with stripes and noise; plain: one colour with noise")
+    p.add_argument(
+        "--background",
+        choices=sorted(BACKGROUNDS),
+        default="textured",
+        help="textured: a gradient with stripes and noise; plain: one colour with noise",
+    )
     p.add_argument("--crowd", type=float, default=0.15, help="fraction of images with a crowd region")
     return p
 

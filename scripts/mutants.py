@@ -81,14 +81,20 @@ def main() -> int:
     parser.add_argument("--baseline", action="store_true", help="first check that the unmutated tests pass")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mutant")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy of the checkout")
-    parser.add_argument("--shard", default="1/1", help="K/N: every N-th mutant from the K-th (N processes, or machines, share the list)")
-    parser.add_argument("--slice", default=":", help="A:B: the selection's (after --only and --shard) mutants A to B-1, to resume a run")
+    parser.add_argument(
+        "--shard", default="1/1", help="K/N: every N-th mutant from the K-th (N processes, or machines, share the list)"
+    )
+    parser.add_argument(
+        "--slice", default=":", help="A:B: the selection's (after --only and --shard) mutants A to B-1, to resume a run"
+    )
     args = parser.parse_args()
     shard, shards = (int(n) for n in args.shard.split("/"))
     if not 1 <= shard <= shards:
         parser.error(f"--shard {args.shard}: K/N with 1 <= K <= N")
     start, _, stop = args.slice.partition(":")
-    mutants = [m for m in MUTANTS if args.only in m.name][shard - 1::shards][int(start or 0):int(stop) if stop else None]
+    mutants = [m for m in MUTANTS if args.only in m.name][shard - 1 :: shards][
+        int(start or 0) : int(stop) if stop else None
+    ]
     if args.list:
         for mutant in mutants:
             print(f"{mutant.name:50s} {mutant.path}  ->  {' '.join(mutant.tests)}")
@@ -121,8 +127,12 @@ def main() -> int:
         with ThreadPoolExecutor(max_workers=len(checkouts)) as pool:
             results = list(pool.map(run_on_a_free_checkout, mutants))
     survivors = [m.name for m, (result, _, _) in zip(mutants, results) if result != "killed"]
-    print(f"\n{len(mutants) - len(survivors)} of {len(mutants)} killed" + (f"; survived or stale: {survivors}" if survivors else ""))
+    print(
+        f"\n{len(mutants) - len(survivors)} of {len(mutants)} killed"
+        + (f"; survived or stale: {survivors}" if survivors else "")
+    )
     return 1 if survivors else 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

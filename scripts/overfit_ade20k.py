@@ -16,9 +16,8 @@ import tempfile
 from pathlib import Path
 
 import lightning.pytorch as pl
-from PIL import Image
-
 from overfit_common import SMALL_BACKBONE, fit_until, report
+from PIL import Image
 
 from vision_tx.data.ade20k import ADE20KDataset
 from vision_tx.data.segmentation import SegmentationDataModule, keep_ratio_size
@@ -32,14 +31,27 @@ def datamodule_for(args: argparse.Namespace) -> SegmentationDataModule:
     scale = (4 * args.short_side, args.short_side)
     if args.toy:
         return SegmentationDataModule(
-            None, scale=scale, ratio_range=(0.75, 1.5), crop_size=(args.short_side,) * 2, batch_size=8, val_batch_size=8, num_workers=0
+            None,
+            scale=scale,
+            ratio_range=(0.75, 1.5),
+            crop_size=(args.short_side,) * 2,
+            batch_size=8,
+            val_batch_size=8,
+            num_workers=0,
         )
     images = ADE20KDataset(args.root, "validation").images
     sizes = [keep_ratio_size(*Image.open(p).size[::-1], scale) for p in images]
     crop = (max(h for h, _ in sizes), max(w for _, w in sizes))
     return SegmentationDataModule(
-        str(args.root), train_split="validation", scale=scale, ratio_range=(1.0, 1.0), crop_size=crop,
-        cat_max_ratio=1.0, batch_size=len(images), val_batch_size=len(images), num_workers=0,
+        str(args.root),
+        train_split="validation",
+        scale=scale,
+        ratio_range=(1.0, 1.0),
+        crop_size=crop,
+        cat_max_ratio=1.0,
+        batch_size=len(images),
+        val_batch_size=len(images),
+        num_workers=0,
     )
 
 
@@ -60,7 +72,13 @@ def main() -> None:
         SMALL_BACKBONE, head_kwargs={"channels": 96, "aux_channels": 64, "dropout": 0.0}, lr=args.lr, warmup_iters=20
     )
     trainer, minutes = fit_until(
-        module, datamodule, "val/mIoU", args.target, args.max_steps, args.val_every, tempfile.mkdtemp(prefix="overfit_ade20k_")
+        module,
+        datamodule,
+        "val/mIoU",
+        args.target,
+        args.max_steps,
+        args.val_every,
+        tempfile.mkdtemp(prefix="overfit_ade20k_"),
     )
     data = "toy set" if args.toy else f"{len(datamodule.val_set)} ADE20K sample images"
     report(trainer, minutes, data, "mIoU", args.target)

@@ -18,7 +18,6 @@ from overfit_common import COCO128_SPLIT, detr_overfit_parser, overfit_detr, rep
 from vision_tx.data.detection import CocoDetectionDataModule
 from vision_tx.lightning.detection import DetectionModule
 
-
 # DINO's own defaults: it learns at twice DETR's learning rate (2e-4 and 4e-4 reached AP50 0.45 and 0.76 after
 # 160 steps on the toy set; here 8e-4 reached 0.10 after 100 steps, where 4e-4 was at 0.25), is held to a
 # higher target, and reads shorter side 160 (AP50 0.87 after 300 steps, at 0.78x the CPU time per step of
@@ -33,10 +32,17 @@ def main() -> None:
         parser.set_defaults(**DINO_DEFAULTS)
         args = parser.parse_args()
     trainer, minutes = overfit_detr(  # images with at least one non-crowd box
-        DetectionModule, CocoDetectionDataModule, args, f"instances_{COCO128_SPLIT}.json",
-        usable=lambda ann: not ann.get("iscrowd", 0), linked=[COCO128_SPLIT], monitor="val/AP50",
+        DetectionModule,
+        CocoDetectionDataModule,
+        args,
+        f"instances_{COCO128_SPLIT}.json",
+        usable=lambda ann: not ann.get("iscrowd", 0),
+        linked=[COCO128_SPLIT],
+        monitor="val/AP50",
     )
-    report(trainer, minutes, f"{args.images} COCO images at shorter side {args.short_side}", "AP50", args.target, ["AP"])
+    report(
+        trainer, minutes, f"{args.images} COCO images at shorter side {args.short_side}", "AP50", args.target, ["AP"]
+    )
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import EarlyStopping
@@ -28,7 +29,13 @@ COCO128_SPLIT = "train2017"
 TOY_OVERRIDES = {
     "detr": {"num_queries": 50},
     "dino": {"num_queries": 50, "hidden_dim": 128, "dim_feedforward": 512, "num_denoising": 50},
-    "rtdetr": {"num_queries": 50, "hidden_dim": 128, "encoder_feedforward": 512, "dim_feedforward": 512, "num_denoising": 50},
+    "rtdetr": {
+        "num_queries": 50,
+        "hidden_dim": 128,
+        "encoder_feedforward": 512,
+        "dim_feedforward": 512,
+        "num_denoising": 50,
+    },
 }
 
 
@@ -46,7 +53,9 @@ def write_coco_subset(
     source = root / "annotations" / ann_file
     dataset = json.loads(source.read_text())
     with_targets = {ann["image_id"] for ann in dataset["annotations"] if usable(ann)}
-    images = sorted((img for img in dataset["images"] if img["id"] in with_targets), key=lambda img: img["id"])[:num_images]
+    images = sorted((img for img in dataset["images"] if img["id"] in with_targets), key=lambda img: img["id"])[
+        :num_images
+    ]
     if len(images) < num_images:
         raise SystemExit(f"{source}: only {len(images)} images with usable annotations, asked for {num_images}")
     ids = {img["id"] for img in images}
@@ -71,7 +80,10 @@ class ValidationProgress(pl.Callback):
         cpu_per_step = (time.process_time() - self.cpu) / max(step, 1)
         minutes = (time.perf_counter() - self.wall) / 60
         value = float(trainer.callback_metrics[self.monitor])
-        print(f"step {step}: {self.monitor} {value:.4f} ({minutes:.1f} min, {cpu_per_step:.2f} CPU s per step)", flush=True)
+        print(
+            f"step {step}: {self.monitor} {value:.4f} ({minutes:.1f} min, {cpu_per_step:.2f} CPU s per step)",
+            flush=True,
+        )
 
 
 def fit_until(
@@ -106,7 +118,9 @@ def fit_until(
     return trainer, (time.perf_counter() - start) / 60
 
 
-def report(trainer: pl.Trainer, minutes: float, data: str, metric: str, target: float, others: Sequence[str] = ()) -> None:
+def report(
+    trainer: pl.Trainer, minutes: float, data: str, metric: str, target: float, others: Sequence[str] = ()
+) -> None:
     """Prints the steps, minutes and validation ``metric`` (then ``others``) of a :func:`fit_until` run;
     exits with an error where ``metric`` stayed below ``target``."""
     values = {name: float(trainer.callback_metrics[f"val/{name}"]) for name in (metric, *others)}
@@ -122,7 +136,9 @@ def detr_overfit_parser(
     """The options of the DETR overfitting scripts (``--root``, ``--images``, ``--short-side``, ``--model``
     among ``models``, ...)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=COCO128, help=f"COCO root with {COCO128_SPLIT}/ (default: the shared COCO128)")
+    parser.add_argument(
+        "--root", type=Path, default=COCO128, help=f"COCO root with {COCO128_SPLIT}/ (default: the shared COCO128)"
+    )
     parser.add_argument("--images", type=int, default=images)
     parser.add_argument("--short-side", type=int, default=short_side)
     parser.add_argument("--batch-size", type=int, default=4)
@@ -130,7 +146,9 @@ def detr_overfit_parser(
     parser.add_argument("--val-every", type=int, default=100, help="validate every this many steps")
     parser.add_argument("--target", type=float, default=0.5, help=f"stop once validation {metric} reaches this")
     parser.add_argument("--lr", type=float, default=2e-4)
-    parser.add_argument("--model", choices=models, default=models[0], help="the detector (its toy size, with TOY_OVERRIDES)")
+    parser.add_argument(
+        "--model", choices=models, default=models[0], help="the detector (its toy size, with TOY_OVERRIDES)"
+    )
     return parser
 
 
@@ -152,13 +170,22 @@ def overfit_detr(
     # The same fixed resize for training and validation: the check is memorisation, not augmentation.
     resize = DetrValTransform(args.short_side, max_size=args.short_side * 5 // 3)
     datamodule = datamodule_class(
-        str(subset), train_split=COCO128_SPLIT, val_split=COCO128_SPLIT, train_transform=resize, val_transform=resize,
-        batch_size=args.batch_size, num_workers=0,
+        str(subset),
+        train_split=COCO128_SPLIT,
+        val_split=COCO128_SPLIT,
+        train_transform=resize,
+        val_transform=resize,
+        batch_size=args.batch_size,
+        num_workers=0,
     )
     module = module_class(
-        backbone=SMALL_BACKBONE, detector=f"{args.model}_toy", detector_kwargs=TOY_OVERRIDES[args.model],
-        lr=args.lr, backbone_lr=args.lr,
-        lr_drop_epochs=args.max_steps, num_visualized=0,
+        backbone=SMALL_BACKBONE,
+        detector=f"{args.model}_toy",
+        detector_kwargs=TOY_OVERRIDES[args.model],
+        lr=args.lr,
+        backbone_lr=args.lr,
+        lr_drop_epochs=args.max_steps,
+        num_visualized=0,
     )
     return fit_until(
         module, datamodule, monitor, args.target, args.max_steps, args.val_every, str(work_dir), gradient_clip_val=0.1

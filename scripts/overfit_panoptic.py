@@ -22,9 +22,13 @@ from vision_tx.lightning.panoptic import PanopticModule
 def main() -> None:
     args = detr_overfit_parser(__doc__, images=8, short_side=128, metric="PQ").parse_args()
     trainer, minutes = overfit_detr(  # images with at least one non-crowd segment
-        PanopticModule, CocoPanopticDataModule, args, f"panoptic_{COCO128_SPLIT}.json",
+        PanopticModule,
+        CocoPanopticDataModule,
+        args,
+        f"panoptic_{COCO128_SPLIT}.json",
         usable=lambda ann: any(not s.get("iscrowd", 0) for s in ann["segments_info"]),
-        linked=[COCO128_SPLIT, f"annotations/panoptic_{COCO128_SPLIT}"], monitor="val/PQ",
+        linked=[COCO128_SPLIT, f"annotations/panoptic_{COCO128_SPLIT}"],
+        monitor="val/PQ",
     )
     data = f"{args.images} COCO panoptic images at shorter side {args.short_side}"
     report(trainer, minutes, data, "PQ", args.target, ["SQ", "RQ", "AP50"])

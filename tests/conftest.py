@@ -14,7 +14,9 @@ from types import ModuleType
 import pytest
 import torch
 
-SHARED_DATA = Path(os.environ.get("VISION_TX_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+SHARED_DATA = Path(
+    os.environ.get("VISION_TX_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
+)
 
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -32,7 +34,9 @@ def require_reference(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        unavailable(f"reference library {module} cannot be imported ({err}); install the test extra: pip install -e '.[test]'")
+        unavailable(
+            f"reference library {module} cannot be imported ({err}); install the test extra: pip install -e '.[test]'"
+        )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -14,7 +14,9 @@ import torch
 
 # Learned tables and tokens that start near zero and carry position or a role: moved by O(1) so that a transposed,
 # flipped or unloaded table is visible in the output.
-TABLES = re.compile(r"relative_position_bias_table|(^|\.)rpb$|pos_embed|position_embedding|query_embed|level_embed|cls_token|dist_token")
+TABLES = re.compile(
+    r"relative_position_bias_table|(^|\.)rpb$|pos_embed|position_embedding|query_embed|level_embed|cls_token|dist_token"
+)
 # Float buffers that are derived, not learned (masks, index grids): never touched.
 DERIVED = re.compile(r"attn_mask$|_index$|relative_coords_table$")
 

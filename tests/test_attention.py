@@ -92,9 +92,13 @@ def test_rollout_of_a_two_layer_two_head_model_is_the_computation_by_hand() -> N
     maps = vit_attention_maps(model.float(), images.float())
     assert maps["rollout"].shape == (2, 2, 2) and maps["last_layer"].shape == (2, 2, 2, 2)
     class_row = expected[:, 0, 1:]
-    torch.testing.assert_close(maps["rollout"].flatten(1).double(), class_row / class_row.sum(-1, keepdim=True), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        maps["rollout"].flatten(1).double(), class_row / class_row.sum(-1, keepdim=True), rtol=0, atol=1e-5
+    )
     last = a2[:, :, 0, 1:]
-    torch.testing.assert_close(maps["last_layer"].flatten(2).double(), last / last.sum(-1, keepdim=True), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        maps["last_layer"].flatten(2).double(), last / last.sum(-1, keepdim=True), rtol=0, atol=1e-5
+    )
 
 
 def test_attention_weights_follow_the_masks_of_sdpa() -> None:
@@ -105,7 +109,9 @@ def test_attention_weights_follow_the_masks_of_sdpa() -> None:
         weights = attention_weights(q, k, attn_mask)
         torch.testing.assert_close(weights @ v, F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask))
     assert (attention_weights(q, k, mask)[..., ~mask[0, 0, 0]] == 0).all()
-    torch.testing.assert_close(attention_weights(q, k, is_causal=True) @ v, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    torch.testing.assert_close(
+        attention_weights(q, k, is_causal=True) @ v, F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    )
 
 
 def test_patch_grid() -> None:
@@ -127,12 +133,24 @@ def test_pictures_for_a_classifier_and_a_detector(tmp_path) -> None:
     pictures = classifier_attention_pictures(TinyViT().eval(), image, val_transforms(8, 1.0))
     assert len(pictures) == 1 + 1 + 2 and all(p.shape == (3, 8, 8) and p.dtype == torch.uint8 for p in pictures)
 
-    detr = {"num_queries": 5, "hidden_dim": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64}
-    detector = DetectionModule(num_classes=4, backbone_kwargs={"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 4, 8]},
-                               detector_kwargs=detr)
+    detr = {
+        "num_queries": 5,
+        "hidden_dim": 32,
+        "num_heads": 2,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 1,
+        "dim_feedforward": 64,
+    }
+    detector = DetectionModule(
+        num_classes=4,
+        backbone_kwargs={"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 4, 8]},
+        detector_kwargs=detr,
+    )
     detector.configure_model()
     detector.eval()
-    datamodule = SimpleNamespace(val_transform=DetrValTransform(size=64, max_size=96), category_names={1: "a", 2: "b", 3: "c"})
+    datamodule = SimpleNamespace(
+        val_transform=DetrValTransform(size=64, max_size=96), category_names={1: "a", 2: "b", 3: "c"}
+    )
     pictures = detector.attention_pictures(image, datamodule, score_threshold=2.0)  # none above: the 4 best
     assert len(pictures) == 1 + 4 and pictures[0].shape[0] == 3
 
@@ -140,14 +158,23 @@ def test_pictures_for_a_classifier_and_a_detector(tmp_path) -> None:
 def test_detr_cross_attention_is_torchs_head_averaged_attention() -> None:
     """The last decoder layer's cross-attention map against ``nn.MultiheadAttention``'s weights (averaged
     over heads) on the same inputs and weights."""
+    from tests.parity import perturb_
     from vision_tx.lightning.detection import DetectionModule
 
-    from tests.parity import perturb_
-
     torch.manual_seed(0)
-    detr = {"num_queries": 5, "hidden_dim": 32, "num_heads": 4, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 64}
-    detector = DetectionModule(num_classes=4, backbone_kwargs={"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 4, 8]},
-                               detector_kwargs=detr)
+    detr = {
+        "num_queries": 5,
+        "hidden_dim": 32,
+        "num_heads": 4,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 1,
+        "dim_feedforward": 64,
+    }
+    detector = DetectionModule(
+        num_classes=4,
+        backbone_kwargs={"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 4, 8]},
+        detector_kwargs=detr,
+    )
     detector.configure_model()
     model = perturb_(detector.model).eval()
     cross = model.transformer.decoder.layers[-1].cross_attn
@@ -160,7 +187,9 @@ def test_detr_cross_attention_is_torchs_head_averaged_attention() -> None:
     reference = nn.MultiheadAttention(32, 4, batch_first=True)
     reference.load_state_dict(cross.state_dict())
     with torch.no_grad():
-        _, expected = reference(query, key, value, key_padding_mask=padding_mask, need_weights=True, average_attn_weights=True)
+        _, expected = reference(
+            query, key, value, key_padding_mask=padding_mask, need_weights=True, average_attn_weights=True
+        )
     assert padding_mask.any() and result["attention"].shape == (2, 5, 2, 3)
     torch.testing.assert_close(result["attention"].flatten(2), expected, rtol=0, atol=2e-7)  # measured 3e-8 (of ~0.3)
 
@@ -190,16 +219,26 @@ def test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query(n
     and the pictures show the input and the 4 best queries."""
     from types import SimpleNamespace
 
+    from tests.parity import perturb_
     from vision_tx.data.transforms import DetrValTransform
     from vision_tx.lightning.detection import DetectionModule
 
-    from tests.parity import perturb_
-
     torch.manual_seed(0)
-    dino = {"num_queries": 5, "hidden_dim": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 2,
-            "dim_feedforward": 64, "num_denoising": 0}
-    detector = DetectionModule(num_classes=4, detector=name, detector_kwargs=dino,
-                               backbone_kwargs={"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 4, 8]})
+    dino = {
+        "num_queries": 5,
+        "hidden_dim": 32,
+        "num_heads": 2,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 2,
+        "dim_feedforward": 64,
+        "num_denoising": 0,
+    }
+    detector = DetectionModule(
+        num_classes=4,
+        detector=name,
+        detector_kwargs=dino,
+        backbone_kwargs={"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 4, 8]},
+    )
     detector.configure_model()
     model = perturb_(detector.model).eval()
     cross = model.decoder.layers[-1].cross_attn
@@ -213,11 +252,15 @@ def test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query(n
     assert attention.shape == (1, 5, *shapes[0]) and len(inputs) == 1
     probe = torch.randn(1, 1, *shapes[0])
     # What each head reads from ``probe`` at its points, weighted, averaged over heads (all levels' points drawn on the finest grid).
-    read = F.grid_sample(probe, (2 * locations[0].flatten(1, -2) - 1)[None], align_corners=False)  # [1, 1, queries, points]
+    read = F.grid_sample(
+        probe, (2 * locations[0].flatten(1, -2) - 1)[None], align_corners=False
+    )  # [1, 1, queries, points]
     expected = (read.view(5, -1) * weights[0].flatten(1)).sum(-1) / cross.num_heads
     torch.testing.assert_close((attention[0] * probe[0]).sum((-2, -1)), expected, rtol=0, atol=1e-5)
 
     image = torch.randint(0, 256, (3, 40, 48), dtype=torch.uint8)
-    datamodule = SimpleNamespace(val_transform=DetrValTransform(size=64, max_size=96), category_names={1: "a", 2: "b", 3: "c"})
+    datamodule = SimpleNamespace(
+        val_transform=DetrValTransform(size=64, max_size=96), category_names={1: "a", 2: "b", 3: "c"}
+    )
     pictures = detector.eval().attention_pictures(image, datamodule, score_threshold=2.0)  # none above: the 4 best
     assert len(pictures) == 1 + 4 and all(p.shape[0] == 3 for p in pictures)

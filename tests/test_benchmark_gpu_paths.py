@@ -31,7 +31,15 @@ class FakeCudaMemory:
 
 def test_compare_on_cuda_measures_each_sides_peak_of_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
     memory = FakeCudaMemory(monkeypatch)
-    row = compare("step", lambda: memory.allocate(3 * GIB), lambda: memory.allocate(4 * GIB), "ref", device="cuda", warmup=1, iters=2)
+    row = compare(
+        "step",
+        lambda: memory.allocate(3 * GIB),
+        lambda: memory.allocate(4 * GIB),
+        "ref",
+        device="cuda",
+        warmup=1,
+        iters=2,
+    )
     assert (row.ours_peak_bytes, row.reference_peak_bytes) == (3 * GIB, 4 * GIB)
     assert memory.resets == 2 and set(memory.synchronized) == {"cuda"}
     assert row.format().endswith("   peak 3.00 GiB vs 4.00 GiB, x0.75")
@@ -46,12 +54,17 @@ def test_on_the_cpu_nothing_is_measured_and_the_line_is_unchanged(monkeypatch: p
 
 
 def test_peaks_survive_the_hand_off_between_processes_and_merge_to_the_largest() -> None:
-    worker = (f"from benchmarks.timing import Row, emit_row\n"
-              f"import sys\n"
-              f"emit_row(Row('step', (1.0,), (2.0,), 'ref', ours_peak_bytes={GIB} * int(sys.argv[1]), reference_peak_bytes={2 * GIB}))\n"
-              f"emit_row(Row('cpu', (1.0,), (2.0,), 'ref'))\n")
+    worker = (
+        f"from benchmarks.timing import Row, emit_row\n"
+        f"import sys\n"
+        f"emit_row(Row('step', (1.0,), (2.0,), 'ref', ours_peak_bytes={GIB} * int(sys.argv[1]), reference_peak_bytes={2 * GIB}))\n"
+        f"emit_row(Row('cpu', (1.0,), (2.0,), 'ref'))\n"
+    )
     (row, cpu_row) = list(rows_from_processes([sys.executable, "-c", worker, "3"], processes=1))
-    assert (row.ours_peak_bytes, row.reference_peak_bytes) == (3 * GIB, 2 * GIB) and "peak 3.00 GiB vs 2.00 GiB, x1.50" in row.format()
+    assert (row.ours_peak_bytes, row.reference_peak_bytes) == (
+        3 * GIB,
+        2 * GIB,
+    ) and "peak 3.00 GiB vs 2.00 GiB, x1.50" in row.format()
     assert cpu_row.ours_peak_bytes is None and "peak" not in cpu_row.format()
     merged = Row.merge([row, Row("step", (1.0,), (2.0,), "ref", ours_peak_bytes=GIB, reference_peak_bytes=5 * GIB)])
     assert (merged.ours_peak_bytes, merged.reference_peak_bytes) == (3 * GIB, 5 * GIB)

@@ -36,7 +36,9 @@ def _training_checkpoint(path: Path, state_dict: dict[str, torch.Tensor]) -> Pat
     ],
 )
 @pytest.mark.parametrize("mmap", [False, True])
-def test_bad_checkpoint_file_names_the_file(tmp_path: Path, content: bytes | str | None, problem: str, mmap: bool) -> None:
+def test_bad_checkpoint_file_names_the_file(
+    tmp_path: Path, content: bytes | str | None, problem: str, mmap: bool
+) -> None:
     path = tmp_path / "model.ckpt"
     if content == "half":
         torch.save({"state_dict": {"w": torch.zeros(1000)}}, path)
@@ -58,7 +60,9 @@ def test_mapped_read_gives_the_same_tensors(tmp_path: Path) -> None:
 def test_untrusted_checkpoint_is_refused_and_not_executed(tmp_path: Path) -> None:
     path, marker = tmp_path / "untrusted.ckpt", tmp_path / "marker.txt"
     torch.save({"state_dict": {"w": torch.zeros(1)}, "extra": _Payload(marker)}, path)
-    with pytest.raises(CheckpointError, match=rf"{path}: refused: .* would execute code \(.*Unsupported global: GLOBAL getattr"):
+    with pytest.raises(
+        CheckpointError, match=rf"{path}: refused: .* would execute code \(.*Unsupported global: GLOBAL getattr"
+    ):
         read_checkpoint(path)
     assert not marker.exists()
 
@@ -66,7 +70,9 @@ def test_untrusted_checkpoint_is_refused_and_not_executed(tmp_path: Path) -> Non
 def test_training_checkpoint_must_hold_a_training_state(tmp_path: Path) -> None:
     path = tmp_path / "weights.pth"
     torch.save({"model": nn.Linear(2, 3).state_dict()}, path)
-    with pytest.raises(CheckpointError, match=rf"{path}: not a training checkpoint written by tools/train.py .* holds \['model'\]"):
+    with pytest.raises(
+        CheckpointError, match=rf"{path}: not a training checkpoint written by tools/train.py .* holds \['model'\]"
+    ):
         read_training_checkpoint(path)
 
 
@@ -75,7 +81,10 @@ def test_training_checkpoint_must_fit_the_model(tmp_path: Path) -> None:
     good = _training_checkpoint(tmp_path / "good.ckpt", model.state_dict())
     assert torch.equal(read_training_checkpoint(good, model)["state_dict"]["weight"], model.weight)
     variant = _training_checkpoint(tmp_path / "variant.ckpt", nn.Linear(2, 5).state_dict())
-    with pytest.raises(CheckpointError, match=rf"{variant}: shapes differ from this Linear, .*: weight \(checkpoint \(5, 2\), model \(3, 2\)\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{variant}: shapes differ from this Linear, .*: weight \(checkpoint \(5, 2\), model \(3, 2\)\)",
+    ):
         read_training_checkpoint(variant, model)
     partial = _training_checkpoint(tmp_path / "partial.ckpt", {"weight": model.weight.detach()})
     with pytest.raises(CheckpointError, match=rf"{partial}: does not fit this Linear, .*: 1 missing keys \(bias\)"):

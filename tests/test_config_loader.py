@@ -46,11 +46,17 @@ def write(folder: Path, name: str, text: str) -> Path:
 
 
 def test_bases_merge_in_order_each_over_the_ones_before_and_the_file_over_them_all(tmp_path: Path) -> None:
-    write(tmp_path, "a.yaml", "model: {init_args: {lr: 1.0, backbone: swin_t, kwargs: {x: 1, y: 2}}}\n"
-                              "trainer: {callbacks: [A, B]}\n")
+    write(
+        tmp_path,
+        "a.yaml",
+        "model: {init_args: {lr: 1.0, backbone: swin_t, kwargs: {x: 1, y: 2}}}\ntrainer: {callbacks: [A, B]}\n",
+    )
     write(tmp_path, "b.yaml", "model: {init_args: {lr: 2.0, kwargs: {y: 3}}}\ntrainer: {max_steps: 5}\n")
-    child = write(tmp_path, "child.yaml", "# header\n__base__: [a.yaml, b.yaml]\n"
-                                          "model: {init_args: {backbone: swin_s}}\ntrainer: {callbacks: [C]}\n")
+    child = write(
+        tmp_path,
+        "child.yaml",
+        "# header\n__base__: [a.yaml, b.yaml]\nmodel: {init_args: {backbone: swin_s}}\ntrainer: {callbacks: [C]}\n",
+    )
     assert load_config(child) == {
         "model": {"init_args": {"lr": 2.0, "backbone": "swin_s", "kwargs": {"x": 1, "y": 3}}},
         "trainer": {"callbacks": ["C"], "max_steps": 5},  # a list is replaced, not appended to
@@ -114,15 +120,22 @@ def print_config(argv: list[str]) -> dict:
 
 
 def test_the_command_line_reads_the_bases_and_print_config_shows_them_merged(tmp_path: Path, monkeypatch) -> None:
-    write(tmp_path, "bases/base.yaml", "model:\n  class_path: vision_tx.lightning.detection.DetectionModule\n"
-                                       "  init_args: {backbone: swin_t, detector: dino, lr: 3.0e-4}\n"
-                                       "trainer: {max_epochs: 7}\n")
+    write(
+        tmp_path,
+        "bases/base.yaml",
+        "model:\n  class_path: vision_tx.lightning.detection.DetectionModule\n"
+        "  init_args: {backbone: swin_t, detector: dino, lr: 3.0e-4}\n"
+        "trainer: {max_epochs: 7}\n",
+    )
     child = write(tmp_path, "child.yaml", "__base__: [bases/base.yaml]\nmodel: {init_args: {backbone: swin_s}}\n")
     monkeypatch.chdir(tmp_path / "bases")  # bases are found from the file's folder, not the working directory
     printed = print_config(["--config", str(child), "--model.lr", "5.0e-4"])
     assert printed["model"]["class_path"] == "vision_tx.lightning.detection.DetectionModule"
     assert {k: printed["model"]["init_args"][k] for k in ("backbone", "detector", "lr")} == {
-        "backbone": "swin_s", "detector": "dino", "lr": 5.0e-4}
+        "backbone": "swin_s",
+        "detector": "dino",
+        "lr": 5.0e-4,
+    }
     assert printed["trainer"]["max_epochs"] == 7
 
 
@@ -142,9 +155,18 @@ def test_print_config_of_a_shipped_config_shows_its_bases_merged() -> None:
     printed = print_config(["--config", "dino_swin_s"])
     expected = FIXTURE["dino_swin_s"]
     assert (printed["model"]["class_path"], printed["data"]["class_path"]) == (
-        expected["model"]["class_path"], expected["data"]["class_path"])
-    assert {k: printed["model"]["init_args"][k] for k in expected["model"]["init_args"]} == expected["model"]["init_args"]
+        expected["model"]["class_path"],
+        expected["data"]["class_path"],
+    )
+    assert {k: printed["model"]["init_args"][k] for k in expected["model"]["init_args"]} == expected["model"][
+        "init_args"
+    ]
     assert {k: printed["trainer"][k] for k in ("max_epochs", "gradient_clip_val", "log_every_n_steps")} == {
-        "max_epochs": 12, "gradient_clip_val": 0.1, "log_every_n_steps": 50}
+        "max_epochs": 12,
+        "gradient_clip_val": 0.1,
+        "log_every_n_steps": 50,
+    }
     assert [c["class_path"] for c in printed["trainer"]["callbacks"]] == [
-        "lightning.pytorch.callbacks.ModelCheckpoint", "vision_tx.lightning.callbacks.LatestCheckpoint"]
+        "lightning.pytorch.callbacks.ModelCheckpoint",
+        "vision_tx.lightning.callbacks.LatestCheckpoint",
+    ]

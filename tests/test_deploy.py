@@ -13,7 +13,12 @@ from torch import nn
 
 from tests.test_export import CASES, build_task
 from vision_tx.backbones.convnext import ConvNeXtBlock
-from vision_tx.deploy import GridSampleDeformableAttention, fuse_for_deployment, grid_sample_deform_attn, norm_into_next_conv
+from vision_tx.deploy import (
+    GridSampleDeformableAttention,
+    fuse_for_deployment,
+    grid_sample_deform_attn,
+    norm_into_next_conv,
+)
 from vision_tx.export import deployable
 from vision_tx.heads.rtdetr.conv import RepVGGBlock
 from vision_tx.ops import ms_deform_attn
@@ -24,10 +29,13 @@ TOLERANCE = 1e-10  # float64; measured differences are ~1e-14
 def counts(model: nn.Module) -> dict[str, int]:
     """How many BatchNorms, convolutions, RepVGG blocks, GridSample attentions and ConvNeXt blocks ``model`` runs."""
     modules = list(model.modules())
-    return {"batchnorm": sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in modules),
-            "conv": sum(isinstance(m, nn.Conv2d) for m in modules), "repvgg": sum(isinstance(m, RepVGGBlock) for m in modules),
-            "grid_sample_attention": sum(isinstance(m, GridSampleDeformableAttention) for m in modules),
-            "convnext_blocks": sum(isinstance(m, ConvNeXtBlock) for m in modules)}
+    return {
+        "batchnorm": sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in modules),
+        "conv": sum(isinstance(m, nn.Conv2d) for m in modules),
+        "repvgg": sum(isinstance(m, RepVGGBlock) for m in modules),
+        "grid_sample_attention": sum(isinstance(m, GridSampleDeformableAttention) for m in modules),
+        "convnext_blocks": sum(isinstance(m, ConvNeXtBlock) for m in modules),
+    }
 
 
 def test_the_main_job_fused_gives_the_eager_outputs() -> None:
@@ -37,11 +45,21 @@ def test_the_main_job_fused_gives_the_eager_outputs() -> None:
     network = module.model
     fused = fuse_for_deployment(copy.deepcopy(network))
     before, after = counts(network), counts(fused)
-    assert before["batchnorm"] > 30 and before["repvgg"] == 12 and before["grid_sample_attention"] == 0 and before["convnext_blocks"] == 5
+    assert (
+        before["batchnorm"] > 30
+        and before["repvgg"] == 12
+        and before["grid_sample_attention"] == 0
+        and before["convnext_blocks"] == 5
+    )
     # ConvNeXt's stage outputs keep their BatchNorm (out_norm): nothing before them to fold into. Each ConvNeXt block's
     # MLP becomes two 1x1 convolutions.
-    assert after == {"batchnorm": 3, "conv": before["conv"] - before["repvgg"] + 2 * 5, "repvgg": 0, "grid_sample_attention": 3,
-                     "convnext_blocks": 0}
+    assert after == {
+        "batchnorm": 3,
+        "conv": before["conv"] - before["repvgg"] + 2 * 5,
+        "repvgg": 0,
+        "grid_sample_attention": 3,
+        "convnext_blocks": 0,
+    }
     images = torch.rand(2, 3, 96, 128, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     with torch.no_grad():
         expected, got = network(images), fused(images)
@@ -83,7 +101,13 @@ def test_grid_sample_deformable_attention_is_the_operator(shapes: list[tuple[int
     generator = torch.Generator().manual_seed(len(shapes))
     heads, head_dim, points, queries, tokens = 2, 8, 3, 5, sum(h * w for h, w in shapes)
     value = torch.randn(2, tokens, heads, head_dim, generator=generator, dtype=torch.float64)
-    locations = torch.rand(2, queries, heads, len(shapes), points, 2, generator=generator, dtype=torch.float64) * 1.4 - 0.2
+    locations = (
+        torch.rand(2, queries, heads, len(shapes), points, 2, generator=generator, dtype=torch.float64) * 1.4 - 0.2
+    )
     weights = torch.rand(2, queries, heads, len(shapes), points, generator=generator, dtype=torch.float64)
-    torch.testing.assert_close(grid_sample_deform_attn(value, shapes, locations, weights), ms_deform_attn(value, shapes, locations, weights),
-                               rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(
+        grid_sample_deform_attn(value, shapes, locations, weights),
+        ms_deform_attn(value, shapes, locations, weights),
+        rtol=0,
+        atol=TOLERANCE,
+    )

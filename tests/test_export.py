@@ -17,9 +17,9 @@ from torchvision.transforms.v2.functional import normalize
 
 from tests.conftest import require_reference
 from tests.parity import perturb_
+from vision_tx.config_loader import load_config
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vision_tx.export import FORMATS, DetectionExport, ExportError, deployable, example_images, export, main
-from vision_tx.config_loader import load_config
 from vision_tx.lightning.cli import resolve_config
 
 NUM_CLASSES = 4
@@ -38,7 +38,9 @@ def build_task(config: str, seed: int = 0, class_scale: float = CLASS_LOGIT_SCAL
     module = module_class(**{**section.get("init_args", {}), "num_classes": NUM_CLASSES, **init_args})
     module.configure_model()
     perturb_(module, seed)
-    with torch.no_grad():  # class logits spread far apart: no near-ties for float rounding to reorder, confident panoptic queries
+    with (
+        torch.no_grad()
+    ):  # class logits spread far apart: no near-ties for float rounding to reorder, confident panoptic queries
         for name, parameter in module.named_parameters():
             if "class_embed" in name:
                 parameter.mul_(class_scale)
@@ -59,7 +61,9 @@ def run_onnx(path: Path, images: torch.Tensor) -> list[torch.Tensor]:
     return [torch.from_numpy(array) for array in session.run(None, {"images": images.numpy()})]
 
 
-def assert_outputs_close(got: list[torch.Tensor], expected: tuple[torch.Tensor, ...], names: tuple[str, ...], rtol: float = 0.0) -> None:
+def assert_outputs_close(
+    got: list[torch.Tensor], expected: tuple[torch.Tensor, ...], names: tuple[str, ...], rtol: float = 0.0
+) -> None:
     """Floating outputs within ``TOLERANCE`` (plus ``rtol`` of their size: full-size pixel boxes, scripts/export_every_config.py),
     the others (labels, masks, segment maps) equal."""
     assert len(got) == len(expected) == len(names)
@@ -86,8 +90,14 @@ def assert_detections_close(got: list[torch.Tensor], expected: tuple[torch.Tenso
         for i in range(scores.shape[1]):
             same_score = (scores[b] - scores[b, i]).abs() <= NEAR_TIE
             box_tolerance = TOLERANCE + rtol * boxes[b, i].abs()
-            found = same_score & (got_labels[b] == labels[b, i]) & ((got_boxes[b] - boxes[b, i]).abs() <= box_tolerance).all(-1)
-            assert found.any() or (scores[b, i] - last).abs() <= NEAR_TIE, f"detection {i} of image {b} is not in onnxruntime's"
+            found = (
+                same_score
+                & (got_labels[b] == labels[b, i])
+                & ((got_boxes[b] - boxes[b, i]).abs() <= box_tolerance).all(-1)
+            )
+            assert found.any() or (scores[b, i] - last).abs() <= NEAR_TIE, (
+                f"detection {i} of image {b} is not in onnxruntime's"
+            )
 
 
 def eager_reference(module: torch.nn.Module, model: Any, images: torch.Tensor) -> dict[str, Any]:
@@ -105,7 +115,9 @@ def eager_reference(module: torch.nn.Module, model: Any, images: torch.Tensor) -
         return {"detections": module.model.postprocess(outputs, sizes)}
 
 
-def assert_eager_postprocessing(module: torch.nn.Module, model: Any, images: torch.Tensor, ours: tuple[torch.Tensor, ...]) -> None:
+def assert_eager_postprocessing(
+    module: torch.nn.Module, model: Any, images: torch.Tensor, ours: tuple[torch.Tensor, ...]
+) -> None:
     """The exportable wrapper's outputs ``ours`` against the task's eager post-processing, image by image."""
     reference = eager_reference(module, model, images)
     named = dict(zip(model.output_names, ours))
@@ -116,9 +128,13 @@ def assert_eager_postprocessing(module: torch.nn.Module, model: Any, images: tor
         for b, expected in enumerate(reference["panoptic"]):
             assert torch.equal(named["segment_ids"][b], expected["segment_ids"])
             count = len(expected["segments_info"])
-            assert named["segment_labels"][b, :count].tolist() == [info["category_id"] for info in expected["segments_info"]]
+            assert named["segment_labels"][b, :count].tolist() == [
+                info["category_id"] for info in expected["segments_info"]
+            ]
             assert (named["segment_labels"][b, count:] == -1).all()
-            torch.testing.assert_close(named["segment_scores"][b, :count], torch.tensor([info["score"] for info in expected["segments_info"]]))
+            torch.testing.assert_close(
+                named["segment_scores"][b, :count], torch.tensor([info["score"] for info in expected["segments_info"]])
+            )
         return
     for b, expected in enumerate(reference["detections"]):
         count = len(expected["scores"])
@@ -134,23 +150,45 @@ def assert_eager_postprocessing(module: torch.nn.Module, model: Any, images: tor
 CASES = {
     "classification_toy": ({}, (64, 96), (88, 72)),
     # the other backbone families, narrow and shallow (NAT, ViT/DeiT and Mixer fix their size at export)
-    "nat_tiny_imagenet": ({"backbone_kwargs": {"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 2, 2], "kernel_size": 3}},
-                          (96, 128), None),
-    "deit_small_imagenet": ({"backbone_kwargs": {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 64}}, (64, 64), None),
+    "nat_tiny_imagenet": (
+        {"backbone_kwargs": {"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 2, 2, 2], "kernel_size": 3}},
+        (96, 128),
+        None,
+    ),
+    "deit_small_imagenet": (
+        {"backbone_kwargs": {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 64}},
+        (64, 64),
+        None,
+    ),
     "mixer_b16_imagenet": ({"backbone_kwargs": {"embed_dim": 32, "depth": 2, "img_size": 64}}, (64, 64), None),
     "detr_r50": ({"detector": "detr_toy"}, (96, 128), (112, 84)),
     "detr_swin_toy": ({}, (96, 128), None),
     "dino_swin_toy": ({"class_scale": 1.0}, (96, 128), None),
     # its 100 queries' 300 best (query, class) pairs end in near-tied scores that float rounding reorders: the 100 best
-    "rtdetr_convnext_toy": ({"class_scale": 1.0, "detector_kwargs": {**detector_kwargs("rtdetr_convnext_toy"), "num_detections": 100}},
-                            (96, 128), (112, 84)),
+    "rtdetr_convnext_toy": (
+        {"class_scale": 1.0, "detector_kwargs": {**detector_kwargs("rtdetr_convnext_toy"), "num_detections": 100}},
+        (96, 128),
+        (112, 84),
+    ),
     # RT-DETR's encoder and backbone: their dynamic size is rtdetr_convnext_toy's case; a fixed size exports faster
-    "dfine_convnext_toy": ({"class_scale": 1.0, "detector_kwargs": {**detector_kwargs("dfine_convnext_toy"), "num_detections": 100}},
-                           (96, 128), None),
-    "upernet_swin_t_ade20k": ({"backbone": "swin_toy", "backbone_kwargs": None, "head_kwargs": {"channels": 32, "aux_channels": 16}},
-                              (128, 96), None),
-    "upernet_deit_s_ade20k": ({"backbone_kwargs": {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 64, "pyramid_channels": 32},
-                               "head_kwargs": {"channels": 32, "aux_channels": 16}}, (64, 64), None),  # ViT's simple pyramid
+    "dfine_convnext_toy": (
+        {"class_scale": 1.0, "detector_kwargs": {**detector_kwargs("dfine_convnext_toy"), "num_detections": 100}},
+        (96, 128),
+        None,
+    ),
+    "upernet_swin_t_ade20k": (
+        {"backbone": "swin_toy", "backbone_kwargs": None, "head_kwargs": {"channels": 32, "aux_channels": 16}},
+        (128, 96),
+        None,
+    ),
+    "upernet_deit_s_ade20k": (
+        {
+            "backbone_kwargs": {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 64, "pyramid_channels": 32},
+            "head_kwargs": {"channels": 32, "aux_channels": 16},
+        },
+        (64, 64),
+        None,
+    ),  # ViT's simple pyramid
     "mask2former_swin_toy_ade20k": ({}, (96, 128), None),
     "mask2former_swin_toy_coco_instance": ({}, (96, 128), None),
     "mask2former_swin_toy_coco_panoptic": ({}, (128, 96), None),
@@ -169,7 +207,11 @@ def test_exported_model_in_onnxruntime_gives_the_eager_outputs(config: str, tmp_
     model = deployable(module, config, IS_THING)
     dynamic = second_size is not None
     info = export(model, tmp_path / f"{config}.onnx", "onnx", example_images(size, 3), dynamic_size=dynamic)
-    assert info["dims"] == {"batch": None, "height": None if dynamic else size[0], "width": None if dynamic else size[1]}
+    assert info["dims"] == {
+        "batch": None,
+        "height": None if dynamic else size[0],
+        "width": None if dynamic else size[1],
+    }
     for batch, image_size in [(1, size), (2, size), *([(2, second_size)] if dynamic else [])]:
         images = example_images(image_size, batch, seed=batch + 10)
         with torch.no_grad():
@@ -196,7 +238,11 @@ def test_swin_models_refuse_a_dynamic_image_size_in_onnx_in_one_line(tmp_path: P
     with pytest.raises(ExportError) as raised:
         export(model, tmp_path / "detr.onnx", "onnx", example_images((64, 64)), dynamic_size=True)
     message = str(raised.value)
-    assert "\n" not in message and message.startswith("detr_swin_toy: no dynamic image size in ONNX for Swin") and "aten.remainder" in message
+    assert (
+        "\n" not in message
+        and message.startswith("detr_swin_toy: no dynamic image size in ONNX for Swin")
+        and "aten.remainder" in message
+    )
 
 
 class _DeformableAttention(torch.nn.Module):
@@ -229,7 +275,9 @@ def onnx_session(module: torch.nn.Module, example: tuple[torch.Tensor, ...], pat
     """``module`` exported to ONNX on ``example`` (inputs ``input0``, ...; first dimensions dynamic), as an onnxruntime session."""
     onnxruntime = require_reference("onnxruntime")
     program = torch.export.export(module, example, dynamic_shapes=tuple({0: torch.export.Dim.AUTO} for _ in example))
-    torch.onnx.export(program, example, str(path), input_names=[f"input{i}" for i in range(len(example))], dynamo=True, optimize=False)
+    torch.onnx.export(
+        program, example, str(path), input_names=[f"input{i}" for i in range(len(example))], dynamo=True, optimize=False
+    )
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
@@ -245,14 +293,18 @@ def test_ms_deform_attn_exports(shapes: list[tuple[int, int]], tmp_path: Path) -
     heads, head_dim, points, queries, tokens = 2, 8, 3, 5, sum(h * w for h, w in shapes)
 
     def inputs(batch: int) -> tuple[torch.Tensor, ...]:
-        return (torch.randn(batch, tokens, heads, head_dim, generator=generator),
-                torch.rand(batch, queries, heads, len(shapes), points, 2, generator=generator) * 1.4 - 0.2,
-                torch.rand(batch, queries, heads, len(shapes), points, generator=generator))
+        return (
+            torch.randn(batch, tokens, heads, head_dim, generator=generator),
+            torch.rand(batch, queries, heads, len(shapes), points, 2, generator=generator) * 1.4 - 0.2,
+            torch.rand(batch, queries, heads, len(shapes), points, generator=generator),
+        )
 
     module = _DeformableAttention(shapes)
     session = onnx_session(module, inputs(2), tmp_path / "ms_deform_attn.onnx")
     # one gather and one sum: ONNX's translation of embedding_bag loops over the samples (minutes at COCO sizes)
-    operators = {node.op_type for node in require_reference("onnx").load(str(tmp_path / "ms_deform_attn.onnx")).graph.node}
+    operators = {
+        node.op_type for node in require_reference("onnx").load(str(tmp_path / "ms_deform_attn.onnx")).graph.node
+    }
     assert "Loop" not in operators and {"Gather", "ReduceSum"} <= operators
     for batch in (1, 3):
         given = inputs(batch)
@@ -315,7 +367,10 @@ def test_exported_detr_panoptic_drops_small_segments_as_the_eager_loop(min_area:
     segment_ids, labels, scores = run_onnx(info["path"], images)
     assert torch.equal(segment_ids[0], expected["segment_ids"])
     count = len(expected["segments_info"])
-    assert labels[0, :count].tolist() == [info["category_id"] for info in expected["segments_info"]] and (labels[0, count:] == -1).all()
+    assert (
+        labels[0, :count].tolist() == [info["category_id"] for info in expected["segments_info"]]
+        and (labels[0, count:] == -1).all()
+    )
     torch.testing.assert_close(scores[0, :count], torch.tensor([info["score"] for info in expected["segments_info"]]))
 
 
@@ -342,8 +397,14 @@ class _FixedDetector(torch.nn.Module):
 
     detection_outputs = ("boxes", "scores", "labels")
 
-    def __init__(self, logits: torch.Tensor, boxes: torch.Tensor, nms_threshold: float | None = None, share_scores: bool = False,
-                 softmax: bool = False) -> None:
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        boxes: torch.Tensor,
+        nms_threshold: float | None = None,
+        share_scores: bool = False,
+        softmax: bool = False,
+    ) -> None:
         super().__init__()
         self.logits, self.boxes = torch.nn.Parameter(logits), torch.nn.Parameter(boxes)
         self.num_detections, self.nms_threshold, self.share_scores = logits.shape[1], nms_threshold, share_scores
@@ -358,10 +419,15 @@ class _FixedDetector(torch.nn.Module):
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         tie = 0 * images.mean()
-        return {"pred_logits": self.logits.expand(len(images), -1, -1) + tie, "pred_boxes": self.boxes.expand(len(images), -1, -1) + tie}
+        return {
+            "pred_logits": self.logits.expand(len(images), -1, -1) + tie,
+            "pred_boxes": self.boxes.expand(len(images), -1, -1) + tie,
+        }
 
 
-def exported_detections(network: _FixedDetector, tmp_path: Path) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+def exported_detections(
+    network: _FixedDetector, tmp_path: Path
+) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
     """``network`` behind its post-processing, exported and run in onnxruntime on one 32x48 image; and
     its eager post-processing (``postprocess_detections`` or ``postprocess_sigmoid_detections``) for that image."""
     from vision_tx.heads.detr.postprocess import postprocess_detections, postprocess_sigmoid_detections
@@ -372,14 +438,18 @@ def exported_detections(network: _FixedDetector, tmp_path: Path) -> tuple[list[t
     outputs, sizes = network(images), torch.tensor([[32, 48]])
     if network.nms_threshold is None and network.softmax:
         return run_onnx(info["path"], images), postprocess_detections(outputs, sizes)
-    eager = postprocess_sigmoid_detections(outputs, sizes, network.num_detections, network.nms_threshold, network.share_scores)
+    eager = postprocess_sigmoid_detections(
+        outputs, sizes, network.num_detections, network.nms_threshold, network.share_scores
+    )
     return run_onnx(info["path"], images), eager
 
 
 def test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class(tmp_path: Path) -> None:
     """Query 0 (score 0.9) and 1 (0.6) overlap (IoU 0.8) in class 0: 1 is suppressed; query 2 overlaps 0 as much but
     in class 1 and stays; query 3 lies apart. Against torchvision's ``batched_nms`` (the eager post-processing)."""
-    boxes = torch.tensor([[[0.50, 0.50, 0.40, 0.40], [0.52, 0.50, 0.40, 0.40], [0.50, 0.52, 0.40, 0.40], [0.15, 0.15, 0.1, 0.1]]])
+    boxes = torch.tensor(
+        [[[0.50, 0.50, 0.40, 0.40], [0.52, 0.50, 0.40, 0.40], [0.50, 0.52, 0.40, 0.40], [0.15, 0.15, 0.1, 0.1]]]
+    )
     probabilities = torch.tensor([[[0.9, 0.01], [0.6, 0.02], [0.03, 0.7], [0.5, 0.04]]])
     network = _FixedDetector(probabilities.logit(), boxes, nms_threshold=0.5)
     (got_boxes, got_scores, got_labels), [expected] = exported_detections(network, tmp_path)

@@ -23,7 +23,9 @@ def test_the_main_jobs_fixed_shape_export_is_fused_and_gives_the_eager_detection
     module = build_task(CONFIG, class_scale=1.0, detector_kwargs={**detector_kwargs(CONFIG), "num_detections": 100})
     model = deployable(module, CONFIG)
     norms = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
-    info = export(model, tmp_path / "main.onnx", "onnx", example_images((128, 160), 1), dynamic_size=False, dynamic_batch=False)
+    info = export(
+        model, tmp_path / "main.onnx", "onnx", example_images((128, 160), 1), dynamic_size=False, dynamic_batch=False
+    )
     assert info["dims"] == {"batch": 1, "height": 128, "width": 160}
     assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()) == norms > 30
     operators = Counter(node.op_type for node in require_reference("onnx").load(str(info["path"])).graph.node)

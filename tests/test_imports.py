@@ -58,7 +58,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
     def visit(node: str) -> list[str] | None:
         if node in stack:
-            return stack[stack.index(node):] + [node]
+            return stack[stack.index(node) :] + [node]
         if node in done:
             return None
         stack.append(node)
@@ -95,5 +95,9 @@ def test_model_files_import_no_sibling_but_the_shared_room() -> None:
     for name, targets in import_graph().items():
         if name.startswith("vision_tx.models.") and name != "vision_tx.models.convert":
             layouts = {t for t in targets if t.endswith("_official")} if name.endswith("_official") else set()
-            siblings = {t for t in targets if t.startswith("vision_tx.models")} - {"vision_tx.models.query_detector", f"{name}_official"} - layouts
+            siblings = (
+                {t for t in targets if t.startswith("vision_tx.models")}
+                - {"vision_tx.models.query_detector", f"{name}_official"}
+                - layouts
+            )
             assert not siblings, f"{name} imports {', '.join(sorted(siblings))}"

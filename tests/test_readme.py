@@ -23,7 +23,7 @@ README = ROOT / "README.md"
 DOCS = sorted(path.name for path in (ROOT / "docs").glob("*.md"))
 CONFIGS = sorted((ROOT / "vision_tx" / "configs").glob("*.yaml"))
 SETUP_COMMANDS = (
-    'pip install -e . && python tools/train.py --config rtdetr_convnext_toy',
+    "pip install -e . && python tools/train.py --config rtdetr_convnext_toy",
     'pip install -e ".[test]" && python -m pytest -q',
 )
 
@@ -70,7 +70,9 @@ def _comment_header(config: Path) -> list[str]:
 def test_each_config_header_is_at_most_15_lines() -> None:
     lengths = {config.name: len(_comment_header(config)) for config in CONFIGS}
     assert len(lengths) > 40 and all(lengths.values()), lengths  # every config has a header
-    assert not {name: n for name, n in lengths.items() if n > 15}  # what it trains, batch, schedule, why, where the evidence is
+    assert not {
+        name: n for name, n in lengths.items() if n > 15
+    }  # what it trains, batch, schedule, why, where the evidence is
 
 
 def _expand(name: str) -> list[str]:
@@ -78,14 +80,18 @@ def _expand(name: str) -> list[str]:
     match = re.search(r"\{([^}]*)\}", name)
     if not match:
         return [name]
-    return [n for part in match[1].split(",") for n in _expand(name[: match.start()] + part + name[match.end():])]
+    return [n for part in match[1].split(",") for n in _expand(name[: match.start()] + part + name[match.end() :])]
 
 
 def test_configs_and_tools_named_exist() -> None:
     text = README.read_text()
-    table_rows = [line for line in _section(text, "Training and evaluating on your data").splitlines() if line.startswith("| `")]
+    table_rows = [
+        line for line in _section(text, "Training and evaluating on your data").splitlines() if line.startswith("| `")
+    ]
     configs = set(re.findall(r"--config (\w+)", text))
-    configs |= {n for row in table_rows for name in re.findall(r"`([\w{},]+)`", row.split("|")[1]) for n in _expand(name)}
+    configs |= {
+        n for row in table_rows for name in re.findall(r"`([\w{},]+)`", row.split("|")[1]) for n in _expand(name)
+    }
     missing = sorted(name for name in configs if not (ROOT / "vision_tx" / "configs" / f"{name}.yaml").exists())
     assert len(configs) > 20 and not missing, missing
     tools = set(re.findall(r"python (tools/\w+\.py|scripts/\w+\.py)", text))
@@ -107,11 +113,20 @@ def test_backbone_examples_run_as_written(tmp_path, monkeypatch) -> None:
     assert len(blocks) == 1  # build and load, na2d, FasterRCNN
     monkeypatch.chdir(tmp_path)
     torch.save({"model": build_classifier("nat_tiny").state_dict()}, tmp_path / "nat_tiny.pth")
-    namespace: dict = {"q": torch.randn(1, 9, 11, 2, 16), "k": torch.randn(1, 9, 11, 2, 16), "v": torch.randn(1, 9, 11, 2, 16)}
+    namespace: dict = {
+        "q": torch.randn(1, 9, 11, 2, 16),
+        "k": torch.randn(1, 9, 11, 2, 16),
+        "v": torch.randn(1, 9, 11, 2, 16),
+    }
     for block in blocks:
         exec(compile(block, str(README), "exec"), namespace)
     feats = namespace["feats"]
-    assert [tuple(f.shape) for f in feats.values()] == [(2, 96, 128, 171), (2, 192, 64, 86), (2, 384, 32, 43), (2, 768, 16, 22)]
+    assert [tuple(f.shape) for f in feats.values()] == [
+        (2, 96, 128, 171),
+        (2, 192, 64, 86),
+        (2, 384, 32, 43),
+        (2, 768, 16, 22),
+    ]
     assert (namespace["backbone"].out_channels, namespace["backbone"].strides) == ([96, 192, 384, 768], [4, 8, 16, 32])
     assert not namespace["report"].missing_keys and not namespace["report"].unexpected_keys
     assert namespace["out"].shape == (1, 9, 11, 2, 16)
@@ -150,13 +165,20 @@ def test_every_tool_command_the_readme_shows_parses(monkeypatch: pytest.MonkeyPa
     """Each command's own options are in its tool's ``--help``; its config options (``--config`` with the dotted
     ``--section.key`` ones, and every option of ``train.py``) pass the training CLI's parser: a renamed option fails."""
     commands = _readme_tool_commands()
-    assert len(commands) > 20 and {tool for tool, _ in commands} >= {"train", "eval", "infer", "predict", "export", "attention"}
+    assert len(commands) > 20 and {tool for tool, _ in commands} >= {
+        "train",
+        "eval",
+        "infer",
+        "predict",
+        "export",
+        "attention",
+    }
     helps: dict[str, str] = {}
     for tool, argv in commands:
         if tool == "train":
             _config_options_parse(argv)
             continue
-        config = argv[argv.index("--config"):argv.index("--config") + 2] if "--config" in argv else []
+        config = argv[argv.index("--config") : argv.index("--config") + 2] if "--config" in argv else []
         dotted = []  # each --section.key with its value
         for i, arg in enumerate(argv):
             flag = arg if arg.startswith("--") else argv[i - 1] if i else ""

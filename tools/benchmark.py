@@ -25,8 +25,22 @@ import torch  # noqa: E402
 
 from benchmarks.timing import emit_row, machine, rows_from_processes  # noqa: E402
 
-BENCHMARKS = ("swin", "vit_convnext", "na2d", "ms_deform_attn", "matcher", "detr", "dino", "rtdetr", "upernet", "train", "compile", "mask2former",
-              "export", "gpu_classifiers")
+BENCHMARKS = (
+    "swin",
+    "vit_convnext",
+    "na2d",
+    "ms_deform_attn",
+    "matcher",
+    "detr",
+    "dino",
+    "rtdetr",
+    "upernet",
+    "train",
+    "compile",
+    "mask2former",
+    "export",
+    "gpu_classifiers",
+)
 # What ``--device cuda`` runs when no name is given: the classifiers' inference matrix, the detectors' and
 # segmentors' training steps against transformers, and the two attention operators against their CUDA references.
 GPU_BENCHMARKS = ("gpu_classifiers", "dino", "rtdetr", "mask2former", "upernet", "ms_deform_attn", "na2d")
@@ -49,8 +63,9 @@ def plan(names: list[str], device: str, quick: bool) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"benchmarks to run, of {', '.join(BENCHMARKS)} (default: all)")
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"benchmarks to run, of {', '.join(BENCHMARKS)} (default: all)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="fewer iterations and one process, for a smoke run")
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per benchmark (default: 3)")
@@ -66,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(plan(args.names, args.device, args.quick)))
         return
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"error: --device {args.device}: no CUDA device here (torch {torch.__version__}, CUDA build {torch.version.cuda})")
+        raise SystemExit(
+            f"error: --device {args.device}: no CUDA device here (torch {torch.__version__}, CUDA build {torch.version.cuda})"
+        )
     if not args.worker:
         print(f"machine: {machine(args.device)}", flush=True)
     names = args.names or (GPU_BENCHMARKS if args.device.startswith("cuda") else BENCHMARKS)
@@ -76,7 +93,9 @@ def main(argv: list[str] | None = None) -> None:
                 emit_row(row)
             continue
         print(f"== {name} ({args.device})", flush=True)
-        command = [sys.executable, "-u", str(Path(__file__).resolve()), name, "--device", args.device, "--worker"] + (["--quick"] if args.quick else [])
+        command = [sys.executable, "-u", str(Path(__file__).resolve()), name, "--device", args.device, "--worker"] + (
+            ["--quick"] if args.quick else []
+        )
         for item in rows_from_processes(command, 1 if args.quick else args.processes):
             print(item if isinstance(item, str) else item.format(), flush=True)
 

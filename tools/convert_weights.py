@@ -14,11 +14,24 @@ from vision_tx.models.convert import convert_checkpoint
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", required=True, help="a backbone name (see vision_tx.backbones.list_backbones()) detr_<backbone>, detr_panoptic_<backbone> or dino_<backbone>")
+    parser.add_argument(
+        "--arch",
+        required=True,
+        help="a backbone name (see vision_tx.backbones.list_backbones()) detr_<backbone>, detr_panoptic_<backbone> or dino_<backbone>",
+    )
     parser.add_argument("--form", choices=("classifier", "backbone"), default="classifier")
-    parser.add_argument("--num-classes", type=int, default=None, help="classes of the head (default: 1000; 91 for DETR and DINO, 250 for DETR panoptic); a whole model of another count than the checkpoint keeps its own class tensors, named in the report")
+    parser.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        help="classes of the head (default: 1000; 91 for DETR and DINO, 250 for DETR panoptic); a whole model of another count than the checkpoint keeps its own class tensors, named in the report",
+    )
     parser.add_argument("--src", required=True)
     parser.add_argument("--dst", required=True)
     parser.add_argument("--strict", action="store_true", help="fail on any missing or unused key")
     args = parser.parse_args()
-    print(convert_checkpoint(args.arch, args.src, args.dst, form=args.form, num_classes=args.num_classes, strict=args.strict))
+    print(
+        convert_checkpoint(
+            args.arch, args.src, args.dst, form=args.form, num_classes=args.num_classes, strict=args.strict
+        )
+    )

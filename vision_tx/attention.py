@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def attention_weights(q: Tensor, k: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
-                      scale: float | None = None) -> Tensor:
+def attention_weights(
+    q: Tensor, k: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False, scale: float | None = None
+) -> Tensor:
     """``softmax(q k^T * scale + mask)`` in fp32, as ``F.scaled_dot_product_attention`` weighs the values:
     ``q [..., Lq, d]``, ``k [..., Lk, d]``, ``attn_mask [..., Lq, Lk]`` (broadcast; bool, True: attend, or additive),
     ``is_causal`` (masks the keys after each query), ``scale`` (``d ** -0.5`` when None) -> ``[..., Lq, Lk]``."""
@@ -25,7 +27,11 @@ def attention_weights(q: Tensor, k: Tensor, attn_mask: Tensor | None = None, is_
     if is_causal:
         scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
     if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask.float()
+        scores = (
+            scores.masked_fill(~attn_mask, float("-inf"))
+            if attn_mask.dtype == torch.bool
+            else scores + attn_mask.float()
+        )
     return scores.softmax(-1)
 
 
@@ -42,10 +48,20 @@ def record_attention(modules: Mapping[str, nn.Module]) -> Iterator[dict[str, lis
     running: list[str] = []
     original = F.scaled_dot_product_attention
 
-    def explicit(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-                 is_causal: bool = False, scale: float | None = None, **kwargs: Any) -> Tensor:
+    def explicit(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attn_mask: Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
         if not running:
-            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs)
+            return original(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs
+            )
         if dropout_p:
             raise RuntimeError("record_attention: attention dropout is on; put the model in eval mode")
         weights = attention_weights(q, k, attn_mask, is_causal, scale)
@@ -93,12 +109,14 @@ def attention_rollout(attentions: Sequence[Tensor], residual: float = 0.5) -> Te
     return rollout
 
 
-def patch_grid(num_tokens: int, image_size: tuple[int, int], num_prefix_tokens: int | None = None) -> tuple[int, int, int]:
+def patch_grid(
+    num_tokens: int, image_size: tuple[int, int], num_prefix_tokens: int | None = None
+) -> tuple[int, int, int]:
     """``(prefix tokens, grid height, grid width)`` of a ViT's ``num_tokens`` on an ``image_size`` input:
     ``num_prefix_tokens`` (class, distillation) if given, else the first of 1, 2, 0 for which the rest
     form a grid of square patches that tile the image."""
     height, width = image_size
-    for prefix in ((num_prefix_tokens,) if num_prefix_tokens is not None else (1, 2, 0)):
+    for prefix in (num_prefix_tokens,) if num_prefix_tokens is not None else (1, 2, 0):
         patches = num_tokens - prefix
         if patches <= 0:
             continue
@@ -124,8 +142,12 @@ def vit_attention_maps(model: nn.Module, images: Tensor, residual: float = 0.5) 
     if not layers:
         raise ValueError(f"{type(model).__name__}: its attention modules do not call F.scaled_dot_product_attention")
     if any(layer.shape[-1] != layers[0].shape[-1] for layer in layers):
-        raise ValueError("attention rollout needs one token set through all layers (a plain ViT), not windows or stages")
-    prefix, grid_h, grid_w = patch_grid(layers[0].shape[-1], images.shape[-2:], getattr(model, "num_prefix_tokens", None))
+        raise ValueError(
+            "attention rollout needs one token set through all layers (a plain ViT), not windows or stages"
+        )
+    prefix, grid_h, grid_w = patch_grid(
+        layers[0].shape[-1], images.shape[-2:], getattr(model, "num_prefix_tokens", None)
+    )
     if prefix == 0:
         raise ValueError("the model has no class token to follow")
     rollout = attention_rollout(layers, residual)[:, 0, prefix:]
@@ -167,11 +189,20 @@ def classifier_attention_pictures(model: nn.Module, image: Tensor, transform: An
     inputs = transform(tv_tensors.Image(image))
     maps = vit_attention_maps(model, inputs[None].to(next(model.parameters()).device))
     shown = denormalize(inputs)
-    return [shown, overlay_heatmap(shown, maps["rollout"][0]), *(overlay_heatmap(shown, m) for m in maps["last_layer"][0])]
+    return [
+        shown,
+        overlay_heatmap(shown, maps["rollout"][0]),
+        *(overlay_heatmap(shown, m) for m in maps["last_layer"][0]),
+    ]
 
 
-def detector_attention_pictures(model: nn.Module, image: Tensor, transform: Any, category_names: Mapping[int, str] | None = None,
-                                score_threshold: float = 0.7) -> list[Tensor]:
+def detector_attention_pictures(
+    model: nn.Module,
+    image: Tensor,
+    transform: Any,
+    category_names: Mapping[int, str] | None = None,
+    score_threshold: float = 0.7,
+) -> list[Tensor]:
     """Pictures ``[3,H,W]`` uint8 of a detector ``model``'s cross-attention on ``image`` ``[3,H,W]`` uint8 after
     ``transform`` (the validation one, on an image and its target): the input, then each object scored above
     ``score_threshold`` (the 4 best when none is) with its box, its name from ``category_names`` (label -> name;
@@ -190,5 +221,15 @@ def detector_attention_pictures(model: nn.Module, image: Tensor, transform: Any,
     keep = (detection["scores"] >= score_threshold).nonzero()[:, 0]
     if not len(keep):
         keep = detection["scores"].topk(min(4, len(detection["scores"]))).indices
-    return [shown, *(draw_detections(overlay_heatmap(shown, result["attention"][0, q]), **{k: v[q : q + 1].cpu() for k, v in detection.items()},
-                                     category_names=category_names, score_threshold=0.0) for q in keep.tolist())]
+    return [
+        shown,
+        *(
+            draw_detections(
+                overlay_heatmap(shown, result["attention"][0, q]),
+                **{k: v[q : q + 1].cpu() for k, v in detection.items()},
+                category_names=category_names,
+                score_threshold=0.0,
+            )
+            for q in keep.tolist()
+        ),
+    ]

@@ -11,8 +11,9 @@ import os
 import pickle
 import tempfile
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,16 +42,29 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> Any:
         # (unknown opcodes) come from bytes that are no pickle at all.
         refused = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line]
         if not refused:
-            raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, corrupt or truncated (no pickle in it)") from err
+            raise CheckpointError(
+                f"{path}: not a readable PyTorch checkpoint, corrupt or truncated (no pickle in it)"
+            ) from err
         raise CheckpointError(
             f"{path}: refused: the file holds Python objects other than tensors and plain containers, "
             f"and loading it would execute code ({refused[0]}). Re-save only its state dict."
         ) from err
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError, KeyError, AttributeError) as err:
+    except (
+        RuntimeError,
+        EOFError,
+        zipfile.BadZipFile,
+        ValueError,
+        OSError,
+        IndexError,
+        KeyError,
+        AttributeError,
+    ) as err:
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, corrupt or truncated ({err})") from err
 
 
-def read_training_checkpoint(path: str | os.PathLike, model: nn.Module | None = None, mmap: bool = False) -> dict[str, Any]:
+def read_training_checkpoint(
+    path: str | os.PathLike, model: nn.Module | None = None, mmap: bool = False
+) -> dict[str, Any]:
     """A training checkpoint at ``path`` (Lightning's, as ``tools/train.py`` writes) read with :func:`read_checkpoint`
     (``mmap`` as there).
 
@@ -141,6 +155,6 @@ def unwrap_state_dict(obj: Any, source: str) -> dict[str, torch.Tensor]:
             state = dict(obj)
             for prefix in ("module.", "model."):
                 if all(k.startswith(prefix) for k in state):
-                    state = {k[len(prefix):]: v for k, v in state.items()}
+                    state = {k[len(prefix) :]: v for k, v in state.items()}
             return state
     raise CheckpointError(f"{source}: holds no state dict (expected a mapping of names to tensors)")

@@ -31,8 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
@@ -106,7 +107,7 @@ def resolve_bases(content: dict[str, Any], path: str | Path | None = None) -> di
 
 def _load(file: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if file in chain:
-        circle = " -> ".join(str(p) for p in (*chain[chain.index(file):], file))
+        circle = " -> ".join(str(p) for p in (*chain[chain.index(file) :], file))
         raise ConfigError(f"config bases form a circle: {circle}")
     try:
         content = yaml.safe_load(file.read_text())
@@ -143,8 +144,10 @@ def _base_file(entry: str, file: Path | None, where: str) -> Path:
     found = find_config(entry)
     if found is None:
         folders = " or ".join(str(d) for d in CONFIG_DIRS)
-        raise ConfigError(f"{where}: its base {entry!r} is no config name (no {entry}.yaml in {folders}); "
-                          "a file is named with its .yaml suffix, relative to this file's folder")
+        raise ConfigError(
+            f"{where}: its base {entry!r} is no config name (no {entry}.yaml in {folders}); "
+            "a file is named with its .yaml suffix, relative to this file's folder"
+        )
     return found.resolve()
 
 

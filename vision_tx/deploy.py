@@ -40,7 +40,9 @@ def fuse_for_deployment(model: nn.Module) -> nn.Module:
     """``model`` (in ``eval()`` mode) with its BatchNorms folded and its RepVGG blocks merged, in place (see the
     module's docstring); returns it. Raises ``ValueError`` on a model in training mode."""
     if model.training:
-        raise ValueError(f"{__name__}: fuse_for_deployment needs a model in eval() mode (BatchNorm statistics are folded)")
+        raise ValueError(
+            f"{__name__}: fuse_for_deployment needs a model in eval() mode (BatchNorm statistics are folded)"
+        )
     with torch.no_grad():
         for module in list(model.modules()):
             if isinstance(module, ConvNeXtBlock) and isinstance(module.norm, ChannelsLastBatchNorm):
@@ -104,8 +106,12 @@ def merged_repvgg(block: RepVGGBlock) -> nn.Sequential:
     return nn.Sequential(merged, block.act)
 
 
-def grid_sample_deform_attn(value: torch.Tensor, spatial_shapes: list[tuple[int, int]], sampling_locations: torch.Tensor,
-                            attention_weights: torch.Tensor) -> torch.Tensor:
+def grid_sample_deform_attn(
+    value: torch.Tensor,
+    spatial_shapes: list[tuple[int, int]],
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+) -> torch.Tensor:
     """:func:`vision_tx.ops.ms_deform_attn` through one bilinear, zero-padded ``grid_sample`` per level (inference only:
     a NaN location is ``grid_sample``'s to read). Same arguments: ``value [B, S, heads, head_dim]`` (the levels'
     tokens, row-major, ``S = sum h*w``), ``spatial_shapes`` (h, w) per level,
@@ -116,8 +122,13 @@ def grid_sample_deform_attn(value: torch.Tensor, spatial_shapes: list[tuple[int,
     shapes = level_shapes(spatial_shapes)
     grids = (2 * sampling_locations - 1).transpose(1, 2).flatten(0, 1)  # [B*heads, Q, L, P, 2]
     sampled = [
-        F.grid_sample(level.permute(0, 2, 3, 1).reshape(batch * heads, head_dim, height, width), grids[:, :, index],
-                      mode="bilinear", padding_mode="zeros", align_corners=False)  # [B*heads, head_dim, Q, P]
+        F.grid_sample(
+            level.permute(0, 2, 3, 1).reshape(batch * heads, head_dim, height, width),
+            grids[:, :, index],
+            mode="bilinear",
+            padding_mode="zeros",
+            align_corners=False,
+        )  # [B*heads, head_dim, Q, P]
         for index, (level, (height, width)) in enumerate(zip(value.split([h * w for h, w in shapes], 1), shapes))
     ]
     weights = attention_weights.transpose(1, 2).reshape(batch * heads, 1, queries, levels * points)
@@ -136,14 +147,22 @@ class GridSampleDeformableAttention(MultiScaleDeformableAttention):
         copy.load_state_dict(module.state_dict())
         return copy.to(module.value_proj.weight).train(module.training)
 
-    def forward(self, query: torch.Tensor, reference: torch.Tensor, value: torch.Tensor, shapes: list[tuple[int, int]],
-                padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        reference: torch.Tensor,
+        value: torch.Tensor,
+        shapes: list[tuple[int, int]],
+        padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """As the parent's: ``query [B,Q,D]``, ``reference``, ``value [B,S,D]``, ``padding_mask [B,S]`` -> ``[B,Q,D]``."""
         value = self.value_proj(value)
         if padding_mask is not None:
             value = value.masked_fill(padding_mask[..., None], 0.0)
         locations, weights = self.sampling(query, reference, shapes)
-        return self.output_proj(grid_sample_deform_attn(value.unflatten(-1, (self.num_heads, -1)), shapes, locations, weights))
+        return self.output_proj(
+            grid_sample_deform_attn(value.unflatten(-1, (self.num_heads, -1)), shapes, locations, weights)
+        )
 
 
 class ChannelsFirstConvNeXtBlock(nn.Module):

@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
-
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
@@ -75,7 +75,7 @@ class Deployable(nn.Module):
         return (images - self.pixel_mean.to(images.dtype)) / self.pixel_std.to(images.dtype)
 
     @classmethod
-    def of(cls, module: nn.Module, name: str, is_thing: Mapping[int, bool] | None) -> "Deployable":
+    def of(cls, module: nn.Module, name: str, is_thing: Mapping[int, bool] | None) -> Deployable:
         """The wrapper of the task module ``module`` (see :func:`deployable`): here the module itself."""
         return cls(module, name)
 
@@ -116,7 +116,7 @@ class DetectionExport(Deployable):
         self.output_names = tuple(network.detection_outputs)
 
     @classmethod
-    def of(cls, module: nn.Module, name: str, is_thing: Mapping[int, bool] | None) -> "DetectionExport":
+    def of(cls, module: nn.Module, name: str, is_thing: Mapping[int, bool] | None) -> DetectionExport:
         """The wrapper of a detection task module's detector (``module.model``)."""
         if not callable(getattr(module.model, "detections", None)):
             detector = type(module.model).__name__
@@ -142,7 +142,7 @@ class PanopticExport(Deployable):
         self.register_buffer("known", known, persistent=False)
 
     @classmethod
-    def of(cls, module: nn.Module, name: str, is_thing: Mapping[int, bool] | None) -> "PanopticExport":
+    def of(cls, module: nn.Module, name: str, is_thing: Mapping[int, bool] | None) -> PanopticExport:
         """The wrapper of a panoptic task module's model (``module.model``); ``is_thing`` is required."""
         if is_thing is None:
             raise ExportError(f"{name}: a panoptic model needs is_thing (category id -> thing) to export")
@@ -155,8 +155,10 @@ class PanopticExport(Deployable):
 
 # What each task module deploys as (its ``deployed_as``): the wrapper of its network.
 EXPORTS: dict[str, type[Deployable]] = {
-    "classification": ClassifierExport, "semantic": SemanticExport,
-    "detection": DetectionExport, "panoptic": PanopticExport,
+    "classification": ClassifierExport,
+    "semantic": SemanticExport,
+    "detection": DetectionExport,
+    "panoptic": PanopticExport,
 }
 
 
@@ -178,13 +180,17 @@ def example_images(size: Sequence[int] = (128, 128), batch: int = 2, seed: int =
     return torch.rand(batch, 3, *size, generator=torch.Generator().manual_seed(seed))
 
 
-def export_program(model: Deployable, images: torch.Tensor, dynamic_size: bool = True, dynamic_batch: bool = True) -> torch.export.ExportedProgram:
+def export_program(
+    model: Deployable, images: torch.Tensor, dynamic_size: bool = True, dynamic_batch: bool = True
+) -> torch.export.ExportedProgram:
     """``torch.export`` of ``model`` on ``images``, its batch dynamic (``dynamic_batch``: ``Dim.DYNAMIC``, an error
     if the code fixes it) and its image size (``dynamic_size``) where the code allows (``Dim.AUTO``), fixed at ``images``' otherwise. Raises :class:`ExportError` (one
     line: the model and the operator or reason) when it fails. A dynamic image size makes the trace several
     times slower (symbolic shapes)."""
-    dims = {**({0: torch.export.Dim.DYNAMIC} if dynamic_batch else {}),
-            **({2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO} if dynamic_size else {})}
+    dims = {
+        **({0: torch.export.Dim.DYNAMIC} if dynamic_batch else {}),
+        **({2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO} if dynamic_size else {}),
+    }
     try:
         with torch.no_grad():
             return torch.export.export(model.eval(), (images,), dynamic_shapes=(dims,))
@@ -195,7 +201,11 @@ def export_program(model: Deployable, images: torch.Tensor, dynamic_size: bool =
 def dynamic_dims(program: torch.export.ExportedProgram) -> dict[str, int | None]:
     """``{"batch", "height", "width"}`` of the input ``images [B,3,H,W]`` of ``program``: None where dynamic, the
     fixed size otherwise."""
-    placeholder = next(node for node in program.graph.nodes if node.op == "placeholder" and node.name == program.graph_signature.user_inputs[0])
+    placeholder = next(
+        node
+        for node in program.graph.nodes
+        if node.op == "placeholder" and node.name == program.graph_signature.user_inputs[0]
+    )
     shape = placeholder.meta["val"].shape
     dims = (("batch", 0), ("height", 2), ("width", 3))
     return {name: (int(shape[i]) if is_concrete_int(shape[i]) else None) for name, i in dims}
@@ -207,8 +217,15 @@ def first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
-def export(model: Deployable, out: str | Path, format: str = "onnx", images: torch.Tensor | None = None,
-           dynamic_size: bool = True, dynamic_batch: bool = True, fuse: bool = True) -> dict[str, Any]:
+def export(
+    model: Deployable,
+    out: str | Path,
+    format: str = "onnx",
+    images: torch.Tensor | None = None,
+    dynamic_size: bool = True,
+    dynamic_batch: bool = True,
+    fuse: bool = True,
+) -> dict[str, Any]:
     """Writes ``model`` (see :func:`deployable`) to ``out`` as ONNX or as an ExportedProgram (``torch.export.save``), as
     ``format`` says (``"onnx"`` or ``"exported_program"``), traced on ``images [B,3,H,W]`` (default:
     :func:`example_images`; see :func:`export_program`), its batch dynamic with ``dynamic_batch`` and its image size
@@ -232,18 +249,39 @@ def export(model: Deployable, out: str | Path, format: str = "onnx", images: tor
         torch.export.save(program, out)
     else:
         try:
-            torch.onnx.export(program, (images,), str(out), input_names=["images"], output_names=list(model.output_names),
-                              dynamo=True, external_data=False, verbose=False,
-                              optimize=False)  # onnxscript 0.7.2's optimiser wrote an invalid DINO graph (a lost input); onnxruntime optimises anyway
+            torch.onnx.export(
+                program,
+                (images,),
+                str(out),
+                input_names=["images"],
+                output_names=list(model.output_names),
+                dynamo=True,
+                external_data=False,
+                verbose=False,
+                optimize=False,
+            )  # onnxscript 0.7.2's optimiser wrote an invalid DINO graph (a lost input); onnxruntime optimises anyway
         except Exception as err:
             operators = sorted(set(re.findall(r"\w+::\w+(?:\.\w+)?", str(err))))
             detail = f"no ONNX translation for {', '.join(operators)}" if operators else first_line(err)
             raise ExportError(f"{model.name}: ONNX export failed: {detail}") from err
-    return {"path": out, "format": format, "dims": dynamic_dims(program), "inputs": ["images"], "outputs": list(model.output_names)}
+    return {
+        "path": out,
+        "format": format,
+        "dims": dynamic_dims(program),
+        "inputs": ["images"],
+        "outputs": list(model.output_names),
+    }
 
 
-def export_checkpoint(config_args: Sequence[str], ckpt: str | Path, out: str | Path, format: str = "onnx",
-                      size: Sequence[int] = (128, 128), dynamic_size: bool = True, batch: int | None = None) -> dict[str, Any]:
+def export_checkpoint(
+    config_args: Sequence[str],
+    ckpt: str | Path,
+    out: str | Path,
+    format: str = "onnx",
+    size: Sequence[int] = (128, 128),
+    dynamic_size: bool = True,
+    batch: int | None = None,
+) -> dict[str, Any]:
     """Loads the trained module of ``ckpt`` (its class from ``config_args``: ``--config NAME [--section.key value]``)
     and exports it to ``out`` in ``format`` with :func:`export`, traced on images of ``size`` (h, w), the image size
     dynamic with ``dynamic_size``, at a fixed ``batch`` (None: dynamic, traced at 2). A panoptic model reads its things
@@ -264,20 +302,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     outputs and which dimensions are dynamic."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="tools/export.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="tools/export.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ckpt", required=True, help="Lightning checkpoint of the model")
     parser.add_argument("--format", default="onnx", choices=FORMATS)
     parser.add_argument("--out", required=True, help="the file to write (.onnx, or .pt2 for an ExportedProgram)")
-    parser.add_argument("--size", nargs=2, type=int, default=(128, 128), metavar=("H", "W"), help="example image size traced (default 128 128)")
-    parser.add_argument("--fixed-size", action="store_true",
-                        help="export at --size only (several times faster to export; with --batch 1 the fastest graph in onnxruntime)")
+    parser.add_argument(
+        "--size",
+        nargs=2,
+        type=int,
+        default=(128, 128),
+        metavar=("H", "W"),
+        help="example image size traced (default 128 128)",
+    )
+    parser.add_argument(
+        "--fixed-size",
+        action="store_true",
+        help="export at --size only (several times faster to export; with --batch 1 the fastest graph in onnxruntime)",
+    )
     parser.add_argument("--batch", type=int, default=0, help="a fixed batch size to export (default 0: dynamic)")
     args, config_args = parser.parse_known_args(argv)
     if "--config" not in " ".join(config_args):
         parser.error("--config is required")
     try:
-        info = export_checkpoint(config_args, args.ckpt, args.out, args.format, args.size, not args.fixed_size, args.batch or None)
+        info = export_checkpoint(
+            config_args, args.ckpt, args.out, args.format, args.size, not args.fixed_size, args.batch or None
+        )
     except ExportError as err:
         raise SystemExit(f"error: {err}") from None
     dims = ", ".join(f"{k} {'dynamic' if v is None else v}" for k, v in info["dims"].items())
-    print(f"wrote {info['path']} ({info['format']}): input images [B,3,H,W] in [0, 1] ({dims}); outputs {', '.join(info['outputs'])}")
+    print(
+        f"wrote {info['path']} ({info['format']}): input images [B,3,H,W] in [0, 1] ({dims}); outputs {', '.join(info['outputs'])}"
+    )

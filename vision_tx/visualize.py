@@ -3,8 +3,8 @@ top classes and confusion matrices."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -50,12 +50,12 @@ def draw_detections(
     if scores is not None:
         captions = [f"{caption} {score:.2f}" for caption, score in zip(captions, scores[keep].tolist())]
     colors = palette(max(int(labels.max()) + 1, 1) if len(labels) else 1)
-    return draw_bounding_boxes(
-        image, boxes, labels=captions, colors=[colors[int(label)] for label in labels], width=2
-    )
+    return draw_bounding_boxes(image, boxes, labels=captions, colors=[colors[int(label)] for label in labels], width=2)
 
 
-def draw_semantic(image: Tensor, segmentation: Tensor, num_classes: int, alpha: float = 0.5, ignore_index: int = 255) -> Tensor:
+def draw_semantic(
+    image: Tensor, segmentation: Tensor, num_classes: int, alpha: float = 0.5, ignore_index: int = 255
+) -> Tensor:
     """Blends the colours (a palette of ``num_classes``, opacity ``alpha``) of the classes of ``segmentation`` ``[H,W]``
     (class indices, ``ignore_index`` left uncoloured) into ``image`` ``[3,H,W]`` uint8; returns ``[3,H,W]`` uint8."""
     present = [int(c) for c in segmentation.unique() if int(c) != ignore_index]
@@ -66,7 +66,9 @@ def draw_semantic(image: Tensor, segmentation: Tensor, num_classes: int, alpha: 
     return draw_segmentation_masks(image, masks, alpha=alpha, colors=[colors[c] for c in present])
 
 
-def draw_panoptic(image: Tensor, segment_ids: Tensor, segment_classes: Mapping[int, int], num_classes: int, alpha: float = 0.5) -> Tensor:
+def draw_panoptic(
+    image: Tensor, segment_ids: Tensor, segment_classes: Mapping[int, int], num_classes: int, alpha: float = 0.5
+) -> Tensor:
     """Colours each segment of ``segment_ids`` ``[H,W]`` on ``image [3,H,W]`` uint8 by its class (``segment_classes``:
     segment id -> class; a palette of ``num_classes``, opacity ``alpha``) and outlines it in white; segments without a
     class are left out. Returns ``[3,H,W]`` uint8."""
@@ -147,8 +149,10 @@ def draw_confusion(confusion: Tensor, class_names: Sequence[str], count: int = 1
         chosen = list(range(min(len(class_names), count)))
     sub = confusion.double()[chosen][:, chosen]
     fractions = (sub / confusion.double()[chosen].sum(1, keepdim=True).clamp_min(1)).numpy()
-    labels = [f"#{i} {class_names[c][:24]} ({float(confusion[c, c]) / max(float(confusion[c].sum()), 1):.2f})"
-              for i, c in enumerate(chosen)]
+    labels = [
+        f"#{i} {class_names[c][:24]} ({float(confusion[c, c]) / max(float(confusion[c].sum()), 1):.2f})"
+        for i, c in enumerate(chosen)
+    ]
     left = 7 * max(len(label) for label in labels) + 8
     size = len(chosen)
     canvas = Image.new("RGB", (left + cell * size + 2, cell * (size + 1) + 2), (255, 255, 255))
@@ -160,7 +164,11 @@ def draw_confusion(confusion: Tensor, class_names: Sequence[str], count: int = 1
         draw.text((3, top + 4), label, fill=(0, 0, 0))
         for j in range(size):
             shade = int(255 * (1 - fractions[i, j]))
-            draw.rectangle([left + j * cell, top, left + (j + 1) * cell - 1, top + cell - 1], fill=(255, shade, shade), outline=(200, 200, 200))
+            draw.rectangle(
+                [left + j * cell, top, left + (j + 1) * cell - 1, top + cell - 1],
+                fill=(255, shade, shade),
+                outline=(200, 200, 200),
+            )
     return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1)
 
 
@@ -169,6 +177,8 @@ def overlay_heatmap(image: Tensor, heat: Tensor, alpha: float = 0.6) -> Tensor:
     in with opacity ``alpha`` as red (high) over blue (low); returns ``[3,H,W]`` uint8."""
     heat = heat.float().cpu()
     heat = (heat - heat.min()) / (heat.max() - heat.min()).clamp_min(1e-12)
-    heat = torch.nn.functional.interpolate(heat[None, None], size=image.shape[-2:], mode="bilinear", align_corners=False)[0, 0]
+    heat = torch.nn.functional.interpolate(
+        heat[None, None], size=image.shape[-2:], mode="bilinear", align_corners=False
+    )[0, 0]
     colour = torch.stack([heat, 0.2 * torch.ones_like(heat), 1 - heat]) * 255
     return (image.float().cpu() * (1 - alpha) + colour * alpha).round().clamp(0, 255).to(torch.uint8)

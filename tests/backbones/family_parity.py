@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from vision_tx.backbones import build_classifier, load_weights
-
 from tests.conftest import require_reference
 from tests.parity import perturb_
+from vision_tx.backbones import build_classifier, load_weights
 
 timm = require_reference("timm")
 

@@ -15,7 +15,7 @@ the ``qkv`` projection (so padded tokens carry the projection's bias) and croppe
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -30,14 +30,15 @@ def axis_neighbours(length: int, kernel_size: int, dilation: int) -> tuple[torch
         group = list(range(position % dilation, length, dilation))  # the query's dilation group
         index = group.index(position)
         start = min(max(index - kernel_size // 2, 0), len(group) - kernel_size)
-        neighbours = group[start:start + kernel_size]
+        neighbours = group[start : start + kernel_size]
         keys.append(neighbours)
         bias_rows.append([(n - position) // dilation + kernel_size - 1 for n in neighbours])
     return torch.tensor(keys), torch.tensor(bias_rows)
 
 
-def neighborhood_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rpb: torch.Tensor,
-                           kernel_size: int, dilation: int) -> torch.Tensor:
+def neighborhood_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rpb: torch.Tensor, kernel_size: int, dilation: int
+) -> torch.Tensor:
     """``softmax(q . k_n + rpb) v_n`` over each query's neighbours ``n``: ``q, k, v [B, heads, H, W, d]``
     (``q`` already scaled), ``rpb [heads, 2k-1, 2k-1]`` -> ``[B, heads, H, W, d]``."""
     height, width = q.shape[2:4]
@@ -69,7 +70,9 @@ class NeighborhoodAttention2D(nn.Module):
         padded_height, padded_width = x.shape[1:3]
         qkv = self.qkv(x).view(batch, padded_height, padded_width, 3, self.num_heads, channels // self.num_heads)
         q, k, v = qkv.permute(3, 0, 4, 1, 2, 5)  # each [B, heads, H, W, d]
-        out = neighborhood_attention(q * (channels // self.num_heads) ** -0.5, k, v, self.rpb, self.kernel_size, self.dilation)
+        out = neighborhood_attention(
+            q * (channels // self.num_heads) ** -0.5, k, v, self.rpb, self.kernel_size, self.dilation
+        )
         out = out.permute(0, 2, 3, 1, 4).reshape(batch, padded_height, padded_width, channels)
         return self.proj(out[:, :height, :width])
 
@@ -86,8 +89,9 @@ class Mlp(nn.Module):
 class NATLayer(nn.Module):
     """Pre-norm attention and MLP residuals, scaled per channel by ``gamma1/2`` when ``layer_scale`` is set."""
 
-    def __init__(self, dim: int, num_heads: int, kernel_size: int, dilation: int, mlp_ratio: float,
-                 layer_scale: float | None) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, kernel_size: int, dilation: int, mlp_ratio: float, layer_scale: float | None
+    ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = NeighborhoodAttention2D(dim, num_heads, kernel_size, dilation)
@@ -121,11 +125,21 @@ class ConvDownsampler(nn.Module):
 class Level(nn.Module):
     """``blocks`` then (all levels but the last) the ``downsample`` into the next level."""
 
-    def __init__(self, dim: int, depth: int, num_heads: int, kernel_size: int, dilations: Sequence[int],
-                 mlp_ratio: float, layer_scale: float | None, downsample: bool) -> None:
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        kernel_size: int,
+        dilations: Sequence[int],
+        mlp_ratio: float,
+        layer_scale: float | None,
+        downsample: bool,
+    ) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(NATLayer(dim, num_heads, kernel_size, dilations[j], mlp_ratio, layer_scale)
-                                    for j in range(depth))
+        self.blocks = nn.ModuleList(
+            NATLayer(dim, num_heads, kernel_size, dilations[j], mlp_ratio, layer_scale) for j in range(depth)
+        )
         self.downsample = ConvDownsampler(dim) if downsample else None
 
 
@@ -146,16 +160,26 @@ class ReferenceNAT(nn.Module):
     ``[N,3,H,W] -> [N,num_classes]``); otherwise the detection backbone, one ``norm{i}`` per output level:
     ``[N,3,H,W] -> [[N,C_i,H_i,W_i] for i in out_indices]``."""
 
-    def __init__(self, embed_dim: int, depths: Sequence[int], num_heads: Sequence[int], mlp_ratio: float,
-                 kernel_size: int = 7, dilations: Sequence[Sequence[int]] | None = None,
-                 layer_scale: float | None = None, num_classes: int | None = None,
-                 out_indices: Sequence[int] = (0, 1, 2, 3)) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        depths: Sequence[int],
+        num_heads: Sequence[int],
+        mlp_ratio: float,
+        kernel_size: int = 7,
+        dilations: Sequence[Sequence[int]] | None = None,
+        layer_scale: float | None = None,
+        num_classes: int | None = None,
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+    ) -> None:
         super().__init__()
         dilations = dilations or [[1] * depth for depth in depths]
         dims = [embed_dim * 2**i for i in range(len(depths))]
         self.patch_embed = ConvTokenizer(embed_dim)
         self.levels = nn.ModuleList(
-            Level(dims[i], depths[i], num_heads[i], kernel_size, dilations[i], mlp_ratio, layer_scale, i < len(depths) - 1)
+            Level(
+                dims[i], depths[i], num_heads[i], kernel_size, dilations[i], mlp_ratio, layer_scale, i < len(depths) - 1
+            )
             for i in range(len(depths))
         )
         self.num_classes = num_classes

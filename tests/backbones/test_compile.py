@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -13,8 +13,12 @@ from vision_tx.backbones import build_backbone, build_classifier
 
 # Tiny members of each family; inputs of 3x64x64 images give Swin's and NAT's first stage 768 tokens.
 FAMILIES: dict[str, Callable[[], nn.Module]] = {
-    "swin": lambda: build_backbone("swin_t", embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), window_size=4, drop_path_rate=0.1),
-    "nat": lambda: build_backbone("nat_mini", embed_dim=16, depths=(1, 1, 2, 1), num_heads=(1, 2, 2, 4), drop_path_rate=0.1),
+    "swin": lambda: build_backbone(
+        "swin_t", embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), window_size=4, drop_path_rate=0.1
+    ),
+    "nat": lambda: build_backbone(
+        "nat_mini", embed_dim=16, depths=(1, 1, 2, 1), num_heads=(1, 2, 2, 4), drop_path_rate=0.1
+    ),
     "vit": lambda: build_backbone("vit_tiny", img_size=64, depth=2, drop_path_rate=0.1),
     "deit_distilled": lambda: build_classifier("deit_tiny_distilled", 10, img_size=64, depth=2),
     "convnext": lambda: build_backbone("convnext_tiny", depths=(1, 1, 1, 1), dims=(8, 16, 32, 64), drop_path_rate=0.1),

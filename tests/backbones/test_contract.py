@@ -12,11 +12,36 @@ from lightning.pytorch.callbacks import BaseFinetuning
 from vision_tx.backbones import build_backbone, build_classifier, list_backbones, load_weights, save_weights
 from vision_tx.checkpoint import CheckpointError
 
-EXPECTED = {"swin_t", "swin_s", "swin_b", "swin_l", "nat_mini", "nat_tiny", "nat_small", "nat_base", "resnet50",
-            "vit_tiny", "vit_small", "vit_base", "vit_large", "deit_tiny", "deit_small", "deit_base",
-            "deit_tiny_distilled", "deit_small_distilled", "deit_base_distilled",
-            "convnext_tiny", "convnext_small", "convnext_base", "convnext_large",
-            "mixer_s32", "mixer_s16", "mixer_b32", "mixer_b16", "mixer_l16"}
+EXPECTED = {
+    "swin_t",
+    "swin_s",
+    "swin_b",
+    "swin_l",
+    "nat_mini",
+    "nat_tiny",
+    "nat_small",
+    "nat_base",
+    "resnet50",
+    "vit_tiny",
+    "vit_small",
+    "vit_base",
+    "vit_large",
+    "deit_tiny",
+    "deit_small",
+    "deit_base",
+    "deit_tiny_distilled",
+    "deit_small_distilled",
+    "deit_base_distilled",
+    "convnext_tiny",
+    "convnext_small",
+    "convnext_base",
+    "convnext_large",
+    "mixer_s32",
+    "mixer_s16",
+    "mixer_b32",
+    "mixer_b16",
+    "mixer_l16",
+}
 SMALL = ["swin_t", "nat_mini", "resnet50"]
 
 

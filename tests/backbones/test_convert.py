@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from vision_tx.backbones import build_classifier, load_weights
-from vision_tx.models.convert import build_for_conversion, convert_checkpoint
-
 from tests.conftest import require_reference
 from tests.parity import perturb_
+from vision_tx.backbones import build_classifier, load_weights
+from vision_tx.models.convert import build_for_conversion, convert_checkpoint
 
 timm = require_reference("timm")
 
@@ -31,9 +30,14 @@ def test_timm_checkpoint_converts_to_a_native_file(tmp_path) -> None:
 def test_official_detr_panoptic_checkpoint_converts_to_a_native_file(tmp_path) -> None:
     from tests.official_layout import random_state, read_layout
 
-    official = {k: v.float() if v.is_floating_point() else v for k, v in random_state(read_layout("detr-r50-panoptic-00ce5173")).items()}
+    official = {
+        k: v.float() if v.is_floating_point() else v
+        for k, v in random_state(read_layout("detr-r50-panoptic-00ce5173")).items()
+    }
     torch.save({"model": official}, tmp_path / "detr-r50-panoptic.pth")
-    report = convert_checkpoint("detr_panoptic_resnet50", tmp_path / "detr-r50-panoptic.pth", tmp_path / "native.pth", strict=True)
+    report = convert_checkpoint(
+        "detr_panoptic_resnet50", tmp_path / "detr-r50-panoptic.pth", tmp_path / "native.pth", strict=True
+    )
     assert not report.missing_keys and not report.unexpected_keys
 
     native = build_for_conversion("detr_panoptic_resnet50")
@@ -41,7 +45,10 @@ def test_official_detr_panoptic_checkpoint_converts_to_a_native_file(tmp_path) -
     load_weights(native, tmp_path / "native.pth", strict=True)
     state = native.state_dict()
     assert torch.equal(state["mask_head.out_conv.weight"], official["mask_head.out_lay.weight"])
-    assert torch.equal(state["detr.transformer.decoder.layers.5.cross_attn.in_proj_weight"],
-                      official["detr.transformer.decoder.layers.5.multihead_attn.in_proj_weight"])
+    assert torch.equal(
+        state["detr.transformer.decoder.layers.5.cross_attn.in_proj_weight"],
+        official["detr.transformer.decoder.layers.5.multihead_attn.in_proj_weight"],
+    )
     assert sorted(v.sum().item() for v in state.values() if v.is_floating_point()) == sorted(
-        v.sum().item() for v in official.values() if v.is_floating_point())  # every tensor carried over unchanged
+        v.sum().item() for v in official.values() if v.is_floating_point()
+    )  # every tensor carried over unchanged

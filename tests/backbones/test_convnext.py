@@ -58,7 +58,11 @@ def test_official_segmentation_checkpoint_fills_the_output_norms(tiny_pair) -> N
     """The official UperNet checkpoints hold ``backbone.`` (classification keys without the final norm and
     head, plus ``norm{i}`` for each output) and ``decode_head.``/``auxiliary_head.`` weights."""
     reference, _ = tiny_pair
-    state = {f"backbone.{k}": v for k, v in _official_layout(reference.state_dict()).items() if not k.startswith(("norm.", "head."))}
+    state = {
+        f"backbone.{k}": v
+        for k, v in _official_layout(reference.state_dict()).items()
+        if not k.startswith(("norm.", "head."))
+    }
     for i, dim in enumerate((96, 192, 384, 768)):
         state[f"backbone.norm{i}.weight"] = torch.full((dim,), 1.0 + i)
         state[f"backbone.norm{i}.bias"] = torch.zeros(dim)
@@ -67,7 +71,9 @@ def test_official_segmentation_checkpoint_fills_the_output_norms(tiny_pair) -> N
     report = load_weights(backbone, state, strict=True)
     assert not report.missing_keys and not report.unexpected_keys
     assert torch.equal(backbone.stages[3].out_norm.weight, torch.full((768,), 4.0))
-    torch.testing.assert_close(backbone.stages[2].blocks[8].mlp.fc2.weight, reference.stages[2].blocks[8].mlp.fc2.weight)
+    torch.testing.assert_close(
+        backbone.stages[2].blocks[8].mlp.fc2.weight, reference.stages[2].blocks[8].mlp.fc2.weight
+    )
 
 
 @pytest.mark.parametrize("size", [(512, 683), (64, 64)])
@@ -90,7 +96,12 @@ def test_stochastic_depth_and_layer_scale_defaults() -> None:
 
 
 # The ConvNeXt paper's Table 1 (ImageNet-1K, 224x224): parameters in whole millions, GFLOPs (multiply-adds).
-PAPER = {"convnext_tiny": (29, 4.5), "convnext_small": (50, 8.7), "convnext_base": (89, 15.4), "convnext_large": (198, 34.4)}
+PAPER = {
+    "convnext_tiny": (29, 4.5),
+    "convnext_small": (50, 8.7),
+    "convnext_base": (89, 15.4),
+    "convnext_large": (198, 34.4),
+}
 
 
 @pytest.mark.parametrize("name", list(PAPER))
@@ -130,8 +141,12 @@ def test_dense_outputs_are_timms_stage_outputs_through_the_output_norms(tiny_pai
     assert len(stages) == 4
     for stage, feature, (name, output) in zip(backbone.stages, stages, outputs.items()):
         norm = stage.out_norm
-        expected = F.layer_norm(feature.permute(0, 2, 3, 1), norm.normalized_shape, norm.weight, norm.bias, 1e-6).permute(0, 3, 1, 2)
-        torch.testing.assert_close(output, expected, rtol=0, atol=1e-5, msg=name)  # measured 2-4e-6 (outputs of about 5)
+        expected = F.layer_norm(
+            feature.permute(0, 2, 3, 1), norm.normalized_shape, norm.weight, norm.bias, 1e-6
+        ).permute(0, 3, 1, 2)
+        torch.testing.assert_close(
+            output, expected, rtol=0, atol=1e-5, msg=name
+        )  # measured 2-4e-6 (outputs of about 5)
 
 
 def _batch_norm(x: torch.Tensor, norm: torch.nn.Module, training: bool, statistics: dict | None = None) -> torch.Tensor:
@@ -145,7 +160,9 @@ def _batch_norm(x: torch.Tensor, norm: torch.nn.Module, training: bool, statisti
     return F.batch_norm(x, norm.running_mean, norm.running_var, norm.weight, norm.bias, False, 0.0, norm.eps)
 
 
-def _small_data_stage_maps(model: torch.nn.Module, images: torch.Tensor, training: bool, statistics: dict | None = None) -> list[torch.Tensor]:
+def _small_data_stage_maps(
+    model: torch.nn.Module, images: torch.Tensor, training: bool, statistics: dict | None = None
+) -> list[torch.Tensor]:
     """Each stage's output of the small-data variant written out from its description, NCHW: 4x4 stem
     (image zero-padded to a multiple of 4 at the bottom and right) and BatchNorm; each later stage
     entered by a 2x2 max-pool (odd maps rounded up), BatchNorm and a 1x1 convolution; blocks of 7x7
@@ -157,19 +174,32 @@ def _small_data_stage_maps(model: torch.nn.Module, images: torch.Tensor, trainin
     for stage in model.stages:
         if stage.downsample is not None:
             x = F.max_pool2d(x, 2, ceil_mode=True)
-            x = F.conv2d(_batch_norm(x, stage.downsample.norm.bn, training, statistics), stage.downsample.conv.weight, stage.downsample.conv.bias)
+            x = F.conv2d(
+                _batch_norm(x, stage.downsample.norm.bn, training, statistics),
+                stage.downsample.conv.weight,
+                stage.downsample.conv.bias,
+            )
         for block in stage.blocks:
             y = F.conv2d(x, block.conv_dw.weight, block.conv_dw.bias, padding=3, groups=x.shape[1])
             y = _batch_norm(y, block.norm.bn, training, statistics).permute(0, 2, 3, 1)
-            y = F.linear(F.gelu(F.linear(y, block.mlp.fc1.weight, block.mlp.fc1.bias)), block.mlp.fc2.weight, block.mlp.fc2.bias)
+            y = F.linear(
+                F.gelu(F.linear(y, block.mlp.fc1.weight, block.mlp.fc1.bias)), block.mlp.fc2.weight, block.mlp.fc2.bias
+            )
             x = x + (y * block.gamma).permute(0, 3, 1, 2)
         maps.append(x)
     return maps
 
 
-def _small_data_logits(model: torch.nn.Module, images: torch.Tensor, training: bool, statistics: dict | None = None) -> torch.Tensor:
+def _small_data_logits(
+    model: torch.nn.Module, images: torch.Tensor, training: bool, statistics: dict | None = None
+) -> torch.Tensor:
     """The classifier: the last stage's map, mean pool, BatchNorm, linear."""
-    pooled = _batch_norm(_small_data_stage_maps(model, images, training, statistics)[-1].mean((2, 3)), model.head.norm, training, statistics)
+    pooled = _batch_norm(
+        _small_data_stage_maps(model, images, training, statistics)[-1].mean((2, 3)),
+        model.head.norm,
+        training,
+        statistics,
+    )
     return F.linear(pooled, model.head.fc.weight, model.head.fc.bias)
 
 
@@ -177,8 +207,15 @@ def _small_data_logits(model: torch.nn.Module, images: torch.Tensor, training: b
 def test_small_data_variant_is_its_description(training: bool) -> None:
     """``norm="batchnorm", downsample="maxpool"`` (classification_toy's backbone) against a by-hand forward
     pass, float64, every weight and running statistic moved off its initialisation, odd image sizes."""
-    model = build_classifier("convnext_tiny", num_classes=5, dims=(8, 16, 24, 32), depths=(1, 2, 1, 1),
-                             drop_path_rate=0.0, norm="batchnorm", downsample="maxpool")
+    model = build_classifier(
+        "convnext_tiny",
+        num_classes=5,
+        dims=(8, 16, 24, 32),
+        depths=(1, 2, 1, 1),
+        drop_path_rate=0.0,
+        norm="batchnorm",
+        downsample="maxpool",
+    )
     perturb_(model, seed=4).double().train(training)
     images = torch.randn(3, 3, 45, 38, dtype=torch.float64)
     with torch.no_grad():
@@ -192,8 +229,15 @@ def test_small_data_running_statistics_after_training_steps_are_the_by_hand_upda
     variance against the update by hand (``(1 - 0.1) * running + 0.1 * batch``, the batch variance unbiased)
     from the batch statistics of the by-hand forward pass at each step's weights; then evaluation reads
     them. Float64, weights and statistics moved off their initialisation, odd image sizes."""
-    model = build_classifier("convnext_tiny", num_classes=5, dims=(8, 16, 24, 32), depths=(1, 2, 1, 1),
-                             drop_path_rate=0.0, norm="batchnorm", downsample="maxpool")
+    model = build_classifier(
+        "convnext_tiny",
+        num_classes=5,
+        dims=(8, 16, 24, 32),
+        depths=(1, 2, 1, 1),
+        drop_path_rate=0.0,
+        norm="batchnorm",
+        downsample="maxpool",
+    )
     perturb_(model, seed=7).double().train()
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     running = {norm: (norm.running_mean.clone(), norm.running_var.clone()) for norm in norms}
@@ -216,14 +260,23 @@ def test_small_data_running_statistics_after_training_steps_are_the_by_hand_upda
         assert norm.num_batches_tracked == 3
     images = torch.randn(2, 3, 45, 38, generator=generator, dtype=torch.float64)
     with torch.no_grad():
-        torch.testing.assert_close(model.eval()(images), _small_data_logits(model, images, training=False), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(
+            model.eval()(images), _small_data_logits(model, images, training=False), rtol=1e-10, atol=1e-10
+        )
 
 
 def test_small_data_dense_outputs_are_its_stage_maps_through_batchnorm() -> None:
     """The dense form (``rtdetr_convnext_toy``'s backbone): stages 1-3, each through its own output
     BatchNorm, against the by-hand stage maps; float64, running statistics, odd image sizes."""
-    backbone = build_backbone("convnext_tiny", dims=(8, 16, 24, 32), depths=(1, 2, 1, 1), drop_path_rate=0.0,
-                              norm="batchnorm", downsample="maxpool", out_indices=(1, 2, 3))
+    backbone = build_backbone(
+        "convnext_tiny",
+        dims=(8, 16, 24, 32),
+        depths=(1, 2, 1, 1),
+        drop_path_rate=0.0,
+        norm="batchnorm",
+        downsample="maxpool",
+        out_indices=(1, 2, 3),
+    )
     perturb_(backbone, seed=6).double().eval()
     images = torch.randn(2, 3, 45, 38, dtype=torch.float64)
     with torch.no_grad():
@@ -239,8 +292,15 @@ def test_small_data_variant_survives_sync_batchnorm_conversion() -> None:
     """Lightning's ``sync_batchnorm`` runs ``SyncBatchNorm.convert_sync_batchnorm``: every BatchNorm of the
     small-data variant must become a SyncBatchNorm that still normalises over the channels (outside a
     process group it computes what BatchNorm does, so the outputs must not change)."""
-    model = build_classifier("convnext_tiny", num_classes=5, dims=(8, 16, 24, 32), depths=(1, 2, 1, 1),
-                             drop_path_rate=0.0, norm="batchnorm", downsample="maxpool")
+    model = build_classifier(
+        "convnext_tiny",
+        num_classes=5,
+        dims=(8, 16, 24, 32),
+        depths=(1, 2, 1, 1),
+        drop_path_rate=0.0,
+        norm="batchnorm",
+        downsample="maxpool",
+    )
     perturb_(model, seed=5)
     converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]

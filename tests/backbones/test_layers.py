@@ -14,6 +14,7 @@ def _recording(branch):
     def run(x: torch.Tensor) -> torch.Tensor:
         shapes.append(tuple(x.shape))
         return branch(x)
+
     return run, shapes
 
 

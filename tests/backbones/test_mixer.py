@@ -31,7 +31,13 @@ def test_other_input_sizes_are_refused_with_the_remedy() -> None:
 
 # The Mixer paper's Table 1 gives parameters in whole millions without the classification head; GFLOPs
 # (multiply-adds at 224) as tabulated for Mixer-S/16 and B/16 in later comparisons (e.g. gMLP, ResMLP).
-PAPER = {"mixer_s32": (19, None), "mixer_s16": (18, 3.8), "mixer_b32": (60, None), "mixer_b16": (59, 12.6), "mixer_l16": (207, None)}
+PAPER = {
+    "mixer_s32": (19, None),
+    "mixer_s16": (18, 3.8),
+    "mixer_b32": (60, None),
+    "mixer_b16": (59, 12.6),
+    "mixer_l16": (207, None),
+}
 
 
 @pytest.mark.parametrize("name", list(PAPER))

@@ -17,7 +17,9 @@ from vision_tx.backbones.nat import NAT
 PAPER = {"nat_mini": (20, 2.7), "nat_tiny": (28, 4.3), "nat_small": (51, 7.8), "nat_base": (90, 13.7)}
 
 # A small NAT (and DiNAT, with dilations) that runs in milliseconds.
-SMALL = dict(embed_dim=16, depths=(2, 1, 2, 1), num_heads=(1, 2, 2, 4), mlp_ratio=2.0, drop_path_rate=0.1, layer_scale=1e-2)
+SMALL = dict(
+    embed_dim=16, depths=(2, 1, 2, 1), num_heads=(1, 2, 2, 4), mlp_ratio=2.0, drop_path_rate=0.1, layer_scale=1e-2
+)
 SMALL_DILATED = dict(SMALL, dilations=((1, 4), (2,), (1, 2), (1,)))
 
 
@@ -83,7 +85,9 @@ def test_classifier_features_and_registry() -> None:
     assert features.shape == (1, 512, 2, 2)
     torch.testing.assert_close(model(images), model.head(features.mean((2, 3))))
     with torch.device("meta"):
-        dilated = build_backbone("nat_mini", out_indices=(2,), dilations=((1, 8, 1), (1, 4, 1, 4), (1, 2) * 3, (1,) * 5))
+        dilated = build_backbone(
+            "nat_mini", out_indices=(2,), dilations=((1, 8, 1), (1, 4, 1, 4), (1, 2) * 3, (1,) * 5)
+        )
     assert dilated.stages[0].blocks[1].attn.dilation == 8 and len(dilated.stages) == 3
 
 

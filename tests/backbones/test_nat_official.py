@@ -15,8 +15,13 @@ from vision_tx.backbones.nat import NAT, NATClassifier
 # Small widths, the official head size (32 channels per head at the official widths, 16 here) and
 # every feature of the official models: layer scale (nat_small/base), dilations (DiNAT).
 CLASSIFIER = dict(embed_dim=32, depths=(1, 1, 2, 1), num_heads=(2, 4, 8, 16), mlp_ratio=3.0, layer_scale=1e-5)
-DETECTION = dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(2, 4, 8, 16), mlp_ratio=2.0,
-                 dilations=((1, 8), (1, 4), (1, 2), (1, 1)))
+DETECTION = dict(
+    embed_dim=32,
+    depths=(2, 2, 2, 2),
+    num_heads=(2, 4, 8, 16),
+    mlp_ratio=2.0,
+    dilations=((1, 8), (1, 4), (1, 2), (1, 1)),
+)
 SIZES = [(224, 224), (96, 128)]  # at 96x128 the last two stages (6x8, 3x4) are smaller than 7x7
 # float64 on both sides, weights from tests.parity.perturb_; measured agreement 4.4e-16 (logits) and
 # 7.5e-15 (features, largest ~6).
@@ -49,8 +54,7 @@ def test_classifier_loaded_from_official_keys_equals_the_reference(size: tuple[i
 def test_detection_backbone_loaded_from_official_keys_equals_the_reference(size: tuple[int, int]) -> None:
     reference = _reference(1, **DETECTION)
     # An mmdetection/mmsegmentation checkpoint: the backbone under ``backbone.``, beside the other modules.
-    checkpoint = {"state_dict": {f"backbone.{k}": v for k, v in reference.state_dict().items()},
-                  "meta": {"epoch": 36}}
+    checkpoint = {"state_dict": {f"backbone.{k}": v for k, v in reference.state_dict().items()}, "meta": {"epoch": 36}}
     checkpoint["state_dict"]["neck.lateral_convs.0.conv.weight"] = torch.zeros(256, 64, 1, 1)
     model = NAT(drop_path_rate=0.0, **DETECTION).double().eval()
     report = load_weights(model, checkpoint, strict=True)

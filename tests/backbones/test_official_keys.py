@@ -34,11 +34,14 @@ MODELS = {
 }
 # DINO's layouts leave official tensors unused on purpose: their own tests say which.
 TESTED_ELSEWHERE = {
-    "dino_4scale_r50": "tests/models/test_dino_official.py", "dino_4scale_swin_l": "tests/models/test_dino_official.py",
+    "dino_4scale_r50": "tests/models/test_dino_official.py",
+    "dino_4scale_swin_l": "tests/models/test_dino_official.py",
     "rtdetr_r50vd_6x_coco_head": "tests/models/test_rtdetr_official.py",
     "dfine_hgnetv2_l_coco_head": "tests/models/test_dfine_official.py",
-    **{f"mask2former_swin_tiny_{task}": "tests/models/test_mask2former_official.py"
-       for task in ("ade20k_semantic_160k", "coco_instance_50ep", "coco_panoptic_50ep")},
+    **{
+        f"mask2former_swin_tiny_{task}": "tests/models/test_mask2former_official.py"
+        for task in ("ade20k_semantic_160k", "coco_instance_50ep", "coco_panoptic_50ep")
+    },
 }
 
 
@@ -51,10 +54,17 @@ def test_official_layout_lands_without_missing_unexpected_or_misshaped_keys(name
     arch, form, overrides = MODELS[name]
     layout = read_layout(name)
     with torch.device("meta"):
-        model = (build_for_conversion(arch) if arch.startswith("detr") else
-                 build_classifier(arch, **overrides) if form == "classifier" else build_backbone(arch, **overrides))
-        state = {key: torch.empty(shape, dtype=torch.long if key.endswith("index") else torch.float32)
-                 for key, shape in layout.items()}
+        model = (
+            build_for_conversion(arch)
+            if arch.startswith("detr")
+            else build_classifier(arch, **overrides)
+            if form == "classifier"
+            else build_backbone(arch, **overrides)
+        )
+        state = {
+            key: torch.empty(shape, dtype=torch.long if key.endswith("index") else torch.float32)
+            for key, shape in layout.items()
+        }
     checkpoint = {"state_dict": state} if form == "backbone" else {"model": state}
     report = load_weights(model, checkpoint, strict=True)  # raises on a shape mismatch
     assert not report.missing_keys and not report.unexpected_keys
@@ -65,12 +75,20 @@ def test_official_layout_lands_without_missing_unexpected_or_misshaped_keys(name
 @pytest.mark.parametrize("name", ["nat_small", "mask_rcnn_nat_tiny_3x_coco"])
 def test_the_nat_reference_has_the_official_layout(name: str) -> None:
     # The reference that test_nat_official loads vision_tx from must itself be the official layout.
-    embed_dim, depths, heads, mlp_ratio = {"nat_small": (96, (3, 4, 18, 5), (3, 6, 12, 24), 2.0),
-                                           "mask_rcnn_nat_tiny_3x_coco": (64, (3, 4, 18, 5), (2, 4, 8, 16), 3.0)}[name]
+    embed_dim, depths, heads, mlp_ratio = {
+        "nat_small": (96, (3, 4, 18, 5), (3, 6, 12, 24), 2.0),
+        "mask_rcnn_nat_tiny_3x_coco": (64, (3, 4, 18, 5), (2, 4, 8, 16), 3.0),
+    }[name]
     classifier = name == "nat_small"
     with torch.device("meta"):
-        reference = ReferenceNAT(embed_dim, depths, heads, mlp_ratio, layer_scale=1e-5 if classifier else None,
-                                 num_classes=1000 if classifier else None)
+        reference = ReferenceNAT(
+            embed_dim,
+            depths,
+            heads,
+            mlp_ratio,
+            layer_scale=1e-5 if classifier else None,
+            num_classes=1000 if classifier else None,
+        )
     prefix = "" if classifier else "backbone."
     assert {prefix + k: tuple(v.shape) for k, v in reference.state_dict().items()} == read_layout(name)
 

@@ -10,11 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from vision_tx.backbones import build_backbone, build_classifier, load_weights
-from vision_tx.backbones.swin import SwinBlock, SwinTransformer, explicit_attention
-
 from tests.conftest import require_reference
 from tests.parity import perturb_
+from vision_tx.backbones import build_backbone, build_classifier, load_weights
+from vision_tx.backbones.swin import SwinBlock, SwinTransformer, explicit_attention
 
 timm = require_reference("timm")
 
@@ -167,7 +166,9 @@ def _block_by_rolling(block: SwinBlock, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_shifted_block_on_a_padded_map_matches_the_step_by_step_computation() -> None:
-    block = SwinBlock(dim=32, num_heads=2, window_size=7, shifted=True, mlp_ratio=4.0, qkv_bias=True, drop_path_rate=0.0)
+    block = SwinBlock(
+        dim=32, num_heads=2, window_size=7, shifted=True, mlp_ratio=4.0, qkv_bias=True, drop_path_rate=0.0
+    )
     x = torch.randn(1, 19, 23, 32)
     with torch.no_grad():
         torch.testing.assert_close(block(x), _block_by_rolling(block, x), rtol=1e-5, atol=1e-5)

@@ -18,11 +18,14 @@ from vision_tx.backbones.vit import Attention, resize_pos_embed
 TOLERANCE = 1e-5
 
 
-@pytest.mark.parametrize("name, timm_name", [
-    ("vit_small", "vit_small_patch16_224"),
-    ("vit_base", "vit_base_patch16_224"),
-    ("deit_small_distilled", "deit_small_distilled_patch16_224"),
-])
+@pytest.mark.parametrize(
+    "name, timm_name",
+    [
+        ("vit_small", "vit_small_patch16_224"),
+        ("vit_base", "vit_base_patch16_224"),
+        ("deit_small_distilled", "deit_small_distilled_patch16_224"),
+    ],
+)
 def test_timm_weights_give_timm_logits(name: str, timm_name: str) -> None:
     reference, ours = timm_and_ours(name, timm_name)
     assert max_difference(reference, ours, torch.randn(1, 3, 224, 224)) < TOLERANCE
@@ -157,9 +160,16 @@ def test_grad_checkpointing_gives_the_same_gradients() -> None:
 # DeiT), ViT-L/16 307M (ViT Table 1) and 61.6G; the distilled models' parameters from DeiT Table 1.
 # DeiT-Ti/S/B are ViT-Ti/S/B (the same blocks; DeiT changes the training): both names are checked.
 PAPER = {
-    "vit_tiny": (5.7, 0.1, 1.3), "vit_small": (22, 1, 4.6), "vit_base": (86, 1, 17.6), "vit_large": (307, 1, 61.6),
-    "deit_tiny": (5.7, 0.1, 1.3), "deit_small": (22, 1, 4.6), "deit_base": (86, 1, 17.6),
-    "deit_tiny_distilled": (6, 1, None), "deit_small_distilled": (22, 1, None), "deit_base_distilled": (87, 1, None),
+    "vit_tiny": (5.7, 0.1, 1.3),
+    "vit_small": (22, 1, 4.6),
+    "vit_base": (86, 1, 17.6),
+    "vit_large": (307, 1, 61.6),
+    "deit_tiny": (5.7, 0.1, 1.3),
+    "deit_small": (22, 1, 4.6),
+    "deit_base": (86, 1, 17.6),
+    "deit_tiny_distilled": (6, 1, None),
+    "deit_small_distilled": (22, 1, None),
+    "deit_base_distilled": (87, 1, None),
 }
 
 
@@ -183,7 +193,9 @@ def test_pyramid_is_the_vitdet_simple_feature_pyramid() -> None:
     state = model.state_dict()
 
     def channel_norm(x: torch.Tensor, prefix: str) -> torch.Tensor:
-        return F.layer_norm(x.permute(0, 2, 3, 1), x.shape[1:2], state[f"{prefix}.weight"], state[f"{prefix}.bias"], 1e-6).permute(0, 3, 1, 2)
+        return F.layer_norm(
+            x.permute(0, 2, 3, 1), x.shape[1:2], state[f"{prefix}.weight"], state[f"{prefix}.bias"], 1e-6
+        ).permute(0, 3, 1, 2)
 
     def deconv(x: torch.Tensor, prefix: str) -> torch.Tensor:
         return F.conv_transpose2d(x, state[f"{prefix}.weight"], state[f"{prefix}.bias"], stride=2)
@@ -192,7 +204,9 @@ def test_pyramid_is_the_vitdet_simple_feature_pyramid() -> None:
         tokens, (height, width) = model.forward_tokens(images)
         grid = tokens[:, 1:].transpose(1, 2).reshape(1, -1, height, width)
         resampled = [
-            deconv(F.gelu(channel_norm(deconv(grid, "stages.0.resample.0"), "stages.0.resample.1")), "stages.0.resample.3"),
+            deconv(
+                F.gelu(channel_norm(deconv(grid, "stages.0.resample.0"), "stages.0.resample.1")), "stages.0.resample.3"
+            ),
             deconv(grid, "stages.1.resample.0"),
             grid,
             F.max_pool2d(grid, 2, ceil_mode=True),

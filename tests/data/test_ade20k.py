@@ -53,7 +53,9 @@ def test_reads_sample_with_reduce_zero_label(sample) -> None:
 
 
 def test_wrong_layout_shows_the_expected_one(tmp_path) -> None:
-    with pytest.raises(ADE20KFormatError, match=r"(?s)not an ADE20K root.*ADEChallengeData2016/images/training/\*\.jpg"):
+    with pytest.raises(
+        ADE20KFormatError, match=r"(?s)not an ADE20K root.*ADEChallengeData2016/images/training/\*\.jpg"
+    ):
         ADE20KDataset(tmp_path, "training")
 
 
@@ -76,7 +78,9 @@ def test_label_above_150_names_the_file(sample_copy) -> None:
 def test_size_mismatch_names_the_file(sample_copy) -> None:
     path = sample_copy / "ADEChallengeData2016/annotations/validation/ADE_val_00000001.png"
     Image.open(path).resize((100, 80), Image.NEAREST).save(path)
-    with pytest.raises(ADE20KFormatError, match=r"ADE_val_00000001\.png: annotation size 100x80 differs from its image"):
+    with pytest.raises(
+        ADE20KFormatError, match=r"ADE_val_00000001\.png: annotation size 100x80 differs from its image"
+    ):
         ADE20KDataset(sample_copy, "validation")[0]
 
 
@@ -114,7 +118,9 @@ def test_cat_max_crop_avoids_one_class_crops() -> None:
 
 
 def test_pad_only_grows() -> None:
-    image, label = PadTo((8, 8))(tv_tensors.Image(torch.ones(3, 10, 6)), tv_tensors.Mask(torch.ones(10, 6, dtype=torch.long)))
+    image, label = PadTo((8, 8))(
+        tv_tensors.Image(torch.ones(3, 10, 6)), tv_tensors.Mask(torch.ones(10, 6, dtype=torch.long))
+    )
     assert image.shape == (3, 10, 8) and (image[:, :, 6:] == 0).all() and (label[:, 6:] == 255).all()
 
 

@@ -51,7 +51,9 @@ def _write_png48(path: Path, rgb: np.ndarray) -> None:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     header = struct.pack(">IIBBBBB", width, height, 16, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    )
 
 
 def _write_mode(path: Path, mode: str) -> None:
@@ -118,7 +120,9 @@ def test_unreadable_coco_image_names_file_and_image_id(tmp_path: Path, name: str
     image_dir, ann_file = _write_dataset(tmp_path, [_ann(1, [1, 1, 5, 5])], [(name, _noise("RGB", (64, 48)))])
     damage(image_dir / name)
     dataset = CocoDetection(image_dir, ann_file)
-    with pytest.raises(CocoFormatError, match=rf"(?s){image_dir / name}: {re.escape(problem)}.*\(image id 1 in {ann_file}\)"):
+    with pytest.raises(
+        CocoFormatError, match=rf"(?s){image_dir / name}: {re.escape(problem)}.*\(image id 1 in {ann_file}\)"
+    ):
         dataset[0]
 
 
@@ -135,8 +139,14 @@ def test_exif_annotated_on_stored_pixels_names_the_orientation(tmp_path: Path) -
 
 def test_skip_invalid_leaves_out_coco_images_with_bad_records(tmp_path: Path) -> None:
     names = ["good.png", "negative.png", "category.png", "outside.png", "missing.png"]
-    anns = [_ann(1, [1, 1, 5, 5], image_id=1), _ann(2, [1, 1, -3, 4], image_id=2), _ann(3, [1, 1, 3, 4], 3, image_id=3),
-            _ann(4, [1, 1, 10, 35], image_id=4), _ann(5, [1, 1, 3, 3], image_id=5), _ann(6, [1, 1, 3, 3], image_id=99)]
+    anns = [
+        _ann(1, [1, 1, 5, 5], image_id=1),
+        _ann(2, [1, 1, -3, 4], image_id=2),
+        _ann(3, [1, 1, 3, 4], 3, image_id=3),
+        _ann(4, [1, 1, 10, 35], image_id=4),
+        _ann(5, [1, 1, 3, 3], image_id=5),
+        _ann(6, [1, 1, 3, 3], image_id=99),
+    ]
     image_dir, ann_file = _write_dataset(tmp_path, anns, [(n, Image.new("RGB", (40, 30))) for n in names])
     (image_dir / "missing.png").unlink()
     with pytest.raises(CocoFormatError, match=r"missing\.png: image file not found"):
@@ -144,9 +154,13 @@ def test_skip_invalid_leaves_out_coco_images_with_bad_records(tmp_path: Path) ->
     with pytest.warns(SkippedRecordsWarning) as caught:
         dataset = CocoDetection(image_dir, ann_file, skip_invalid=True)
     messages = [str(w.message) for w in caught]
-    assert any(m.startswith(f"{ann_file}: skipped 4 of 5 images with invalid data (skip_invalid=True):\n") for m in messages)
+    assert any(
+        m.startswith(f"{ann_file}: skipped 4 of 5 images with invalid data (skip_invalid=True):\n") for m in messages
+    )
     assert any("annotation id 2 (image negative.png): bbox [1, 1, -3, 4] has a negative size" in m for m in messages)
-    assert any(f"{ann_file}: skipped 1 of 6 annotations" in m and "image_id 99 is not in 'images'" in m for m in messages)
+    assert any(
+        f"{ann_file}: skipped 1 of 6 annotations" in m and "image_id 99 is not in 'images'" in m for m in messages
+    )
     assert len(dataset) == 1
     _, target = dataset[0]
     assert target["image_id"] == 1 and target["boxes"].tolist() == [[1, 1, 6, 6]]
@@ -157,8 +171,11 @@ def test_skip_invalid_replaces_an_unreadable_coco_image(tmp_path: Path) -> None:
     image_dir, ann_file = _write_dataset(tmp_path, [], images)
     _truncate(image_dir / "1.jpg")
     dataset = CocoDetection(image_dir, ann_file, skip_invalid=True)
-    with pytest.warns(SkippedRecordsWarning, match=rf"{image_dir / '1.jpg'}: corrupt or truncated image .* item 1 skipped "
-                                                   r"\(skip_invalid=True\) and replaced .* \(1 skipped so far"):
+    with pytest.warns(
+        SkippedRecordsWarning,
+        match=rf"{image_dir / '1.jpg'}: corrupt or truncated image .* item 1 skipped "
+        r"\(skip_invalid=True\) and replaced .* \(1 skipped so far",
+    ):
         _, target = dataset[1]
     assert target["image_id"] == 3 and len(dataset) == 3
     _, again = dataset[1]  # known bad: replaced without a second warning
@@ -176,7 +193,9 @@ def test_ade20k_unreadable_image_or_label_names_the_file(ade_root: Path) -> None
     with pytest.raises(ADE20KFormatError, match=rf"{dataset.images[0]}: corrupt or truncated image"):
         dataset[0]
     _garble(dataset.annotations[1])
-    with pytest.raises(ADE20KFormatError, match=rf"{dataset.annotations[1]}: unreadable annotation PNG, corrupt or truncated"):
+    with pytest.raises(
+        ADE20KFormatError, match=rf"{dataset.annotations[1]}: unreadable annotation PNG, corrupt or truncated"
+    ):
         dataset[1]
 
 
@@ -186,7 +205,9 @@ def test_skip_invalid_ade20k(ade_root: Path) -> None:
     label = np.array(Image.open(dataset.annotations[1]))
     label[0, 0] = len(TOY_CLASSES) + 1
     Image.fromarray(label).save(dataset.annotations[1])
-    with pytest.warns(SkippedRecordsWarning, match=rf"skipped 1 of 3 images .*\n  .*{dataset.annotations[0].name} is missing"):
+    with pytest.warns(
+        SkippedRecordsWarning, match=rf"skipped 1 of 3 images .*\n  .*{dataset.annotations[0].name} is missing"
+    ):
         dataset = ADE20KDataset(ade_root, "training", class_names=TOY_CLASSES, skip_invalid=True)
     assert len(dataset) == 2
     with pytest.warns(SkippedRecordsWarning, match=rf"{dataset.annotations[0]}: label 5 above 4.*item 0 skipped"):
@@ -210,7 +231,9 @@ def test_panoptic_unreadable_image_names_the_file(panoptic_paths: tuple[Path, Pa
     dataset = CocoPanoptic(*panoptic_paths)
     path = panoptic_paths[0] / dataset.file_names[0]
     _flip_png_data(path)
-    with pytest.raises(CocoFormatError, match=rf"{path}: corrupt or truncated image .*\(image id {dataset.image_ids[0]} in"):
+    with pytest.raises(
+        CocoFormatError, match=rf"{path}: corrupt or truncated image .*\(image id {dataset.image_ids[0]} in"
+    ):
         dataset[0]
 
 
@@ -225,7 +248,9 @@ def test_skip_invalid_panoptic(panoptic_paths: tuple[Path, Path, Path]) -> None:
     with pytest.warns(SkippedRecordsWarning, match=r"(?s)skipped 1 of 3 images .*unknown category id 77"):
         dataset = CocoPanoptic(*panoptic_paths, skip_invalid=True)
     assert len(dataset) == 2
-    with pytest.warns(SkippedRecordsWarning, match=r"\.png: segment id\(s\) \[\d+\] are not in its segments_info .*item 0 skipped"):
+    with pytest.warns(
+        SkippedRecordsWarning, match=r"\.png: segment id\(s\) \[\d+\] are not in its segments_info .*item 0 skipped"
+    ):
         _, target = dataset[0]
     assert target["image_id"] == dataset.image_ids[1]
 
@@ -234,7 +259,9 @@ def test_datamodules_pass_skip_invalid_on(tmp_path: Path) -> None:
     coco_root = make_toy_coco(tmp_path / "coco", **SMALL)
     next((coco_root / "train2017").iterdir()).unlink()
     datamodule = CocoDetectionDataModule(root=str(coco_root), skip_invalid=True, num_workers=0)
-    with pytest.warns(SkippedRecordsWarning, match=r"(?s)instances_train2017\.json: skipped 1 of 3 images .*image file not found"):
+    with pytest.warns(
+        SkippedRecordsWarning, match=r"(?s)instances_train2017\.json: skipped 1 of 3 images .*image file not found"
+    ):
         datamodule.setup("fit")
     assert len(datamodule.train_dataset) == 2
     ade_root = make_toy_segmentation(tmp_path / "ade", **SMALL)
@@ -261,4 +288,6 @@ def test_bad_input_table_names_existing_tests() -> None:
             if path not in defined:
                 tree = ast.parse((ROOT / path).read_text())
                 defined[path] = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
-            assert name in defined[path], f"docs/CORRECTNESS.md 'Bad input' row names {path}::{name}, which does not exist"
+            assert name in defined[path], (
+                f"docs/CORRECTNESS.md 'Bad input' row names {path}::{name}, which does not exist"
+            )

@@ -53,7 +53,9 @@ def test_coco128_targets_match_the_json(coco128: tuple[Path, Path], caplog: pyte
     assert total == len(raw["annotations"]) - crowd
 
 
-def _write_dataset(tmp_path: Path, annotations: list[dict], images: list[tuple[str, Image.Image]] | None = None) -> tuple[Path, Path]:
+def _write_dataset(
+    tmp_path: Path, annotations: list[dict], images: list[tuple[str, Image.Image]] | None = None
+) -> tuple[Path, Path]:
     """A one-split dataset ``tmp_path/{img,ann.json}``; default: one 40x30 RGB image with id 1."""
     images = images if images is not None else [("a.png", Image.new("RGB", (40, 30), (10, 20, 30)))]
     image_dir = tmp_path / "img"
@@ -69,12 +71,24 @@ def _write_dataset(tmp_path: Path, annotations: list[dict], images: list[tuple[s
 
 
 def _ann(ann_id: int, bbox: list[float], category_id: int = 1, iscrowd: int = 0, image_id: int = 1) -> dict:
-    return {"id": ann_id, "image_id": image_id, "bbox": bbox, "category_id": category_id, "iscrowd": iscrowd, "area": 1.0}
+    return {
+        "id": ann_id,
+        "image_id": image_id,
+        "bbox": bbox,
+        "category_id": category_id,
+        "iscrowd": iscrowd,
+        "area": 1.0,
+    }
 
 
 def test_clipping_degenerate_and_empty_images(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     images = [("a.png", Image.new("RGB", (40, 30))), ("b.png", Image.new("RGB", (20, 20)))]
-    anns = [_ann(1, [-1, 2, 10, 10]), _ann(2, [5, 5, 0, 4]), _ann(3, [30, 20, 11, 10.5], 7), _ann(4, [0, 0, 5, 5], iscrowd=1)]
+    anns = [
+        _ann(1, [-1, 2, 10, 10]),
+        _ann(2, [5, 5, 0, 4]),
+        _ann(3, [30, 20, 11, 10.5], 7),
+        _ann(4, [0, 0, 5, 5], iscrowd=1),
+    ]
     with caplog.at_level(logging.INFO, logger="vision_tx.data.coco"):
         dataset = CocoDetection(*_write_dataset(tmp_path, anns, images))
     assert "1 crowd boxes, 1 degenerate (zero width or height); 2 clipped to the image" in caplog.text
@@ -90,8 +104,12 @@ def test_modes_are_converted_to_rgb_and_exif_applied(tmp_path: Path) -> None:
     exif[0x0112] = 6  # orientation: the stored pixels must be turned 90 degrees clockwise to show
     stored = Image.new("RGB", (40, 30), (0, 0, 255))
     stored.paste((255, 0, 0), (0, 0, 10, 30))  # a red band on the stored image's left
-    images = [("gray.png", Image.new("L", (40, 30), 100)), ("rgba.png", Image.new("RGBA", (40, 30), (1, 2, 3, 4))),
-              ("cmyk.jpg", Image.new("CMYK", (40, 30), (0, 0, 0, 0))), ("exif.png", Image.new("RGB", (30, 40)))]
+    images = [
+        ("gray.png", Image.new("L", (40, 30), 100)),
+        ("rgba.png", Image.new("RGBA", (40, 30), (1, 2, 3, 4))),
+        ("cmyk.jpg", Image.new("CMYK", (40, 30), (0, 0, 0, 0))),
+        ("exif.png", Image.new("RGB", (30, 40))),
+    ]
     image_dir, ann_file = _write_dataset(tmp_path, [], images)
     stored.save(image_dir / "exif.png", exif=exif)
     dataset = CocoDetection(image_dir, ann_file)
@@ -113,7 +131,10 @@ def test_image_size_must_match_the_json(tmp_path: Path) -> None:
 def test_missing_image_file(tmp_path: Path) -> None:
     image_dir, ann_file = _write_dataset(tmp_path, [])
     (image_dir / "a.png").unlink()
-    with pytest.raises(CocoFormatError, match=rf"{image_dir / 'a.png'}: image file not found \(image id 1, file_name 'a.png' in .*ann\.json\)"):
+    with pytest.raises(
+        CocoFormatError,
+        match=rf"{image_dir / 'a.png'}: image file not found \(image id 1, file_name 'a.png' in .*ann\.json\)",
+    ):
         CocoDetection(image_dir, ann_file)
 
 
@@ -123,7 +144,10 @@ def test_malformed_json(tmp_path: Path) -> None:
     with pytest.raises(CocoFormatError, match=rf"{ann_file}: not valid JSON: .* at line 2 column 18"):
         CocoDetection(image_dir, ann_file)
     ann_file.write_text('{"images": []}')
-    with pytest.raises(CocoFormatError, match=r"ann\.json: not a COCO instances file: missing top-level keys \['annotations', 'categories'\]"):
+    with pytest.raises(
+        CocoFormatError,
+        match=r"ann\.json: not a COCO instances file: missing top-level keys \['annotations', 'categories'\]",
+    ):
         CocoDetection(image_dir, ann_file)
 
 
@@ -131,7 +155,10 @@ def test_malformed_json(tmp_path: Path) -> None:
     ("ann", "problem"),
     [
         (_ann(5, [1, 1, -3, 4]), r"bbox \[1, 1, -3, 4\] has a negative size"),
-        (_ann(5, [1, 1, 10, 35]), r"bbox \[1, 1, 10, 35\] \(x, y, w, h\) lies far outside the image, which is 40 wide and 30 high"),
+        (
+            _ann(5, [1, 1, 10, 35]),
+            r"bbox \[1, 1, 10, 35\] \(x, y, w, h\) lies far outside the image, which is 40 wide and 30 high",
+        ),
         (_ann(5, [1, 1, 3, 4], category_id=3), r"category_id 3 is not in 'categories' \(ids \[1, 7\]\)"),
         (_ann(5, [1, 1, 3, 4], image_id=9), r"image_id 9 is not in 'images'"),
         ({"id": 5, "image_id": 1, "category_id": 1}, r"missing one of the keys"),

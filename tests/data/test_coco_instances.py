@@ -21,7 +21,9 @@ def toy_train(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "train2017", root / "annotations" / "instances_train2017.json"
 
 
-def test_masks_are_pycocotools_masks_of_the_boxes_in_order_in_the_targets_or_on_demand(toy_train: tuple[Path, Path]) -> None:
+def test_masks_are_pycocotools_masks_of_the_boxes_in_order_in_the_targets_or_on_demand(
+    toy_train: tuple[Path, Path],
+) -> None:
     image_dir, ann_file = toy_train
     coco = COCO(str(ann_file))
     with_masks = CocoInstances(image_dir, ann_file)
@@ -34,7 +36,9 @@ def test_masks_are_pycocotools_masks_of_the_boxes_in_order_in_the_targets_or_on_
         image_id = int(target["image_id"])
         annotations = sorted(coco.loadAnns(coco.getAnnIds(imgIds=image_id, iscrowd=False)), key=lambda a: a["id"])
         expected = np.stack([coco.annToMask(a).astype(bool) for a in annotations])
-        assert target["masks"].shape == (len(target["boxes"]), *image.shape[-2:]) and len(annotations) == len(target["boxes"])
+        assert target["masks"].shape == (len(target["boxes"]), *image.shape[-2:]) and len(annotations) == len(
+            target["boxes"]
+        )
         assert np.array_equal(target["masks"].numpy(), expected)
         assert torch.equal(on_demand.instance_masks(index), target["masks"])
 
@@ -53,5 +57,7 @@ def test_an_object_without_a_segmentation_is_counted_and_named_when_its_mask_is_
     assert instances.objects_without_masks == 2
     index = int(np.flatnonzero(instances.image_ids == first_image)[0])
     assert "masks" not in instances[index][1]  # boxes alone need no segmentation
-    with pytest.raises(CocoFormatError, match=rf"instances_train2017.json: annotation 0 of image {first_image}: segmentation"):
+    with pytest.raises(
+        CocoFormatError, match=rf"instances_train2017.json: annotation 0 of image {first_image}: segmentation"
+    ):
         instances.instance_masks(index)

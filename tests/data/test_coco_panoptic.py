@@ -47,8 +47,12 @@ def test_png_roundtrip_keeps_ids_and_segments_info(sample: tuple[Path, Path, Pat
     _, ann_file, png_dir = sample
     raw = json.loads(ann_file.read_text())
     predictions = [
-        {"image_id": a["image_id"], "file_name": a["file_name"], "segments_info": a["segments_info"],
-         "segment_ids": read_panoptic_png(png_dir / a["file_name"])}
+        {
+            "image_id": a["image_id"],
+            "file_name": a["file_name"],
+            "segments_info": a["segments_info"],
+            "segment_ids": read_panoptic_png(png_dir / a["file_name"]),
+        }
         for a in raw["annotations"]
     ]
     out_json, out_dir = tmp_path / "pred.json", tmp_path / "pred"

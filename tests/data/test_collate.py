@@ -12,7 +12,12 @@ from vision_tx.data.collate import collate_detection
 def _sample(height: int, width: int) -> tuple[tv_tensors.Image, dict]:
     image = tv_tensors.Image(torch.rand(3, height, width))
     boxes = tv_tensors.BoundingBoxes([[1.0, 2.0, 3.0, 4.0]], format="XYXY", canvas_size=(height, width))
-    return image, {"boxes": boxes, "labels": torch.tensor([3]), "image_id": height, "size": torch.tensor([height, width])}
+    return image, {
+        "boxes": boxes,
+        "labels": torch.tensor([3]),
+        "image_id": height,
+        "size": torch.tensor([height, width]),
+    }
 
 
 @pytest.mark.parametrize(("size_divisibility", "padded_hw"), [(0, (30, 50)), (32, (32, 64))])

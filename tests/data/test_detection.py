@@ -52,7 +52,9 @@ def test_wrong_root_names_the_expected_layout(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("mosaic", "mixup"), [(0.0, 0.0), (0.0, 0.5), (0.25, 0.0)])
 def test_mosaics_or_mixup_alone_wrap_the_training_split(tmp_path: Path, mosaic: float, mixup: float) -> None:
     """Either probability above 0 puts the split behind MosaicDetection with both probabilities as given."""
-    data = CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, mosaic_probability=mosaic, mixup_probability=mixup)
+    data = CocoDetectionDataModule(
+        toy_cache_dir=str(tmp_path / "toy"), num_workers=0, mosaic_probability=mosaic, mixup_probability=mixup
+    )
     data.setup("fit")
     wrapped = isinstance(data.train_dataset, MosaicDetection)
     assert wrapped is (mosaic > 0 or mixup > 0)
@@ -64,7 +66,9 @@ def test_mosaics_or_mixup_alone_wrap_the_training_split(tmp_path: Path, mosaic: 
 def test_copy_paste_reads_the_masks_and_cuts_along_the_boxes_when_an_object_has_none(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    data = CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, batch_size=4, copy_paste_probability=0.5)
+    data = CocoDetectionDataModule(
+        toy_cache_dir=str(tmp_path / "toy"), num_workers=0, batch_size=4, copy_paste_probability=0.5
+    )
     data.setup("fit")
     assert isinstance(data.train_dataset, MosaicDetection) and isinstance(data.train_dataset.dataset, CocoInstances)
     assert data.train_dataset.copy_paste_probability == 0.5 and data.train_dataset.probability == 0.0
@@ -82,7 +86,9 @@ def test_copy_paste_reads_the_masks_and_cuts_along_the_boxes_when_an_object_has_
             del annotation["segmentation"]
         (boxes_only / "annotations" / f"instances_{split}.json").write_text(json.dumps(dataset))
     with caplog.at_level(logging.INFO, logger="vision_tx.data.detection"):
-        boxes = CocoDetectionDataModule(root=str(boxes_only), num_workers=0, copy_paste_probability=0.5, mixup_probability=0.5)
+        boxes = CocoDetectionDataModule(
+            root=str(boxes_only), num_workers=0, copy_paste_probability=0.5, mixup_probability=0.5
+        )
         boxes.setup("fit")
     assert "have no 'segmentation': copy-paste cuts the objects along their boxes" in caplog.text
     assert "instances_train2017.json" in caplog.text
@@ -104,15 +110,32 @@ def test_the_augmentation_schedule_is_declared_beside_the_probabilities_and_read
     """The datamodule's schedule holds its own entries and its training transform's; its probabilities are read and
     set through ``augmentation_probabilities()`` / ``set_augmentation_probabilities()``, in the built split (the
     probabilities loader workers read) and the transform, at values that tell each augmentation apart."""
-    transform = DetrTrainTransform(scales=[64], max_size=96, crop_probability=0.0, channel_permutation_probability=0.25,
-                                   vertical_flip_probability=0.75,
-                                   augmentation_schedule={"vertical_flip": {"from_epochs": 40}})
-    data = CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, mixup_probability=0.5,
-                                   copy_paste_probability=0.125, train_transform=transform,
-                                   augmentation_schedule={"mixup": {"from_epochs": 30, "close_at_drop": True}})
+    transform = DetrTrainTransform(
+        scales=[64],
+        max_size=96,
+        crop_probability=0.0,
+        channel_permutation_probability=0.25,
+        vertical_flip_probability=0.75,
+        augmentation_schedule={"vertical_flip": {"from_epochs": 40}},
+    )
+    data = CocoDetectionDataModule(
+        toy_cache_dir=str(tmp_path / "toy"),
+        num_workers=0,
+        mixup_probability=0.5,
+        copy_paste_probability=0.125,
+        train_transform=transform,
+        augmentation_schedule={"mixup": {"from_epochs": 30, "close_at_drop": True}},
+    )
     assert data.augmentation_schedule == {"mixup": LongRun(30, close_at_drop=True), "vertical_flip": LongRun(40)}
-    configured = {"mosaic": 0.0, "mixup": 0.5, "copy_paste": 0.125, "affine": 0.0, "channel_permutation": 0.25,
-                  "vertical_flip": 0.75, "quarter_turn": 0.0}
+    configured = {
+        "mosaic": 0.0,
+        "mixup": 0.5,
+        "copy_paste": 0.125,
+        "affine": 0.0,
+        "channel_permutation": 0.25,
+        "vertical_flip": 0.75,
+        "quarter_turn": 0.0,
+    }
     assert data.augmentation_probabilities() == configured
     with pytest.raises(RuntimeError, match="once setup"):
         data.set_augmentation_probabilities({"mixup": 0.0})
@@ -130,8 +153,9 @@ def test_a_schedule_of_an_unknown_augmentation_is_refused(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="names 'mixup'; its augmentations are"):
         DetrTrainTransform(augmentation_schedule={"mixup": {"from_epochs": 40}})
     with pytest.raises(ValueError, match="names 'vertical_flip'; its augmentations are"):
-        CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"),
-                                augmentation_schedule={"vertical_flip": {"from_epochs": 1}})
+        CocoDetectionDataModule(
+            toy_cache_dir=str(tmp_path / "toy"), augmentation_schedule={"vertical_flip": {"from_epochs": 1}}
+        )
     with pytest.raises(ValueError, match="from_epochs must be at least 0"):
         LongRun(-1)
     with pytest.raises(TypeError):

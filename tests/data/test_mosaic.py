@@ -47,7 +47,7 @@ def _colour_extent(image: torch.Tensor, label: int, around: list[float] | None =
     if around is not None:
         window = torch.zeros_like(near)
         x1, y1, x2, y2 = (int(v) for v in around)
-        window[max(y1 - 3, 0):y2 + 3, max(x1 - 3, 0):x2 + 3] = True
+        window[max(y1 - 3, 0) : y2 + 3, max(x1 - 3, 0) : x2 + 3] = True
         near &= window
     if near.sum() < 9:
         return None
@@ -93,8 +93,14 @@ def test_boxes_cut_below_the_visible_fraction_are_dropped() -> None:
 def test_probability_zero_is_the_plain_transform_and_draws_nothing() -> None:
     """Also when set to 0 during training: the next transform's random draws stay those of a run without mosaics."""
     plain = RectangleImages()
-    dataset = MosaicDetection(plain, lambda image, target: (image, target), size=64, probability=1.0, mixup_probability=1.0,
-                              copy_paste_probability=1.0)
+    dataset = MosaicDetection(
+        plain,
+        lambda image, target: (image, target),
+        size=64,
+        probability=1.0,
+        mixup_probability=1.0,
+        copy_paste_probability=1.0,
+    )
     dataset.probability = dataset.mixup_probability = dataset.copy_paste_probability = 0.0
     state = torch.get_rng_state()
     image, target = dataset[3]
@@ -146,8 +152,9 @@ def test_mixup_moves_the_other_images_boxes_with_its_pixels_and_keeps_both(first
         assert box == pytest.approx(extent, abs=2.0), f"label {label}"
     # The image's own pixels are kept at the blend's weight: about half (Beta(32, 32)), never all or nothing.
     torch.manual_seed(seed)
-    grey_only, _ = MosaicDetection.mixup(tv_tensors.Image(torch.zeros_like(image)), target,
-                                         tv_tensors.Image(torch.zeros_like(other)), other_target)
+    grey_only, _ = MosaicDetection.mixup(
+        tv_tensors.Image(torch.zeros_like(image)), target, tv_tensors.Image(torch.zeros_like(other)), other_target
+    )
     x1, y1, x2, y2 = (int(v) for v in boxes[0].tolist())
     own = (without_other.float() - grey_only.float())[:, y1:y2, x1:x2]
     share = own.mean() / image[:, y1:y2, x1:x2].float().mean()
@@ -155,7 +162,9 @@ def test_mixup_moves_the_other_images_boxes_with_its_pixels_and_keeps_both(first
 
 
 def test_mixup_through_the_dataset_blends_two_images_on_every_sample_at_probability_one() -> None:
-    dataset = MosaicDetection(RectangleImages(), lambda image, target: (image, target), probability=0.0, mixup_probability=1.0)
+    dataset = MosaicDetection(
+        RectangleImages(), lambda image, target: (image, target), probability=0.0, mixup_probability=1.0
+    )
     for seed in range(5):
         torch.manual_seed(seed)
         image, target = dataset[seed]
@@ -177,8 +186,8 @@ class MaskedShapes(torch.utils.data.Dataset):
         height, width = self.sizes[index]
         side, top, left = self.sides[index], 10 + index, 12 + 2 * index
         mask = torch.zeros(height, width, dtype=torch.bool)
-        mask[top:top + side, left:left + side] = True
-        mask[top:top + side // 2, left + side // 2:left + side] = False
+        mask[top : top + side, left : left + side] = True
+        mask[top : top + side // 2, left + side // 2 : left + side] = False
         image = torch.full((3, height, width), 5 + 10 * index, dtype=torch.uint8)
         image[:, mask] = torch.tensor([60 + 60 * index, 200 - 50 * index, 90], dtype=torch.uint8).view(3, 1)
         box = torch.tensor([[left, top, left + side, top + side]], dtype=torch.float32)
@@ -229,12 +238,18 @@ def test_copy_paste_flips_about_half_the_objects_and_leaves_out_those_without_ro
         flipped += bool((pasted != image).any(0)[y1, x2 - 1])  # the missing quarter moves to the left
     assert 10 <= flipped <= 30
     tiny = tv_tensors.Image(torch.zeros(3, 20, 20, dtype=torch.uint8))
-    tiny_target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(20, 20)),
-                   "labels": torch.zeros(0, dtype=torch.int64)}
+    tiny_target = {
+        "boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(20, 20)),
+        "labels": torch.zeros(0, dtype=torch.int64),
+    }
     unchanged, unchanged_target = MosaicDetection.copy_paste(tiny, tiny_target, other, other_target)  # 24 px: too large
     assert torch.equal(unchanged, tiny) and len(unchanged_target["labels"]) == 0
-    full = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[0.0, 0.0, 160.0, 120.0]]), format="XYXY", canvas_size=(120, 160)),
-            "labels": torch.tensor([1])}
+    full = {
+        "boxes": tv_tensors.BoundingBoxes(
+            torch.tensor([[0.0, 0.0, 160.0, 120.0]]), format="XYXY", canvas_size=(120, 160)
+        ),
+        "labels": torch.tensor([1]),
+    }
     covered, covered_target = MosaicDetection.copy_paste(image, full, other, other_target)  # no free place
     assert torch.equal(covered, image) and covered_target["labels"].tolist() == [1]
 
@@ -244,8 +259,12 @@ def test_copy_paste_tries_several_places_before_leaving_an_object_out() -> None:
     One draw finds it 5% of the time, ``PASTE_ATTEMPTS`` (20) draws 65%."""
     image, _ = MaskedShapes()[0]
     other, other_target = MaskedShapes()[1]
-    strip = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[0.0, 0.0, 130.0, 120.0]]), format="XYXY", canvas_size=(120, 160)),
-             "labels": torch.tensor([1])}
+    strip = {
+        "boxes": tv_tensors.BoundingBoxes(
+            torch.tensor([[0.0, 0.0, 130.0, 120.0]]), format="XYXY", canvas_size=(120, 160)
+        ),
+        "labels": torch.tensor([1]),
+    }
     pasted = 0
     for seed in range(60):
         torch.manual_seed(seed)
@@ -264,15 +283,23 @@ def test_copy_paste_without_masks_cuts_each_object_along_its_box(seed: int) -> N
     image, target = RectangleImages()[2]
     other, other_target = RectangleImages()[4]
     boxes = other_target["boxes"].as_subclass(torch.Tensor) + torch.tensor([0.3, 0.6, -0.2, -0.4])
-    other_target = {**other_target, "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=other.shape[-2:])}
+    other_target = {
+        **other_target,
+        "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=other.shape[-2:]),
+    }
     pasted, pasted_target = MosaicDetection.copy_paste(image, target, other, other_target)
-    kept, new = pasted_target["boxes"].as_subclass(torch.Tensor)[:2], pasted_target["boxes"].as_subclass(torch.Tensor)[2:]
+    kept, new = (
+        pasted_target["boxes"].as_subclass(torch.Tensor)[:2],
+        pasted_target["boxes"].as_subclass(torch.Tensor)[2:],
+    )
     assert torch.equal(kept, target["boxes"].as_subclass(torch.Tensor)) and len(new) >= 1
     changed = (pasted != image).any(0)
     area = 0
     for box, label in zip(new.tolist(), pasted_target["labels"][2:].tolist()):
         source = boxes[other_target["labels"].tolist().index(label)].tolist()
-        assert box[2] - box[0] == pytest.approx(source[2] - source[0]) and box[3] - box[1] == pytest.approx(source[3] - source[1])
+        assert box[2] - box[0] == pytest.approx(source[2] - source[0]) and box[3] - box[1] == pytest.approx(
+            source[3] - source[1]
+        )
         whole = [math.floor(box[0]), math.floor(box[1]), math.ceil(box[2]), math.ceil(box[3])]
         assert _colour_extent(pasted, label, around=box) == whole  # the object's pixels, exactly under its box
         area += (whole[2] - whole[0]) * (whole[3] - whole[1])
@@ -287,16 +314,21 @@ def test_copy_paste_without_masks_mirrors_the_box_in_a_flipped_patch() -> None:
     image, target = MaskedShapes()[0]
     other, other_target = MaskedShapes()[1]
     boxes = other_target["boxes"].as_subclass(torch.Tensor) + torch.tensor([0.25, 0.0, -0.6, 0.0])
-    other_target = {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=other.shape[-2:]),
-                    "labels": other_target["labels"]}
+    other_target = {
+        "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=other.shape[-2:]),
+        "labels": other_target["labels"],
+    }
     seen = set()
     for seed in range(12):
         torch.manual_seed(seed)
-        pasted, pasted_target = MosaicDetection.copy_paste(image, {k: v for k, v in target.items() if k != "masks"}, other,
-                                                           other_target)
+        pasted, pasted_target = MosaicDetection.copy_paste(
+            image, {k: v for k, v in target.items() if k != "masks"}, other, other_target
+        )
         box = pasted_target["boxes"].as_subclass(torch.Tensor)[1].tolist()
         x0, y0, x1 = math.floor(box[0]), math.floor(box[1]), math.ceil(box[2])
-        flipped = bool((pasted[:, y0, x0] == 15).all())  # the source's grey, in its missing top-right quarter, now top-left
+        flipped = bool(
+            (pasted[:, y0, x0] == 15).all()
+        )  # the source's grey, in its missing top-right quarter, now top-left
         assert bool((pasted[:, y0, x1 - 1] == 15).all()) is not flipped
         assert box[0] - x0 == pytest.approx(0.6 if flipped else 0.25, abs=1e-4)
         seen.add(flipped)
@@ -307,8 +339,13 @@ def test_copy_paste_leaves_out_boxes_without_pixels() -> None:
     image, target = MaskedShapes()[0]
     other, other_target = RectangleImages()[4]
     outside = torch.tensor([[-30.0, 10.0, -2.0, 40.0], [50.0, 20.0, 50.0, 60.0]])  # left of the image; no width
-    other_target = {**other_target, "boxes": tv_tensors.BoundingBoxes(outside, format="XYXY", canvas_size=other.shape[-2:])}
-    pasted, pasted_target = MosaicDetection.copy_paste(image, {k: v for k, v in target.items() if k != "masks"}, other, other_target)
+    other_target = {
+        **other_target,
+        "boxes": tv_tensors.BoundingBoxes(outside, format="XYXY", canvas_size=other.shape[-2:]),
+    }
+    pasted, pasted_target = MosaicDetection.copy_paste(
+        image, {k: v for k, v in target.items() if k != "masks"}, other, other_target
+    )
     assert torch.equal(pasted, image) and pasted_target["labels"].tolist() == [1]
 
 
@@ -331,7 +368,9 @@ def test_copy_paste_asks_for_the_masks_of_the_pasted_image_only_and_cuts_along_t
     shapes = ShapesWithoutMasks()
     with pytest.raises(ValueError, match="copy_paste_probability"):
         MosaicDetection(shapes, lambda i, t: (i, t), copy_paste_probability=1.5)
-    pasting = MosaicDetection(shapes, lambda i, t: (i, t), probability=0.0, copy_paste_probability=1.0, masks=shapes.masks)
+    pasting = MosaicDetection(
+        shapes, lambda i, t: (i, t), probability=0.0, copy_paste_probability=1.0, masks=shapes.masks
+    )
     boxes_only = MosaicDetection(shapes, lambda i, t: (i, t), probability=0.0, copy_paste_probability=1.0)
     plain_image = MaskedShapes()[0][0]
     for seed in range(8):
@@ -357,14 +396,18 @@ def test_copy_paste_leaves_out_an_object_too_large_on_one_side_only() -> None:
     """A 10-wide, 30-tall object: left out of a 25x40 image (too tall, though narrow enough), pasted into a 40x25 one
     (both sides fit), whichever way it is flipped."""
     other = tv_tensors.Image(torch.full((3, 50, 50), 200, dtype=torch.uint8))
-    other_target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[5.0, 5.0, 15.0, 35.0]]), format="XYXY", canvas_size=(50, 50)),
-                    "labels": torch.tensor([2])}
+    other_target = {
+        "boxes": tv_tensors.BoundingBoxes(torch.tensor([[5.0, 5.0, 15.0, 35.0]]), format="XYXY", canvas_size=(50, 50)),
+        "labels": torch.tensor([2]),
+    }
     for seed in range(4):
         for (height, width), fits in (((25, 40), False), ((40, 25), True)):
             torch.manual_seed(seed)
             image = tv_tensors.Image(torch.zeros(3, height, width, dtype=torch.uint8))
-            empty = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(height, width)),
-                     "labels": torch.zeros(0, dtype=torch.int64)}
+            empty = {
+                "boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(height, width)),
+                "labels": torch.zeros(0, dtype=torch.int64),
+            }
             pasted, pasted_target = MosaicDetection.copy_paste(image, empty, other, other_target)
             assert pasted_target["labels"].tolist() == ([2] if fits else [])
             assert int((pasted != image).any(0).sum()) == (10 * 30 if fits else 0)

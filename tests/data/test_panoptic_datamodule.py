@@ -51,6 +51,7 @@ def test_toy_datamodule_batches_masks_with_the_images(toy_cache: str, caplog: py
             mask_boxes = masks_to_boxes(masks[present]) + torch.tensor([0.0, 0.0, 1.0, 1.0])
             assert (box_iou(mask_boxes, target["boxes"][present]).diagonal() > 0.7).all()
 
+
 def test_box_ground_truth_holds_the_thing_segments(toy_cache: str) -> None:
     data = CocoPanopticDataModule(toy_cache_dir=toy_cache, num_workers=0)
     raw = json.loads(data.val_ann_file.read_text())

@@ -52,7 +52,10 @@ def test_processes_take_blocks_of_the_global_batch_as_gradient_accumulation_woul
     ranks = [list(EpochSampler(RandomlyAugmented(), batch_size=2, seed=5, num_replicas=2, rank=r)) for r in (0, 1)]
     assert len(ranks[0]) == len(ranks[1]) == 10
     for step in range(5):  # global batch of 4: one process's micro-batches 2 * step and 2 * step + 1
-        assert ranks[0][2 * step : 2 * step + 2] == one[2 * step] and ranks[1][2 * step : 2 * step + 2] == one[2 * step + 1]
+        assert (
+            ranks[0][2 * step : 2 * step + 2] == one[2 * step]
+            and ranks[1][2 * step : 2 * step + 2] == one[2 * step + 1]
+        )
     uneven = [list(EpochSampler(RandomlyAugmented(), batch_size=3, num_replicas=2, rank=r)) for r in (0, 1)]
     assert len(uneven[0]) == len(uneven[1]) == 9  # three global batches of 6; the last 2 images dropped
 

@@ -65,14 +65,19 @@ def test_val_resize_scales_boxes_and_updates_size(
     assert tuple(out_image.shape) == (3, *expected_hw)
     assert out["size"].tolist() == list(expected_hw) and out["orig_size"].tolist() == list(image_hw)
     scale = torch.tensor([expected_hw[1] / image_hw[1], expected_hw[0] / image_hw[0]] * 2)
-    torch.testing.assert_close(out["boxes"].as_subclass(torch.Tensor), target["boxes"].as_subclass(torch.Tensor) * scale)
+    torch.testing.assert_close(
+        out["boxes"].as_subclass(torch.Tensor), target["boxes"].as_subclass(torch.Tensor) * scale
+    )
     assert out["masks"].shape == (3, *expected_hw)
     assert out_image.dtype == torch.float32
 
 
 def test_normalisation_is_imagenet() -> None:
     image = tv_tensors.Image(torch.full((3, 8, 8), 255, dtype=torch.uint8))
-    target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(8, 8)), "labels": torch.zeros(0)}
+    target = {
+        "boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(8, 8)),
+        "labels": torch.zeros(0),
+    }
     out, _ = DetrValTransform(size=8)(image, target)
     expected = (1 - torch.tensor(IMAGENET_MEAN)) / torch.tensor(IMAGENET_STD)
     torch.testing.assert_close(out[:, 0, 0], expected)
@@ -91,8 +96,12 @@ def test_random_size_crop_moves_clips_and_drops_boxes() -> None:
         assert torch.equal(out_image, image[:, top : top + height, left : left + width])
         expected, labels = [], []
         for (x1, y1, x2, y2), label in zip(target["boxes"].tolist(), target["labels"].tolist()):
-            box = [min(max(x1 - left, 0), width), min(max(y1 - top, 0), height),
-                   min(max(x2 - left, 0), width), min(max(y2 - top, 0), height)]
+            box = [
+                min(max(x1 - left, 0), width),
+                min(max(y1 - top, 0), height),
+                min(max(x2 - left, 0), width),
+                min(max(y2 - top, 0), height),
+            ]
             if box[2] - box[0] >= 1 and box[3] - box[1] >= 1:
                 expected.append(box)
                 labels.append(label)
@@ -117,7 +126,9 @@ def test_train_transform_sizes_respect_the_settings() -> None:
         assert max(height, width) <= max_size
         boxes = out["boxes"]
         assert boxes.canvas_size == (height, width) and len(boxes) == len(out["labels"]) == len(out["masks"])
-        assert (boxes[:, 2:] - boxes[:, :2] >= 1).all() and (boxes[:, 2] <= width).all() and (boxes[:, 3] <= height).all()
+        assert (
+            (boxes[:, 2:] - boxes[:, :2] >= 1).all() and (boxes[:, 2] <= width).all() and (boxes[:, 3] <= height).all()
+        )
         assert out["masks"].shape[-2:] == (height, width)
         seen_sizes.add((height, width))
     assert len(seen_sizes) > 2  # multi-scale indeed
@@ -125,8 +136,10 @@ def test_train_transform_sizes_respect_the_settings() -> None:
 
 def test_empty_targets_pass_through() -> None:
     image = tv_tensors.Image(torch.zeros(3, 50, 70, dtype=torch.uint8))
-    target = {"boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(50, 70)),
-              "labels": torch.zeros(0, dtype=torch.int64)}
+    target = {
+        "boxes": tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=(50, 70)),
+        "labels": torch.zeros(0, dtype=torch.int64),
+    }
     _, out = DetrTrainTransform(scales=(40,), max_size=80, crop_scales=(40,), crop_size=(20, 30))(image, target)
     assert out["boxes"].shape == (0, 4) and out["labels"].shape == (0,)
 
@@ -136,7 +149,9 @@ def test_crop_probability_is_the_share_of_cropped_images(crop_probability: float
     """Uncropped images keep their aspect ratio and every box (scaled, in order); cropped ones (a 64-96 px window
     of a 100-120 px shorter side) change their aspect ratio, as a crop of 200x300 almost always does."""
     torch.manual_seed(0)
-    transform = DetrTrainTransform(scales=(96,), max_size=400, crop_scales=(100, 120), crop_size=(64, 96), crop_probability=crop_probability)
+    transform = DetrTrainTransform(
+        scales=(96,), max_size=400, crop_scales=(100, 120), crop_size=(64, 96), crop_probability=crop_probability
+    )
     cropped = 0
     for _ in range(40):
         image, target = _sample()
@@ -147,7 +162,9 @@ def test_crop_probability_is_the_share_of_cropped_images(crop_probability: float
             assert torch.allclose(out["boxes"][:, [1, 3]], rows * 96 / 200)
         else:
             cropped += 1
-    assert cropped == {0.0: 0, 1.0: 40}.get(crop_probability, cropped) and (crop_probability != 0.5 or 10 <= cropped <= 30)
+    assert cropped == {0.0: 0, 1.0: 40}.get(crop_probability, cropped) and (
+        crop_probability != 0.5 or 10 <= cropped <= 30
+    )
 
 
 def test_crop_probability_outside_zero_one_is_refused() -> None:
@@ -158,15 +175,26 @@ def test_crop_probability_outside_zero_one_is_refused() -> None:
 def test_affine_moves_boxes_and_masks_with_the_pixels_and_fills_grey() -> None:
     """A white rectangle on black, zoomed and shifted: its box and mask are where its pixels went, the canvas keeps
     the resized size, and what the shift uncovers is YOLO's grey (not black, not white)."""
-    transform = DetrTrainTransform(scales=(100,), max_size=400, crop_probability=0.0, affine_probability=1.0,
-                                   translate=0.2, affine_scale=(0.6, 1.4))
+    transform = DetrTrainTransform(
+        scales=(100,),
+        max_size=400,
+        crop_probability=0.0,
+        affine_probability=1.0,
+        translate=0.2,
+        affine_scale=(0.6, 1.4),
+    )
     moved = grey_seen = 0
     for seed in range(10):
         torch.manual_seed(seed)
         image = tv_tensors.Image(torch.zeros(3, 200, 300, dtype=torch.uint8))
         image[:, 60:140, 100:220] = 255
-        target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[100.0, 60.0, 220.0, 140.0]]), format="XYXY", canvas_size=(200, 300)),
-                  "labels": torch.tensor([3]), "masks": tv_tensors.Mask(image[:1].bool())}
+        target = {
+            "boxes": tv_tensors.BoundingBoxes(
+                torch.tensor([[100.0, 60.0, 220.0, 140.0]]), format="XYXY", canvas_size=(200, 300)
+            ),
+            "labels": torch.tensor([3]),
+            "masks": tv_tensors.Mask(image[:1].bool()),
+        }
         out_image, out = transform(image, target)
         assert tuple(out_image.shape[-2:]) == (100, 150) and out["size"].tolist() == [100, 150]
         pixels = out_image * torch.tensor(IMAGENET_STD)[:, None, None] + torch.tensor(IMAGENET_MEAN)[:, None, None]
@@ -186,7 +214,9 @@ def test_no_affine_by_default_none_drawn_when_off_and_its_probability_is_checked
     transform = DetrTrainTransform()
     assert transform.affine.p == 0.0
     image = tv_tensors.Image(torch.randint(0, 255, (3, 20, 30), dtype=torch.uint8))
-    target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[1.0, 2.0, 10.0, 12.0]]), format="XYXY", canvas_size=(20, 30))}
+    target = {
+        "boxes": tv_tensors.BoundingBoxes(torch.tensor([[1.0, 2.0, 10.0, 12.0]]), format="XYXY", canvas_size=(20, 30))
+    }
     state = torch.get_rng_state()
     out_image, out = transform.affine(image, target)
     assert out_image is image and out is target and torch.equal(torch.get_rng_state(), state)
@@ -202,9 +232,13 @@ def test_channel_permutation_reorders_the_colours_and_leaves_the_boxes() -> None
     comes after the flip and the resize). Off (the default), it returns its inputs and draws no number."""
     colour = torch.tensor([10, 100, 200], dtype=torch.uint8)
     image = tv_tensors.Image(colour[:, None, None].expand(3, 40, 60).clone())
-    target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[5.0, 4.0, 25.0, 30.0]]), format="XYXY", canvas_size=(40, 60)),
-              "labels": torch.tensor([2])}
-    permuting = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0, channel_permutation_probability=1.0)
+    target = {
+        "boxes": tv_tensors.BoundingBoxes(torch.tensor([[5.0, 4.0, 25.0, 30.0]]), format="XYXY", canvas_size=(40, 60)),
+        "labels": torch.tensor([2]),
+    }
+    permuting = DetrTrainTransform(
+        scales=(40,), max_size=400, crop_probability=0.0, channel_permutation_probability=1.0
+    )
     plain = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0)
     orders = set()
     for seed in range(40):
@@ -241,8 +275,10 @@ def test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together(option: 
     (y, 60 - x). At 0.5 both outcomes occur; off (the default), it returns its inputs and draws no number."""
     image = tv_tensors.Image(torch.full((3, 40, 60), 10, dtype=torch.uint8))
     image[:, :10] = 200
-    target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor([[20.0, 4.0, 40.0, 30.0]]), format="XYXY", canvas_size=(40, 60)),
-              "labels": torch.tensor([2])}
+    target = {
+        "boxes": tv_tensors.BoundingBoxes(torch.tensor([[20.0, 4.0, 40.0, 30.0]]), format="XYXY", canvas_size=(40, 60)),
+        "labels": torch.tensor([2]),
+    }
     moving = DetrTrainTransform(scales=(40,), max_size=400, crop_probability=0.0, **{f"{option}_probability": 0.5})
     seen = set()
     for seed in range(20):
@@ -250,8 +286,11 @@ def test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together(option: 
         out_image, out = moving(image.clone(), {k: v.clone() for k, v in target.items()})
         bright = out_image[0] > out_image[0].mean()
         rows, columns = torch.arange(bright.shape[0])[:, None], torch.arange(bright.shape[1])[None, :]
-        (size, box, _), = [outcome for outcome in (UNMOVED, MOVED[option])
-                           if outcome[0] == tuple(bright.shape) and torch.equal(bright, outcome[2](rows, columns).expand_as(bright))]
+        ((size, box, _),) = [
+            outcome
+            for outcome in (UNMOVED, MOVED[option])
+            if outcome[0] == tuple(bright.shape) and torch.equal(bright, outcome[2](rows, columns).expand_as(bright))
+        ]
         torch.testing.assert_close(out["boxes"].as_subclass(torch.Tensor), torch.tensor([box]), rtol=0, atol=1e-5)
         assert tuple(out["boxes"].canvas_size) == size
         seen.add(tuple(box))

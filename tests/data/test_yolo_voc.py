@@ -51,8 +51,14 @@ def bccd_copies(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> 
 def dataset_fields(dataset: CocoDetection) -> dict[str, np.ndarray]:
     """What a COCO dataset yields, read from its arrays (no image decoded): the images' file names and sizes,
     and each image's training boxes and labels."""
-    return {"names": np.array([Path(str(n)).name for n in dataset.file_names]), "heights": dataset.heights,
-            "widths": dataset.widths, "boxes": dataset.boxes, "labels": dataset.labels, "offsets": dataset.offsets}
+    return {
+        "names": np.array([Path(str(n)).name for n in dataset.file_names]),
+        "heights": dataset.heights,
+        "widths": dataset.widths,
+        "boxes": dataset.boxes,
+        "labels": dataset.labels,
+        "offsets": dataset.offsets,
+    }
 
 
 def assert_same_targets(reference: CocoDetectionDataModule, other: CocoDetectionDataModule) -> None:
@@ -66,7 +72,9 @@ def assert_same_targets(reference: CocoDetectionDataModule, other: CocoDetection
 
 
 @pytest.mark.parametrize("layout", ["yolo", "voc"])
-def test_toy_copies_give_the_coco_targets(toy_copies: dict[str, Path], layout: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_toy_copies_give_the_coco_targets(
+    toy_copies: dict[str, Path], layout: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="vision_tx.data.detection"):
         reference = CocoDetectionDataModule(root=str(toy_copies["coco"]), num_workers=0)
         data = CocoDetectionDataModule(root=str(toy_copies[layout]), num_workers=0)
@@ -93,21 +101,50 @@ def test_bccd_copies_give_the_coco_targets(bccd_copies: dict[str, Path], layout:
     expected = reference.val_coco.dataset["annotations"]
     found = CocoDetectionDataModule(root=str(bccd_copies[layout]), num_workers=0).val_coco.dataset["annotations"]
     assert [(a["category_id"], a["iscrowd"]) for a in found] == [(a["category_id"], a["iscrowd"]) for a in expected]
-    np.testing.assert_allclose([a["bbox"] + [a["area"]] for a in found], [a["bbox"] + [a["area"]] for a in expected], atol=1e-3)
+    np.testing.assert_allclose(
+        [a["bbox"] + [a["area"]] for a in found], [a["bbox"] + [a["area"]] for a in expected], atol=1e-3
+    )
 
 
 # rtdetr_convnext_toy, at batch 2 and 96 px: 4 steps and a validation from each layout in seconds.
-SMALL = ["--config", "rtdetr_convnext_toy", "--data.batch_size", "2", "--data.train_transform.init_args.scales", "[96]",
-         "--data.train_transform.init_args.max_size", "128", "--data.val_transform.init_args.size", "96",
-         "--data.val_transform.init_args.max_size", "128", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+SMALL = [
+    "--config",
+    "rtdetr_convnext_toy",
+    "--data.batch_size",
+    "2",
+    "--data.train_transform.init_args.scales",
+    "[96]",
+    "--data.train_transform.init_args.max_size",
+    "128",
+    "--data.val_transform.init_args.size",
+    "96",
+    "--data.val_transform.init_args.max_size",
+    "128",
+    "--trainer.logger",
+    "false",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 
 
 def train_four_steps(root: Path, out: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """``rtdetr_convnext_toy`` trained 4 steps on ``root`` and validated: its weights and its ``metrics.json``."""
     out.mkdir()
     run_tool_in_process(
-        "train.py", *SMALL, "--data.root", str(root), "--trainer.max_steps", "4", "--trainer.val_check_interval", "4",
-        "--trainer.limit_val_batches", "4", "--trainer.num_sanity_val_steps", "0", "--trainer.default_root_dir", str(out),
+        "train.py",
+        *SMALL,
+        "--data.root",
+        str(root),
+        "--trainer.max_steps",
+        "4",
+        "--trainer.val_check_interval",
+        "4",
+        "--trainer.limit_val_batches",
+        "4",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--trainer.default_root_dir",
+        str(out),
         cwd=out,
     )
     checkpoint = read_checkpoint(next(out.rglob("last.ckpt")))
@@ -151,16 +188,22 @@ def yolo_root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize(("row", "problem"), [
-    ("0 0.5 0.5 0.25", "4 fields, a detection row has 5: class cx cy w h"),
-    ("0 0.5 0.5 0.25 0.5 0.1", "6 fields, a detection row has 5"),
-    ("0 0.5 1.5 0.25 0.5", "cy outside [0, 1]: a YOLO box is fractions of the image's width and height"),
-    ("1 0.5 0.5 -0.1 0.5", "w outside [0, 1]"),
-    ("2 0.5 0.5 0.25 0.5", "class 2 is not in 'names' of"),
-    ("0.5 0.5 0.5 0.25 0.5", "class 0.5 is not in 'names'"),
-    ("0 0.5 x 0.25 0.5", "not a number"),
-    ("0 0.95 0.5 0.5 0.5", "the box reaches x 28.0 to 48.0, y 7.5 to 22.5: outside the image, which is 40 wide and 30 high"),
-])
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        ("0 0.5 0.5 0.25", "4 fields, a detection row has 5: class cx cy w h"),
+        ("0 0.5 0.5 0.25 0.5 0.1", "6 fields, a detection row has 5"),
+        ("0 0.5 1.5 0.25 0.5", "cy outside [0, 1]: a YOLO box is fractions of the image's width and height"),
+        ("1 0.5 0.5 -0.1 0.5", "w outside [0, 1]"),
+        ("2 0.5 0.5 0.25 0.5", "class 2 is not in 'names' of"),
+        ("0.5 0.5 0.5 0.25 0.5", "class 0.5 is not in 'names'"),
+        ("0 0.5 x 0.25 0.5", "not a number"),
+        (
+            "0 0.95 0.5 0.5 0.5",
+            "the box reaches x 28.0 to 48.0, y 7.5 to 22.5: outside the image, which is 40 wide and 30 high",
+        ),
+    ],
+)
 def test_bad_yolo_row_names_the_label_file_and_the_row(yolo_root: Path, row: str, problem: str) -> None:
     label = yolo_root / "labels" / "val" / "b.txt"
     label.write_text(f"0 0.5 0.5 0.25 0.5\n\n{row}\n")
@@ -177,7 +220,8 @@ def test_yolo_skip_invalid_leaves_the_image_out_with_one_warning(yolo_root: Path
         data.setup("fit")
     assert len(caught) == 1 and str(caught[0].message).startswith(
         f"{yolo_root / 'data.yaml'} (train2017): skipped 1 of 2 images with invalid data (skip_invalid=True):\n"
-        f"  {yolo_root / 'labels/train/b.txt'}: row 2: class 7 is not in 'names'")
+        f"  {yolo_root / 'labels/train/b.txt'}: row 2: class 7 is not in 'names'"
+    )
     assert [Path(str(n)).name for n in data.train_dataset.file_names] == ["a.png"] and len(data.val_dataset) == 2
 
 
@@ -187,8 +231,10 @@ def test_yolo_missing_label_file_is_no_objects_said_once(yolo_root: Path, caplog
     with caplog.at_level(logging.INFO, logger="vision_tx.data.layouts"):
         data = CocoDetectionDataModule(root=str(yolo_root), num_workers=0)
     said = [r.getMessage() for r in caplog.records if r.name == "vision_tx.data.layouts"]
-    assert said == [f"{yolo_root / 'data.yaml'} (val2017): 2 of 2 images have no label file "
-                    f"({yolo_root / 'labels/val/a.txt'}, ...): no objects on them"]
+    assert said == [
+        f"{yolo_root / 'data.yaml'} (val2017): 2 of 2 images have no label file "
+        f"({yolo_root / 'labels/val/a.txt'}, ...): no objects on them"
+    ]
     data.setup("validate")
     assert data.val_dataset[1][1]["boxes"].shape == (0, 4) and not data.val_coco.dataset["annotations"]
 
@@ -197,8 +243,12 @@ def test_yolo_image_list_missing_image_names_the_line(yolo_root: Path) -> None:
     """A split given as a list of images (relative to the list's folder), the root as the yaml file itself."""
     (yolo_root / "val.txt").write_text("images/val/a.png\n\nimages/val/gone.png\n")
     (yolo_root / "data.yaml").write_text("train: images/train\nval: val.txt\nnames: {0: thing, 1: other}\n")
-    with pytest.raises(LayoutFormatError, match=re.escape(
-            f"{yolo_root / 'images/val/gone.png'}: image file not found (line 3 of {yolo_root / 'val.txt'})")):
+    with pytest.raises(
+        LayoutFormatError,
+        match=re.escape(
+            f"{yolo_root / 'images/val/gone.png'}: image file not found (line 3 of {yolo_root / 'val.txt'})"
+        ),
+    ):
         CocoDetectionDataModule(root=str(yolo_root / "data.yaml"), num_workers=0)
     (yolo_root / "val.txt").write_text("images/val/b.png\nimages/val/a.png\n")
     data = CocoDetectionDataModule(root=str(yolo_root / "data.yaml"), num_workers=0)
@@ -210,8 +260,11 @@ def test_yolo_image_list_missing_image_names_the_line(yolo_root: Path) -> None:
 
 
 def test_wrong_root_names_the_three_layouts(tmp_path: Path) -> None:
-    with pytest.raises(CocoFormatError, match=r"(?s)not a COCO detection root.*or a YOLO layout: .*/data\.yaml\n"
-                                              r"  or a Pascal VOC layout: .*\{Annotations,JPEGImages,ImageSets/Main\}/$"):
+    with pytest.raises(
+        CocoFormatError,
+        match=r"(?s)not a COCO detection root.*or a YOLO layout: .*/data\.yaml\n"
+        r"  or a Pascal VOC layout: .*\{Annotations,JPEGImages,ImageSets/Main\}/$",
+    ):
         CocoDetectionDataModule(root=str(tmp_path))
 
 
@@ -241,7 +294,9 @@ def test_voc_difficult_objects_are_crowd_regions_and_labels_txt_keeps_the_ids(vo
     assert data.category_names == {1: "thing", 7: "other"} and data.num_classes == 8
     assert data.label_extent() == (f"{voc_root / 'labels.txt'} (line k: category id k)", 7, "other")
     assert [(a["bbox"], a["category_id"], a["iscrowd"]) for a in data.val_coco.dataset["annotations"]] == [
-        ([1.0, 2.0, 10.0, 10.0], 1, 0), ([30.0, 20.0, 10.0, 10.0], 7, 1)]
+        ([1.0, 2.0, 10.0, 10.0], 1, 0),
+        ([30.0, 20.0, 10.0, 10.0], 7, 1),
+    ]
     data.setup("validate")
     assert data.val_dataset[1][1]["labels"].tolist() == []  # a crowd region: no training target
     (voc_root / "labels.txt").unlink()  # then the training annotations' names, sorted
@@ -249,13 +304,19 @@ def test_voc_difficult_objects_are_crowd_regions_and_labels_txt_keeps_the_ids(vo
     assert data.category_names == {1: "other", 2: "thing"}
 
 
-@pytest.mark.parametrize(("change", "problem"), [
-    ({"name": "dog"}, "b.xml: object 1: class 'dog' is not one of the classes ['other', 'thing'] (from "),
-    ({"bndbox/xmax": "45"}, "b.xml: object 1: box xmin 31, ymin 21, xmax 45, ymax 30 lies outside the image, "
-                            "which is 40 wide and 30 high"),
-    ({"bndbox/xmax": "20"}, "b.xml: object 1: box xmin 31, ymin 21, xmax 20, ymax 30 has a negative size"),
-    ({"bndbox/ymin": "top"}, "b.xml: object 1: <bndbox> needs numbers xmin, ymin, xmax, ymax"),
-])
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"name": "dog"}, "b.xml: object 1: class 'dog' is not one of the classes ['other', 'thing'] (from "),
+        (
+            {"bndbox/xmax": "45"},
+            "b.xml: object 1: box xmin 31, ymin 21, xmax 45, ymax 30 lies outside the image, "
+            "which is 40 wide and 30 high",
+        ),
+        ({"bndbox/xmax": "20"}, "b.xml: object 1: box xmin 31, ymin 21, xmax 20, ymax 30 has a negative size"),
+        ({"bndbox/ymin": "top"}, "b.xml: object 1: <bndbox> needs numbers xmin, ymin, xmax, ymax"),
+    ],
+)
 def test_bad_voc_object_names_the_file_and_the_object(voc_root: Path, change: dict[str, str], problem: str) -> None:
     tree = ET.parse(voc_root / "Annotations" / "b.xml")
     for path, value in change.items():
@@ -268,14 +329,22 @@ def test_bad_voc_object_names_the_file_and_the_object(voc_root: Path, change: di
 
 def test_voc_missing_image_or_annotation_names_the_image_set_line(voc_root: Path) -> None:
     (voc_root / "JPEGImages" / "b.png").unlink()
-    with pytest.raises(LayoutFormatError, match=re.escape(
+    with pytest.raises(
+        LayoutFormatError,
+        match=re.escape(
             f"{voc_root / 'JPEGImages/b.png'}: image file not found (the image of {voc_root / 'Annotations/b.xml'}, "
-            f"line 2 of {voc_root / 'ImageSets/Main/val.txt'})")):
+            f"line 2 of {voc_root / 'ImageSets/Main/val.txt'})"
+        ),
+    ):
         CocoDetectionDataModule(root=str(voc_root), num_workers=0)
     (voc_root / "ImageSets" / "Main" / "val.txt").write_text("a\nc\nb\n")
-    with pytest.warns(SkippedRecordsWarning, match=re.escape(
+    with pytest.warns(
+        SkippedRecordsWarning,
+        match=re.escape(
             f"{voc_root / 'ImageSets/Main/val.txt'}: skipped 2 of 3 images with invalid data (skip_invalid=True):\n"
-            f"  {voc_root / 'Annotations/c.xml'}: annotation file not found (line 2 of ")):
+            f"  {voc_root / 'Annotations/c.xml'}: annotation file not found (line 2 of "
+        ),
+    ):
         data = CocoDetectionDataModule(root=str(voc_root), num_workers=0, skip_invalid=True)
     assert [img["file_name"] for img in data.val_coco.dataset["images"]] == ["a.png"]
 

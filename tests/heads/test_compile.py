@@ -14,11 +14,15 @@ TOKENS = sum(h * w for h, w in SHAPES)
 
 
 def test_detr_transformer_compiles_without_graph_break() -> None:
-    transformer = Transformer(32, 4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64, dropout=0.1).train()
+    transformer = Transformer(
+        32, 4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64, dropout=0.1
+    ).train()
     src = torch.randn(2, 20, 32, requires_grad=True)
     padding = torch.zeros(2, 20, dtype=torch.bool)
     padding[1, 15:] = True
-    assert graph_breaks(lambda x: summed(transformer(x, padding, torch.randn(2, 20, 32), torch.randn(5, 32))), src) == []
+    assert (
+        graph_breaks(lambda x: summed(transformer(x, padding, torch.randn(2, 20, 32), torch.randn(5, 32))), src) == []
+    )
 
 
 def test_dino_encoder_layer_compiles_without_graph_break() -> None:
@@ -37,4 +41,9 @@ def test_dino_decoder_layer_compiles_without_graph_break() -> None:
     attn_mask = torch.zeros(7, 7, dtype=torch.bool)
     attn_mask[:3, 3:] = True  # denoising queries hidden from the matching ones
     padding = torch.zeros(2, TOKENS, dtype=torch.bool)
-    assert graph_breaks(lambda q, m: layer(q, torch.randn_like(q), boxes, m, SHAPES, padding, attn_mask).sum(), queries, memory) == []
+    assert (
+        graph_breaks(
+            lambda q, m: layer(q, torch.randn_like(q), boxes, m, SHAPES, padding, attn_mask).sum(), queries, memory
+        )
+        == []
+    )

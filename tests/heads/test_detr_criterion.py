@@ -26,7 +26,11 @@ def outputs(batch: int, num_queries: int = 5, aux: int = 2) -> dict:
 
 
 def test_normalize_targets_gives_relative_cxcywh() -> None:
-    target = {"boxes": torch.tensor([[10.0, 20.0, 50.0, 60.0]]), "labels": torch.tensor([3]), "size": torch.tensor([100, 200])}
+    target = {
+        "boxes": torch.tensor([[10.0, 20.0, 50.0, 60.0]]),
+        "labels": torch.tensor([3]),
+        "size": torch.tensor([100, 200]),
+    }
     (converted,) = normalize_targets([target])
     torch.testing.assert_close(converted["boxes"], torch.tensor([[0.15, 0.4, 0.2, 0.4]]))
     assert converted["labels"].tolist() == [3]
@@ -96,7 +100,11 @@ def test_mask_losses_on_matched_queries_with_padded_targets() -> None:
     masks_0 = torch.rand(2, 6, 8) > 0.5
     masks_1 = torch.rand(1, 4, 5) > 0.5  # a smaller image: its masks are padded with background
     targets = [
-        {"labels": torch.tensor([0, 3]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1]]), "masks": masks_0},
+        {
+            "labels": torch.tensor([0, 3]),
+            "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1]]),
+            "masks": masks_0,
+        },
         {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.4, 0.4, 0.3, 0.3]]), "masks": masks_1},
     ]
     criterion = SetCriterion(NUM_CLASSES, weight_mask=3.0, weight_dice=0.5)
@@ -111,7 +119,9 @@ def test_mask_losses_on_matched_queries_with_padded_targets() -> None:
     torch.testing.assert_close(losses["loss_mask"], focal.sum() / 3)
     torch.testing.assert_close(losses["loss_dice"], dice.sum() / 3)
     box_losses = sum(
-        (1 if "ce" in k else 5 if "bbox" in k else 2) * v for k, v in losses.items() if k.startswith(("loss_ce", "loss_bbox", "loss_giou"))
+        (1 if "ce" in k else 5 if "bbox" in k else 2) * v
+        for k, v in losses.items()
+        if k.startswith(("loss_ce", "loss_bbox", "loss_giou"))
     )
     torch.testing.assert_close(losses["loss"], box_losses + 3 * losses["loss_mask"] + 0.5 * losses["loss_dice"])
     losses["loss"].backward()
@@ -127,6 +137,12 @@ def test_masks_pass_normalisation_and_are_needed_for_mask_losses() -> None:
     assert normalize_targets([{**target, "masks": masks}])[0]["masks"] is masks
     out = {**outputs(batch=1, aux=0), "pred_masks": torch.randn(1, 5, 2, 3)}
     assert "loss_mask" not in SetCriterion(NUM_CLASSES)(out, normalize_targets([target]))
-    empty = [{"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4), "masks": torch.zeros(0, 8, 10, dtype=torch.bool)}]
+    empty = [
+        {
+            "labels": torch.zeros(0, dtype=torch.int64),
+            "boxes": torch.zeros(0, 4),
+            "masks": torch.zeros(0, 8, 10, dtype=torch.bool),
+        }
+    ]
     losses = SetCriterion(NUM_CLASSES)(out, empty)
     assert losses["loss_mask"] == 0 and losses["loss_dice"] == 0

@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vision_tx.heads.detr import AttentionMaps, MaskHead
-
-from tests.models.detr_helpers import heads_to_transformers
 from tests.conftest import require_reference
+from tests.models.detr_helpers import heads_to_transformers
 from tests.parity import perturb_
+from vision_tx.heads.detr import AttentionMaps, MaskHead
 
 modeling_detr = require_reference("transformers.models.detr.modeling_detr")
 
@@ -53,10 +52,14 @@ def test_mask_head_matches_transformers() -> None:
 
 def test_mismatched_widths_are_named() -> None:
     head = MaskHead(136, [24, 16, 8], 128)
-    with pytest.raises(ValueError, match=r"detr\.mask_head: 120 feature channels \+ 8 attention heads != the head's input width 136"):
+    with pytest.raises(
+        ValueError, match=r"detr\.mask_head: 120 feature channels \+ 8 attention heads != the head's input width 136"
+    ):
         head(torch.randn(1, 120, 2, 2), torch.rand(1, 3, 8, 2, 2), [])
 
 
 def test_widths_groupnorm_cannot_split_are_named() -> None:
-    with pytest.raises(ValueError, match=r"GroupNorm\(8\).*here 72\) divisible by 8 and a DETR width \(here 64\) divisible by 128"):
+    with pytest.raises(
+        ValueError, match=r"GroupNorm\(8\).*here 72\) divisible by 8 and a DETR width \(here 64\) divisible by 128"
+    ):
         MaskHead(72, [24, 16, 8], 64)

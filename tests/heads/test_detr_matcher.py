@@ -22,14 +22,22 @@ def pair_cost(logits, box, label, target_box, weights) -> float:
     w_class, w_bbox, w_giou = weights
     prob = logits.softmax(-1)[label]
     l1 = (box - target_box).abs().sum()
-    giou = generalized_box_iou(box_convert(box[None], "cxcywh", "xyxy"), box_convert(target_box[None], "cxcywh", "xyxy"))[0, 0]
+    giou = generalized_box_iou(
+        box_convert(box[None], "cxcywh", "xyxy"), box_convert(target_box[None], "cxcywh", "xyxy")
+    )[0, 0]
     return float(-w_class * prob + w_bbox * l1 - w_giou * giou)
 
 
 def brute_force_cost(logits, boxes, labels, target_boxes, weights) -> float:
     num_queries, num_targets = len(logits), len(labels)
-    cost = [[pair_cost(logits[q], boxes[q], labels[t], target_boxes[t], weights) for t in range(num_targets)] for q in range(num_queries)]
-    return min(sum(cost[q][t] for t, q in enumerate(chosen)) for chosen in itertools.permutations(range(num_queries), num_targets))
+    cost = [
+        [pair_cost(logits[q], boxes[q], labels[t], target_boxes[t], weights) for t in range(num_targets)]
+        for q in range(num_queries)
+    ]
+    return min(
+        sum(cost[q][t] for t, q in enumerate(chosen))
+        for chosen in itertools.permutations(range(num_queries), num_targets)
+    )
 
 
 @pytest.mark.parametrize("weights", [(1.0, 5.0, 2.0), (2.0, 0.0, 1.0)])
@@ -75,6 +83,8 @@ def test_images_without_targets() -> None:
 
 def test_bad_input_is_named() -> None:
     with pytest.raises(ValueError, match="detr.matcher: 1 targets for a batch of 2"):
-        HungarianMatcher()(torch.randn(2, 4, 3), torch.rand(2, 4, 4), [{"labels": torch.tensor([0]), "boxes": torch.rand(1, 4)}])
+        HungarianMatcher()(
+            torch.randn(2, 4, 3), torch.rand(2, 4, 4), [{"labels": torch.tensor([0]), "boxes": torch.rand(1, 4)}]
+        )
     with pytest.raises(ValueError, match="detr.matcher: all matching costs are 0"):
         HungarianMatcher(0, 0, 0)

@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from vision_tx.heads.detr import (
-    normalize_targets, postprocess_detections, postprocess_panoptic, postprocess_sigmoid_detections, postprocess_sigmoid_per_query,
+    normalize_targets,
+    postprocess_detections,
+    postprocess_panoptic,
+    postprocess_sigmoid_detections,
+    postprocess_sigmoid_per_query,
 )
 
 
@@ -22,7 +26,9 @@ def test_boxes_in_original_pixels_and_best_real_class() -> None:
     orig_sizes = torch.tensor([[480, 640], [100, 50]])
     results = postprocess_detections({"pred_logits": logits, "pred_boxes": boxes}, orig_sizes)
 
-    torch.testing.assert_close(results[0]["boxes"], torch.tensor([[256.0, 144.0, 384.0, 336.0], [0.0, 0.0, 320.0, 240.0]]))
+    torch.testing.assert_close(
+        results[0]["boxes"], torch.tensor([[256.0, 144.0, 384.0, 336.0], [0.0, 0.0, 320.0, 240.0]])
+    )
     torch.testing.assert_close(results[1]["boxes"], torch.tensor([[0.0, 80.0, 10.0, 100.0], [0.0, 0.0, 50.0, 100.0]]))
     assert results[0]["labels"].tolist() == [2, 1] and results[1]["labels"].tolist() == [0, 0]
     torch.testing.assert_close(results[0]["scores"], logits[0].softmax(-1)[[0, 1], [2, 1]])
@@ -30,11 +36,17 @@ def test_boxes_in_original_pixels_and_best_real_class() -> None:
 
 def test_round_trip_with_target_normalisation() -> None:
     # A box given in pixels of a resized image comes back in pixels of the original image.
-    resized = {"boxes": torch.tensor([[40.0, 30.0, 200.0, 150.0]]), "labels": torch.tensor([7]), "size": torch.tensor([300, 400])}
+    resized = {
+        "boxes": torch.tensor([[40.0, 30.0, 200.0, 150.0]]),
+        "labels": torch.tensor([7]),
+        "size": torch.tensor([300, 400]),
+    }
     normalised = normalize_targets([resized])[0]["boxes"]
     logits = torch.zeros(1, 1, 9)
     logits[0, 0, 7] = 5.0
-    (result,) = postprocess_detections({"pred_logits": logits, "pred_boxes": normalised[None]}, torch.tensor([[600, 800]]))
+    (result,) = postprocess_detections(
+        {"pred_logits": logits, "pred_boxes": normalised[None]}, torch.tensor([[600, 800]])
+    )
     torch.testing.assert_close(result["boxes"], torch.tensor([[80.0, 60.0, 400.0, 300.0]]))
     assert result["labels"].tolist() == [7]
 
@@ -90,12 +102,16 @@ def test_panoptic_drops_small_segments_and_reassigns_their_pixels() -> None:
     sizes = torch.tensor([[12, 16]])
     (result,) = postprocess_panoptic(panoptic_outputs(), sizes, sizes, IS_THING, min_area=64)
     assert torch.equal(result["segment_ids"], torch.ones(12, 16, dtype=torch.int64))
-    assert result["segments_info"] == [{"id": 1, "category_id": 5, "isthing": False, "area": 192, "score": pytest.approx(CONFIDENT)}]
+    assert result["segments_info"] == [
+        {"id": 1, "category_id": 5, "isthing": False, "area": 192, "score": pytest.approx(CONFIDENT)}
+    ]
 
 
 def test_panoptic_without_confident_queries_is_void() -> None:
     outputs = panoptic_outputs()
-    results = postprocess_panoptic(outputs, torch.tensor([[12, 16]]), torch.tensor([[30, 40]]), IS_THING, threshold=0.99995)
+    results = postprocess_panoptic(
+        outputs, torch.tensor([[12, 16]]), torch.tensor([[30, 40]]), IS_THING, threshold=0.99995
+    )
     assert torch.equal(results[0]["segment_ids"], torch.zeros(30, 40, dtype=torch.int64))
     assert results[0]["segments_info"] == []
 
@@ -140,7 +156,10 @@ def test_sigmoid_detections_nms_drops_same_class_duplicates_above_the_threshold_
         found = postprocess_sigmoid_detections(outputs, sizes, num_detections=count, nms_threshold=threshold)[0]
         assert found["scores"].tolist() == sorted(found["scores"].tolist(), reverse=True)
         confident = found["scores"] > 0.01  # the (query, class) pairs of logit -20 are candidates too
-        return [(int(label), round(float(box[0]), 3)) for label, box in zip(found["labels"][confident], found["boxes"][confident])]
+        return [
+            (int(label), round(float(box[0]), 3))
+            for label, box in zip(found["labels"][confident], found["boxes"][confident])
+        ]
 
     everything = [(1, 10.0), (1, 11.0), (1, 12.0), (2, 10.0)]
     assert kept(None) == everything
@@ -162,8 +181,10 @@ def test_batch_detections_with_nms_are_each_images_alone_padded_after_the_kept_o
     outputs, sizes = {"pred_logits": logits, "pred_boxes": boxes}, torch.tensor([[50, 80], [50, 80]])  # the same pixels
     batch = sigmoid_detections(outputs, sizes, num_detections=6, nms_threshold=0.5)
     for image in range(2):
-        alone = {key: value[image:image + 1] for key, value in outputs.items()}
-        (expected,) = postprocess_sigmoid_detections(alone, sizes[image:image + 1], num_detections=6, nms_threshold=0.5)
+        alone = {key: value[image : image + 1] for key, value in outputs.items()}
+        (expected,) = postprocess_sigmoid_detections(
+            alone, sizes[image : image + 1], num_detections=6, nms_threshold=0.5
+        )
         count = len(expected["scores"])
         assert count == 4  # one of the two overlapping class-0 boxes suppressed (the worse), both class-1 copies too
         assert batch["labels"][image, :count].tolist() == expected["labels"].tolist()
@@ -195,7 +216,9 @@ def test_shared_scores_are_each_class_probability_times_its_share_of_the_query()
         torch.testing.assert_close(found[image]["scores"], expected.to(found[image]["scores"]))
         assert found[image]["labels"].tolist() == [label for _, _, label in pairs[:50]]
         best = [max((s, label) for s, q, label in pairs if q == query) for query in range(30)]
-        torch.testing.assert_close(per_query[image]["scores"], torch.tensor([s for s, _ in best]).to(per_query[image]["scores"]))
+        torch.testing.assert_close(
+            per_query[image]["scores"], torch.tensor([s for s, _ in best]).to(per_query[image]["scores"])
+        )
         assert per_query[image]["labels"].tolist() == [label for _, label in best]
 
 
@@ -207,4 +230,6 @@ def test_shared_scores_keep_a_confident_query_and_lower_a_torn_one() -> None:
     plain = postprocess_sigmoid_detections(outputs, torch.tensor([[10, 10]]), num_detections=4)[0]
     shared = postprocess_sigmoid_detections(outputs, torch.tensor([[10, 10]]), num_detections=4, share_scores=True)[0]
     torch.testing.assert_close(plain["scores"], torch.tensor([0.9, 0.9, 0.8, 0.01]))
-    torch.testing.assert_close(shared["scores"], torch.tensor([0.9 * 0.9 / 0.91, 0.9 * 0.9 / 1.7, 0.8 * 0.8 / 1.7, 0.01 * 0.01 / 0.91]))
+    torch.testing.assert_close(
+        shared["scores"], torch.tensor([0.9 * 0.9 / 0.91, 0.9 * 0.9 / 1.7, 0.8 * 0.8 / 1.7, 0.01 * 0.01 / 0.91])
+    )

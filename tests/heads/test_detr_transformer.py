@@ -30,12 +30,21 @@ def test_cpu_training_attention_is_sdpa_with_the_ops_dropout(monkeypatch: pytest
 
 def test_grad_checkpointing_gives_the_same_outputs_and_gradients() -> None:
     torch.manual_seed(0)
-    plain = Transformer(dim=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64, dropout=0.1).train()
+    plain = Transformer(
+        dim=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64, dropout=0.1
+    ).train()
     with torch.no_grad():  # every parameter away from its initialisation (norm weights off 1, biases off 0)
         for p in plain.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    checkpointed = Transformer(dim=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=64,
-                               dropout=0.1, grad_checkpointing=True).train()
+    checkpointed = Transformer(
+        dim=32,
+        num_heads=4,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dim_feedforward=64,
+        dropout=0.1,
+        grad_checkpointing=True,
+    ).train()
     checkpointed.load_state_dict(plain.state_dict())
     src, pos, queries = torch.randn(2, 15, 32), torch.randn(2, 15, 32), torch.randn(5, 32)
     padding = torch.zeros(2, 15, dtype=torch.bool)

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vision_tx.heads.dino import ContrastiveDenoising
-
 from tests.conftest import require_reference
+from vision_tx.heads.dino import ContrastiveDenoising
 
 NUM_CLASSES, DIM, MATCHING = 7, 8, 5
 EPS = 1e-3  # DINO's inverse_sigmoid bound
@@ -59,7 +58,9 @@ def test_noised_boxes_are_clamped_and_stored_through_the_inverse_sigmoid() -> No
     back with a sigmoid: every coordinate it reads lies within [eps / (1 + eps), 1 / (1 + eps)]."""
     torch.manual_seed(0)
     targets = targets_of([6, 3], seed=1)
-    queries = ContrastiveDenoising(NUM_CLASSES, DIM, num_queries=100, label_noise_ratio=0.0, box_noise_scale=1.0)(targets, MATCHING)
+    queries = ContrastiveDenoising(NUM_CLASSES, DIM, num_queries=100, label_noise_ratio=0.0, box_noise_scale=1.0)(
+        targets, MATCHING
+    )
     low, high = EPS / (1 + EPS), 1 / (1 + EPS)
     assert queries.boxes.min() >= low - 1e-7 and queries.boxes.max() <= high + 1e-7
     # Crossed corners (about 44% of the negatives at noise scale 1) become sizes of exactly eps / (1 + eps).
@@ -99,8 +100,13 @@ def test_queries_are_transformers_rt_detr_contrastive_denoising_groups() -> None
     queries = denoising(targets, MATCHING)
     torch.manual_seed(5)
     content, logit_boxes, mask, meta = rt_detr.get_contrastive_denoising_training_group(
-        [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets], NUM_CLASSES, MATCHING, class_embed, 20,
-        label_noise_ratio=0.5, box_noise_scale=1.0,
+        [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets],
+        NUM_CLASSES,
+        MATCHING,
+        class_embed,
+        20,
+        label_noise_ratio=0.5,
+        box_noise_scale=1.0,
     )
     assert queries.num_groups == meta["dn_num_group"] == 20 // 5
     assert meta["dn_num_split"] == [queries.boxes.shape[1], MATCHING]

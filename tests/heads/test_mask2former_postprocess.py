@@ -5,15 +5,13 @@ paper's rules where transformers departs from them, on hand-made cases."""
 from __future__ import annotations
 
 import math
-
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from vision_tx.heads.mask2former import instance_inference, panoptic_inference, resize_masks, semantic_inference
-
 from tests.conftest import require_reference
+from vision_tx.heads.mask2former import instance_inference, panoptic_inference, resize_masks, semantic_inference
 
 transformers = require_reference("transformers")
 
@@ -56,7 +54,9 @@ def test_instances_match_transformers(processor, seed: int) -> None:
     assert all(m.any() for m in ours["masks"])  # transformers drops empty masks, the paper keeps them
     info = sorted(expected["segments_info"], key=lambda s: -s["score"])
     binary = expected["segmentation"][[s["id"] for s in info]]
-    torch.testing.assert_close(ours["scores"], torch.tensor([s["score"] for s in info], dtype=torch.float64), rtol=0, atol=5e-7)  # rounded to 6 digits there
+    torch.testing.assert_close(
+        ours["scores"], torch.tensor([s["score"] for s in info], dtype=torch.float64), rtol=0, atol=5e-7
+    )  # rounded to 6 digits there
     assert ours["labels"].tolist() == [s["label_id"] for s in info]
     assert torch.equal(ours["masks"], binary.bool())
 
@@ -91,8 +91,10 @@ def test_panoptic_matches_transformers(processor, seed: int) -> None:
     logits, masks = _saturated_panoptic(seed)
     is_thing = {0: True, 1: True, 2: True, 3: False}
     (expected,) = processor.post_process_panoptic_segmentation(
-        SimpleNamespace(class_queries_logits=logits, masks_queries_logits=masks), threshold=0.8,
-        overlap_mask_area_threshold=0.8, label_ids_to_fuse={3},
+        SimpleNamespace(class_queries_logits=logits, masks_queries_logits=masks),
+        threshold=0.8,
+        overlap_mask_area_threshold=0.8,
+        label_ids_to_fuse={3},
     )
     ours = panoptic_inference(logits[0], masks[0], is_thing, object_mask_threshold=0.8, overlap_threshold=0.8)
     their_ids = sorted({s["id"] for s in expected["segments_info"]})
@@ -126,7 +128,9 @@ def test_panoptic_paper_rules() -> None:
     assert [s["area"] for s in ours["segments_info"]] == [15, 12]
 
 
-@pytest.mark.parametrize("probability, threshold, kept", [(0.65, 0.6, True), (0.65, 0.7, False), (0.4, 0.3, True), (0.4, 0.45, False)])
+@pytest.mark.parametrize(
+    "probability, threshold, kept", [(0.65, 0.6, True), (0.65, 0.7, False), (0.4, 0.3, True), (0.4, 0.45, False)]
+)
 def test_panoptic_object_threshold_is_the_given_one(probability: float, threshold: float, kept: bool) -> None:
     """A thing query whose class has ``probability`` is kept exactly when it is above the given
     ``object_mask_threshold``, on both sides of 0.5 (a stuff query covers the rest of the image)."""
@@ -145,7 +149,11 @@ def test_panoptic_object_threshold_is_the_given_one(probability: float, threshol
 def test_resize_masks_crops_the_padding_before_resizing() -> None:
     masks = torch.arange(2 * 4 * 6, dtype=torch.float64).view(2, 4, 6)
     resized = resize_masks(masks, (12, 20), (6, 10))
-    upsampled = torch.nn.functional.interpolate(masks[None], size=(16, 24), mode="bilinear", align_corners=False)[:, :, :12, :20]
-    torch.testing.assert_close(resized, torch.nn.functional.interpolate(upsampled, size=(6, 10), mode="bilinear", align_corners=False)[0])
+    upsampled = torch.nn.functional.interpolate(masks[None], size=(16, 24), mode="bilinear", align_corners=False)[
+        :, :, :12, :20
+    ]
+    torch.testing.assert_close(
+        resized, torch.nn.functional.interpolate(upsampled, size=(6, 10), mode="bilinear", align_corners=False)[0]
+    )
     with pytest.raises(ValueError, match="exceeds the padded input"):
         resize_masks(masks, (17, 20), (6, 10))

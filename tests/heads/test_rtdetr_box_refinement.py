@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import roi_align
 
-from vision_tx.heads.rtdetr.box_refinement import RoIBoxRefinement
-
 from tests.parity import perturb_
+from vision_tx.heads.rtdetr.box_refinement import RoIBoxRefinement
 
 DIM, CHANNELS, SIZE, ENLARGE, MAX_SHIFT = 16, 6, 5, 1.25, 0.25
 MAP = (10, 14)  # the padded map
@@ -38,9 +37,16 @@ def roi_align_samples(
     height, width = feature_map.shape[-2:]
     scale = torch.stack([valid_ratio[:, 0] * width, valid_ratio[:, 1] * height], -1).repeat(1, 2)[:, None]  # [B,1,4]
     cx, cy, w, h = boxes.unbind(-1)
-    corners = torch.stack([cx - w * ENLARGE / 2, cy - h * ENLARGE / 2, cx + w * ENLARGE / 2, cy + h * ENLARGE / 2], -1) * scale
+    corners = (
+        torch.stack([cx - w * ENLARGE / 2, cy - h * ENLARGE / 2, cx + w * ENLARGE / 2, cy + h * ENLARGE / 2], -1)
+        * scale
+    )
     rois = [image_corners for image_corners in corners]
-    return roi_align(feature_map, rois, SIZE, spatial_scale=1.0, sampling_ratio=samples_per_bin, aligned=True).flatten(1).view(*boxes.shape[:2], -1)
+    return (
+        roi_align(feature_map, rois, SIZE, spatial_scale=1.0, sampling_ratio=samples_per_bin, aligned=True)
+        .flatten(1)
+        .view(*boxes.shape[:2], -1)
+    )
 
 
 @pytest.mark.parametrize("samples_per_bin", [1, 2, 3])
@@ -59,8 +65,16 @@ def test_refined_boxes_are_each_edge_shifted_by_its_share_of_the_box() -> None:
     feature_map = torch.randn(2, DIM, *MAP, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     boxes = boxes_inside()
     conv, norm = module.reduce[0], module.reduce[1]
-    reduced = F.silu(F.batch_norm(F.conv2d(feature_map, conv.weight), norm.running_mean, norm.running_var, norm.weight, norm.bias,
-                                  eps=norm.eps))
+    reduced = F.silu(
+        F.batch_norm(
+            F.conv2d(feature_map, conv.weight),
+            norm.running_mean,
+            norm.running_var,
+            norm.weight,
+            norm.bias,
+            eps=norm.eps,
+        )
+    )
     hidden = roi_align_samples(reduced, boxes, VALID_RATIO.double())
     for index, layer in enumerate(module.edges.layers):
         hidden = layer(hidden) if index == len(module.edges.layers) - 1 else torch.relu(layer(hidden))

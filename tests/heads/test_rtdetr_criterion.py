@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
-
 from tests.conftest import require_reference
+from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
 
 transformers = require_reference("transformers")
 _deim_loss = require_reference("transformers.loss.loss_deimv2")
@@ -15,7 +14,9 @@ _deim_loss = require_reference("transformers.loss.loss_deimv2")
 BATCH, QUERIES, CLASSES = 3, 12, 5
 
 
-def matched_layer() -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+def matched_layer() -> tuple[
+    torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]
+]:
     """Random logits ``[B,Q,C]`` and cxcywh boxes ``[B,Q,4]``, targets of 0-4 boxes per image (one image empty)
     and a matching of every target to a distinct query, boxes near their targets (IoU spread over 0-1)."""
     generator = torch.Generator().manual_seed(0)
@@ -33,7 +34,9 @@ def matched_layer() -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Te
     return logits, boxes.clamp(0.05, 0.95), targets, indices
 
 
-def ours(criterion: RTDETRCriterion, logits: torch.Tensor, boxes: torch.Tensor, targets: list[dict], indices: list) -> torch.Tensor:
+def ours(
+    criterion: RTDETRCriterion, logits: torch.Tensor, boxes: torch.Tensor, targets: list[dict], indices: list
+) -> torch.Tensor:
     """The criterion's classification term of one layer, summed and divided by the number of targets."""
     image = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)])
     query = torch.cat([q for q, _ in indices])
@@ -41,7 +44,9 @@ def ours(criterion: RTDETRCriterion, logits: torch.Tensor, boxes: torch.Tensor, 
     target_boxes = torch.cat([t["boxes"][k] for t, (_, k) in zip(targets, indices)])
     onehot = torch.zeros_like(logits)
     onehot[image, query, labels] = 1.0
-    loss = criterion.classification_loss(logits, onehot, (image, query, labels), boxes[image, query][None], target_boxes[None])
+    loss = criterion.classification_loss(
+        logits, onehot, (image, query, labels), boxes[image, query][None], target_boxes[None]
+    )
     return loss.sum() / len(labels)
 
 
@@ -51,8 +56,10 @@ def test_matchability_aware_loss_is_deims(mal_alpha: float | None) -> None:
     config = transformers.Deimv2Config(num_labels=CLASSES, focal_loss_gamma=1.5, mal_alpha=mal_alpha)
     reference = _deim_loss.Deimv2Loss(config)
     theirs = reference.loss_labels_mal(
-        {"logits": logits, "pred_boxes": boxes}, [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets],
-        indices, num_boxes=sum(len(t["labels"]) for t in targets),
+        {"logits": logits, "pred_boxes": boxes},
+        [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets],
+        indices,
+        num_boxes=sum(len(t["labels"]) for t in targets),
     )["loss_mal"]
     criterion = RTDETRCriterion(CLASSES, class_loss="mal", mal_alpha=mal_alpha, mal_gamma=1.5)
     torch.testing.assert_close(ours(criterion, logits, boxes, targets, indices), theirs, rtol=1e-6, atol=1e-7)
@@ -67,6 +74,8 @@ def test_matchability_aware_loss_is_logged_and_weighted_as_the_class_term() -> N
     losses = criterion(outputs, targets)
     assert "loss_mal" in losses and "loss_vfl" not in losses
     weighted = 3.0 * losses["loss_mal"] + 5.0 * losses["loss_bbox"] + 2.0 * losses["loss_giou"]
-    assert losses["loss"].item() == pytest.approx(weighted.item(), rel=1e-6)  # floats: pytest 9.2's approx refuses 0-d tensors
+    assert losses["loss"].item() == pytest.approx(
+        weighted.item(), rel=1e-6
+    )  # floats: pytest 9.2's approx refuses 0-d tensors
     with pytest.raises(ValueError, match="class_loss must be one of"):
         RTDETRCriterion(CLASSES, class_loss="focal")

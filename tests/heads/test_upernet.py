@@ -10,15 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import require_reference
+from tests.parity import perturb_
 from vision_tx.heads.fcn import FCNHead
 from vision_tx.heads.upernet import UperNetHead
 
-from tests.conftest import require_reference
-from tests.parity import perturb_
-
 transformers = require_reference("transformers")
 from transformers import UperNetConfig  # noqa: E402
-from transformers.models.upernet.modeling_upernet import UperNetFCNHead, UperNetHead as HFUperNetHead  # noqa: E402
+from transformers.models.upernet.modeling_upernet import UperNetFCNHead  # noqa: E402
+from transformers.models.upernet.modeling_upernet import UperNetHead as HFUperNetHead
 
 IN_CHANNELS = [12, 24, 48, 96]
 NUM_CLASSES = 7
@@ -30,7 +30,9 @@ def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def features(batch: int = 2, size: int = 96) -> list[torch.Tensor]:
-    return [torch.randn(batch, c, size // s, size // s, dtype=torch.float64) for c, s in zip(IN_CHANNELS, (4, 8, 16, 32))]
+    return [
+        torch.randn(batch, c, size // s, size // s, dtype=torch.float64) for c, s in zip(IN_CHANNELS, (4, 8, 16, 32))
+    ]
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ on the toy set, and their metrics validated on one process."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -27,15 +27,46 @@ def train_checkpoint(detector: str, run_dir: Path, toy_cache: Path) -> Path:
     at the end, in ``run_dir``; checks what the validation writes and returns ``last.ckpt``."""
     steps = str(CHECKPOINT_STEPS[detector])
     run_tool_in_process(
-        "train.py", *DETECTOR_ARGS[detector], "--data.toy_cache_dir", str(toy_cache),
-        "--trainer.max_steps", steps, "--trainer.limit_val_batches", "2",
-        "--trainer.check_val_every_n_epoch", "null", "--trainer.val_check_interval", steps, "--trainer.num_sanity_val_steps", "0",
-        "--trainer.default_root_dir", str(run_dir), "--trainer.logger", "true",
+        "train.py",
+        *DETECTOR_ARGS[detector],
+        "--data.toy_cache_dir",
+        str(toy_cache),
+        "--trainer.max_steps",
+        steps,
+        "--trainer.limit_val_batches",
+        "2",
+        "--trainer.check_val_every_n_epoch",
+        "null",
+        "--trainer.val_check_interval",
+        steps,
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.logger",
+        "true",
         cwd=run_dir,
     )
     metrics = json.loads(next(run_dir.rglob("metrics.json")).read_text())
-    assert set(metrics["bbox"]) == {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl", "per_category",
-                                    "best_f1", "best_f1_threshold", "confusion_matrix", "curves"}  # with the validation report
+    assert set(metrics["bbox"]) == {
+        "AP",
+        "AP50",
+        "AP75",
+        "APs",
+        "APm",
+        "APl",
+        "AR1",
+        "AR10",
+        "AR100",
+        "ARs",
+        "ARm",
+        "ARl",
+        "per_category",
+        "best_f1",
+        "best_f1_threshold",
+        "confusion_matrix",
+        "curves",
+    }  # with the validation report
     assert list(run_dir.rglob("predictions_step*.png")) and list(run_dir.rglob("bbox_results.json"))
     assert {p.name for p in run_dir.rglob("*.png")} >= {"confusion_matrix.png", "pr_curve.png", "f1_curve.png"}
     return next(run_dir.rglob("last.ckpt"))
@@ -54,7 +85,9 @@ def dino_checkpoint(tmp_path_factory, detr_toy_cache: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def metrics_on_one_process(tmp_path_factory, request: pytest.FixtureRequest, detr_toy_cache: Path) -> Callable[[str], dict]:
+def metrics_on_one_process(
+    tmp_path_factory, request: pytest.FixtureRequest, detr_toy_cache: Path
+) -> Callable[[str], dict]:
     """``metrics_on_one_process(detector)``: the ``metrics.json`` of ``tools/eval.py`` validating the
     detector's session checkpoint (``detr_checkpoint``, ``dino_checkpoint``) on one process, once per session."""
     computed: dict[str, dict] = {}
@@ -63,7 +96,9 @@ def metrics_on_one_process(tmp_path_factory, request: pytest.FixtureRequest, det
         if detector not in computed:
             checkpoint = request.getfixturevalue(f"{detector}_checkpoint")
             out = tmp_path_factory.mktemp(f"{detector}_eval")
-            computed[detector], _ = validate_checkpoint(checkpoint, detr_toy_cache, out, devices=1, config_args=DETECTOR_ARGS[detector])
+            computed[detector], _ = validate_checkpoint(
+                checkpoint, detr_toy_cache, out, devices=1, config_args=DETECTOR_ARGS[detector]
+            )
         return computed[detector]
 
     return metrics

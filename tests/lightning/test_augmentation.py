@@ -46,8 +46,17 @@ class Probe(Dataset):
         return 4 * BATCHES_PER_EPOCH
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        sample = torch.tensor([self.probability, self.mixup_probability, self.transform.affine.p, self.transform.channel_permutation.p,
-                               self.transform.vertical_flip.p, self.transform.quarter_turn.p, self.copy_paste_probability])
+        sample = torch.tensor(
+            [
+                self.probability,
+                self.mixup_probability,
+                self.transform.affine.p,
+                self.transform.channel_permutation.p,
+                self.transform.vertical_flip.p,
+                self.transform.quarter_turn.p,
+                self.copy_paste_probability,
+            ]
+        )
         self.drawn.set()
         return sample
 
@@ -62,17 +71,23 @@ class ProbeData(pl.LightningDataModule):
         super().__init__()
         self.workers = workers
         self.augmentation_schedule = schedule or {}
-        self.train_transform = SimpleNamespace(affine=SwitchableRandomApply([v2.Identity()], p=AFFINE),
-                                               channel_permutation=SwitchableRandomApply([v2.Identity()], p=PERMUTATION),
-                                               vertical_flip=SwitchableRandomApply([v2.Identity()], p=VERTICAL_FLIP),
-                                               quarter_turn=SwitchableRandomApply([v2.Identity()], p=QUARTER_TURN))
+        self.train_transform = SimpleNamespace(
+            affine=SwitchableRandomApply([v2.Identity()], p=AFFINE),
+            channel_permutation=SwitchableRandomApply([v2.Identity()], p=PERMUTATION),
+            vertical_flip=SwitchableRandomApply([v2.Identity()], p=VERTICAL_FLIP),
+            quarter_turn=SwitchableRandomApply([v2.Identity()], p=QUARTER_TURN),
+        )
         self.train_dataset = Probe(self.train_transform)
 
     def augmentation_probabilities(self) -> dict[str, float]:
         transform = self.train_transform
-        return {**{name: getattr(self.train_dataset, attribute) for name, attribute in self.DATASET.items()},
-                "affine": transform.affine.p, "channel_permutation": transform.channel_permutation.p,
-                "vertical_flip": transform.vertical_flip.p, "quarter_turn": transform.quarter_turn.p}
+        return {
+            **{name: getattr(self.train_dataset, attribute) for name, attribute in self.DATASET.items()},
+            "affine": transform.affine.p,
+            "channel_permutation": transform.channel_permutation.p,
+            "vertical_flip": transform.vertical_flip.p,
+            "quarter_turn": transform.quarter_turn.p,
+        }
 
     def set_augmentation_probabilities(self, probabilities: dict[str, float]) -> None:
         for name, probability in probabilities.items():
@@ -82,7 +97,9 @@ class ProbeData(pl.LightningDataModule):
                 getattr(self.train_transform, name).p = probability
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_dataset, batch_size=4, num_workers=self.workers, persistent_workers=self.workers > 0)
+        return DataLoader(
+            self.train_dataset, batch_size=4, num_workers=self.workers, persistent_workers=self.workers > 0
+        )
 
 
 class Recorder(pl.LightningModule):
@@ -116,13 +133,23 @@ def mosaics_and_affine(length: float) -> dict[str, LongRun]:
 
 
 def recipe(length: float) -> dict[str, LongRun]:
-    return {"mixup": LongRun(length, True), "copy_paste": LongRun(length, True),
-            "channel_permutation": LongRun(length), "vertical_flip": LongRun(length)}
+    return {
+        "mixup": LongRun(length, True),
+        "copy_paste": LongRun(length, True),
+        "channel_permutation": LongRun(length),
+        "vertical_flip": LongRun(length),
+    }
 
 
-def fit(schedule: dict[str, LongRun], max_steps: int, workers: int = 0, save_to: Path | None = None,
-        resume_from: Path | None = None, callback: LongRunAugmentation | None = None,
-        accumulate: int = 1) -> list[tuple[float, ...]]:
+def fit(
+    schedule: dict[str, LongRun],
+    max_steps: int,
+    workers: int = 0,
+    save_to: Path | None = None,
+    resume_from: Path | None = None,
+    callback: LongRunAugmentation | None = None,
+    accumulate: int = 1,
+) -> list[tuple[float, ...]]:
     """Trains ``max_steps`` on the probe data of ``schedule``; ``save_to`` keeps a checkpoint after every step
     (``step=N.ckpt``), ``resume_from`` resumes one."""
     data = ProbeData(workers, schedule)
@@ -130,25 +157,54 @@ def fit(schedule: dict[str, LongRun], max_steps: int, workers: int = 0, save_to:
     callbacks = [callback if callback is not None else LongRunAugmentation()]
     if save_to is not None:
         callbacks = [*callbacks, pl.callbacks.ModelCheckpoint(save_to, "{step}", every_n_train_steps=1, save_top_k=-1)]
-    trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=save_to is not None, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=callbacks, accumulate_grad_batches=accumulate)
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        logger=False,
+        enable_checkpointing=save_to is not None,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        accumulate_grad_batches=accumulate,
+    )
     trainer.fit(model, datamodule=data, ckpt_path=resume_from)
     return model.seen
 
 
 def planned_trainer(data: ProbeData, max_steps: int = 12, **fields: Any) -> SimpleNamespace:
     """The trainer fields ``setup`` reads, for a ``max_steps`` run of one process on ``data``."""
-    return SimpleNamespace(**{"datamodule": data, "callbacks": [], "max_steps": max_steps, "accumulate_grad_batches": 1,
-                              "world_size": 1, "limit_train_batches": 1.0, "max_epochs": -1,
-                              "strategy": SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision), **fields})
+    return SimpleNamespace(
+        **{
+            "datamodule": data,
+            "callbacks": [],
+            "max_steps": max_steps,
+            "accumulate_grad_batches": 1,
+            "world_size": 1,
+            "limit_train_batches": 1.0,
+            "max_epochs": -1,
+            "strategy": SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision),
+            **fields,
+        }
+    )
 
 
 def test_a_long_run_augments_until_the_drop_then_closes_the_mosaics_in_persistent_workers() -> None:
     callback = LongRunAugmentation()  # 12 steps of 2 per epoch: 6 epochs, long enough
     seen = fit(mosaics_and_affine(6), max_steps=12, workers=1, callback=callback)
     assert callback.on_epochs == {6.0: 0} and callback.drop_epoch == (DROP_STEP - 1) // BATCHES_PER_EPOCH
-    expected = [(epoch, MOSAIC if epoch <= callback.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
-                for epoch in range(6) for _ in range(2)]
+    expected = [
+        (
+            epoch,
+            MOSAIC if epoch <= callback.drop_epoch else 0.0,
+            MIXUP,
+            AFFINE,
+            PERMUTATION,
+            VERTICAL_FLIP,
+            QUARTER_TURN,
+            COPY_PASTE,
+        )
+        for epoch in range(6)
+        for _ in range(2)
+    ]
     assert seen == expected
 
 
@@ -158,8 +214,20 @@ def test_mixup_and_copy_paste_run_with_the_permutation_and_close_at_the_drop_as_
     callback = LongRunAugmentation()
     seen = fit(recipe(6), max_steps=12, workers=1, callback=callback)
     open_ = [epoch <= callback.drop_epoch for epoch in range(6)]
-    assert seen == [(epoch, MOSAIC, MIXUP if open_[epoch] else 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN,
-                     COPY_PASTE if open_[epoch] else 0.0) for epoch in range(6) for _ in range(2)]
+    assert seen == [
+        (
+            epoch,
+            MOSAIC,
+            MIXUP if open_[epoch] else 0.0,
+            AFFINE,
+            PERMUTATION,
+            VERTICAL_FLIP,
+            QUARTER_TURN,
+            COPY_PASTE if open_[epoch] else 0.0,
+        )
+        for epoch in range(6)
+        for _ in range(2)
+    ]
     assert callback.names(6) == "mixup and copy-paste and channel permutation and vertical flip"
     data = ProbeData(0, recipe(6))
     data.train_dataset.mixup_probability = 0.0  # scheduled but configured at 0: not switched, and not in the messages
@@ -167,14 +235,20 @@ def test_mixup_and_copy_paste_run_with_the_permutation_and_close_at_the_drop_as_
     unconfigured.setup(planned_trainer(data), None, "fit")
     assert unconfigured.names(6) == "copy-paste and channel permutation and vertical flip"
     short = fit({"mixup": LongRun(6.5, True)}, max_steps=12)
-    assert short == [(epoch, MOSAIC, 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for epoch in range(6) for _ in range(2)]
+    assert short == [
+        (epoch, MOSAIC, 0.0, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
+        for epoch in range(6)
+        for _ in range(2)
+    ]
 
 
 def test_a_short_run_is_not_augmented() -> None:
     callback = LongRunAugmentation()  # the same 6 epochs, now short of the threshold
     assert fit(mosaics_and_affine(6.5), max_steps=12, callback=callback) == [
         (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
-        for epoch in range(6) for _ in range(2)]
+        for epoch in range(6)
+        for _ in range(2)
+    ]
     assert callback.on_epochs == {6.5: None}
 
 
@@ -194,9 +268,13 @@ def test_a_step_run_counts_its_accumulated_batches_as_epochs(length: float, on: 
 def test_a_budget_run_is_long_when_its_pace_makes_from_epochs(length: float, on: bool) -> None:
     budget = TrainingBudget(minutes=1.0)
     budget.elapsed = lambda: 6.0  # two epochs in 6 s: 20 epochs in the minute
-    trainer = SimpleNamespace(callbacks=[budget], current_epoch=2, max_steps=-1,
-                              datamodule=ProbeData(0, mosaics_and_affine(length)),
-                              strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision))
+    trainer = SimpleNamespace(
+        callbacks=[budget],
+        current_epoch=2,
+        max_steps=-1,
+        datamodule=ProbeData(0, mosaics_and_affine(length)),
+        strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision),
+    )
     callback = LongRunAugmentation()
     callback.setup(trainer, None, "fit")
     assert callback.on_epochs == {length: None}  # a budget run is not decided before its epochs have a pace
@@ -208,7 +286,9 @@ def test_a_budget_run_is_long_when_its_pace_makes_from_epochs(length: float, on:
     assert LongRunAugmentation().planned_epochs(trainer) == 0.0
 
 
-@pytest.mark.parametrize("step", [7, 8, 9])  # in the epoch of the drop (3): mid-epoch and at its end; mid-epoch in the next
+@pytest.mark.parametrize(
+    "step", [7, 8, 9]
+)  # in the epoch of the drop (3): mid-epoch and at its end; mid-epoch in the next
 def test_a_resumed_run_draws_its_first_batches_as_the_run_it_continues(tmp_path: Path, step: int) -> None:
     """The resumed run's first batches are drawn before any epoch start (mid-epoch, Lightning calls none): the
     checkpoint's next epoch is set before the worker draws, so the mosaics stay closed after the drop and a short run
@@ -218,16 +298,34 @@ def test_a_resumed_run_draws_its_first_batches_as_the_run_it_continues(tmp_path:
     fit(mosaics_and_affine(6.5), max_steps=12, save_to=tmp_path / "short")
     resumed = fit(mosaics_and_affine(6), max_steps=12, workers=1, resume_from=tmp_path / "long" / f"step={step}.ckpt")
     assert resumed and resumed[0][0] == step // BATCHES_PER_EPOCH  # the epoch of the next batch
-    assert resumed == [(epoch, MOSAIC if epoch <= long_run.drop_epoch else 0.0, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
-                       for epoch, *_ in resumed]
-    resumed_short = fit(mosaics_and_affine(6.5), max_steps=12, workers=1,
-                        resume_from=tmp_path / "short" / f"step={step}.ckpt")
-    assert resumed_short and all(seen[1:] == (0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for seen in resumed_short)
+    assert resumed == [
+        (
+            epoch,
+            MOSAIC if epoch <= long_run.drop_epoch else 0.0,
+            MIXUP,
+            AFFINE,
+            PERMUTATION,
+            VERTICAL_FLIP,
+            QUARTER_TURN,
+            COPY_PASTE,
+        )
+        for epoch, *_ in resumed
+    ]
+    resumed_short = fit(
+        mosaics_and_affine(6.5), max_steps=12, workers=1, resume_from=tmp_path / "short" / f"step={step}.ckpt"
+    )
+    assert resumed_short and all(
+        seen[1:] == (0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE) for seen in resumed_short
+    )
 
 
-@pytest.mark.parametrize(("world_size", "limit", "distributed", "batches"),
-                         [(1, 1.0, False, 5), (2, 1.0, False, 3), (2, 1.0, True, 5), (1, 4, False, 4), (1, 0.5, False, 2)])
-def test_batches_per_epoch_read_before_lightning_iterates(world_size: int, limit: float, distributed: bool, batches: int) -> None:
+@pytest.mark.parametrize(
+    ("world_size", "limit", "distributed", "batches"),
+    [(1, 1.0, False, 5), (2, 1.0, False, 3), (2, 1.0, True, 5), (1, 4, False, 4), (1, 0.5, False, 2)],
+)
+def test_batches_per_epoch_read_before_lightning_iterates(
+    world_size: int, limit: float, distributed: bool, batches: int
+) -> None:
     """A plain sampler is split over the processes (5 batches: 3 each on 2), a DistributedSampler is already the process's
     share; ``limit_train_batches`` caps by count or fraction."""
     dataset = list(range(10))
@@ -241,7 +339,9 @@ def test_a_datamodule_without_a_schedule_is_left_as_configured() -> None:
     """No ``augmentation_schedule`` (a classification datamodule) or an empty one: nothing is read or set."""
     assert fit({}, max_steps=12) == [
         (epoch, MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
-        for epoch in range(6) for _ in range(2)]
+        for epoch in range(6)
+        for _ in range(2)
+    ]
     callback = LongRunAugmentation()
     callback.setup(planned_trainer(SimpleNamespace(train_dataset=[])), None, "fit")
     assert callback.schedule == {} and callback.on_epochs == {}
@@ -252,21 +352,59 @@ def test_several_run_lengths_switch_their_own_augmentations() -> None:
     A 6-epoch run has the latter three throughout (the mosaics never close: they never opened) and the rest held off;
     each length's decision is kept in the checkpoint state."""
     callback = LongRunAugmentation()
-    schedule = {**mosaics_and_affine(100), "channel_permutation": LongRun(5), "vertical_flip": LongRun(5),
-                "quarter_turn": LongRun(5)}
+    schedule = {
+        **mosaics_and_affine(100),
+        "channel_permutation": LongRun(5),
+        "vertical_flip": LongRun(5),
+        "quarter_turn": LongRun(5),
+    }
     assert fit(schedule, max_steps=12, workers=1, callback=callback) == [
         (epoch, 0.0, MIXUP, 0.0, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
-        for epoch in range(6) for _ in range(2)]
+        for epoch in range(6)
+        for _ in range(2)
+    ]
     assert callback.on_epochs == {5.0: 0, 100.0: None}
     assert callback.state_dict()["on_epochs"] == {"5": 0, "100": None}
     assert fit({"channel_permutation": LongRun(6.5)}, max_steps=12)[0] == (
-        0, MOSAIC, MIXUP, AFFINE, 0.0, VERTICAL_FLIP, QUARTER_TURN, COPY_PASTE)
+        0,
+        MOSAIC,
+        MIXUP,
+        AFFINE,
+        0.0,
+        VERTICAL_FLIP,
+        QUARTER_TURN,
+        COPY_PASTE,
+    )
     assert fit({"vertical_flip": LongRun(6.5)}, max_steps=12)[0] == (
-        0, MOSAIC, MIXUP, AFFINE, PERMUTATION, 0.0, QUARTER_TURN, COPY_PASTE)
+        0,
+        MOSAIC,
+        MIXUP,
+        AFFINE,
+        PERMUTATION,
+        0.0,
+        QUARTER_TURN,
+        COPY_PASTE,
+    )
     assert fit({"quarter_turn": LongRun(6.5)}, max_steps=12)[0] == (
-        0, MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, 0.0, COPY_PASTE)
+        0,
+        MOSAIC,
+        MIXUP,
+        AFFINE,
+        PERMUTATION,
+        VERTICAL_FLIP,
+        0.0,
+        COPY_PASTE,
+    )
     assert fit({"copy_paste": LongRun(6.5)}, max_steps=12)[0] == (
-        0, MOSAIC, MIXUP, AFFINE, PERMUTATION, VERTICAL_FLIP, QUARTER_TURN, 0.0)
+        0,
+        MOSAIC,
+        MIXUP,
+        AFFINE,
+        PERMUTATION,
+        VERTICAL_FLIP,
+        QUARTER_TURN,
+        0.0,
+    )
 
 
 def test_each_switch_is_logged(monkeypatch: pytest.MonkeyPatch) -> None:

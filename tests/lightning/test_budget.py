@@ -47,9 +47,13 @@ class Sleepy(pl.LightningModule):
     def configure_optimizers(self) -> dict:
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
         if self.schedule == "steps":
-            return {"optimizer": optimizer, "lr_scheduler": {
-                "scheduler": PlannedStepLR(optimizer, [DROP_STEP], gamma=0.1, trainer=self.trainer),
-                "interval": "step"}}
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {
+                    "scheduler": PlannedStepLR(optimizer, [DROP_STEP], gamma=0.1, trainer=self.trainer),
+                    "interval": "step",
+                },
+            }
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 5)}
 
 
@@ -57,11 +61,20 @@ def fit(budget: TrainingBudget, model: Sleepy, max_steps: int = -1, val_check_in
     """Fits ``model`` on random data under ``budget`` (no step limit unless ``max_steps``, as tools/train.py builds a
     budget run's trainer); returns the whole run's wall-clock seconds."""
     data = TensorDataset(torch.randn(4000, 4), torch.randint(0, 2, (4000,)))
-    trainer = pl.Trainer(max_steps=max_steps, max_epochs=-1, val_check_interval=val_check_interval,
-                         check_val_every_n_epoch=None,
-                         limit_val_batches=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=[budget],
-                         max_time={"seconds": 30})  # a run the budget fails to stop still ends
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        max_epochs=-1,
+        val_check_interval=val_check_interval,
+        check_val_every_n_epoch=None,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[budget],
+        max_time={"seconds": 30},
+    )  # a run the budget fails to stop still ends
     start = time.perf_counter()
     trainer.fit(model, DataLoader(data, batch_size=4), DataLoader(data, batch_size=4))
     return time.perf_counter() - start
@@ -89,7 +102,9 @@ def test_minutes_stretch_the_step_plan_and_stop_the_run_with_a_validation() -> N
     assert summary["validated_step"] == steps  # a last validation of the final weights
     # The drop planned at 80% of the steps comes at 80% of the time: near 80% of the steps taken.
     dropped = next(i for i, rate in enumerate(model.rates) if rate < 0.05)
-    assert model.rates[:dropped] == [pytest.approx(0.1)] * dropped and model.rates[dropped:] == [pytest.approx(0.01)] * (steps - dropped)
+    assert model.rates[:dropped] == [pytest.approx(0.1)] * dropped and model.rates[dropped:] == [
+        pytest.approx(0.01)
+    ] * (steps - dropped)
     assert 0.6 * steps <= dropped <= 0.95 * steps  # steps slowed by other load shift it; half the fraction (0.4) fails
 
 
@@ -97,8 +112,9 @@ def planned_trainer(budget: TrainingBudget, max_steps: int = -1) -> SimpleNamesp
     """The trainer fields the budget and its schedule read, with a PlannedStepLR stepped every step."""
     trainer = SimpleNamespace(callbacks=[budget], max_steps=max_steps, sanity_checking=False, global_step=0)
     optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1.0)
-    trainer.lr_scheduler_configs = [SimpleNamespace(scheduler=PlannedStepLR(optimizer, [DROP_STEP], trainer=trainer),
-                                                    interval="step")]
+    trainer.lr_scheduler_configs = [
+        SimpleNamespace(scheduler=PlannedStepLR(optimizer, [DROP_STEP], trainer=trainer), interval="step")
+    ]
     return trainer
 
 
@@ -136,9 +152,11 @@ def test_without_a_budget_the_plan_is_the_optimiser_steps() -> None:
 def test_tools_train_moves_the_step_limit_into_the_budgets_plan() -> None:
     """--budget.minutes: the trainer gets no step or epoch limit, the budget the config's max_steps; without minutes
     (or with a plan given) the config stays as written."""
+
     def lifted(budget: dict, trainer: dict) -> Namespace:
-        cli = SimpleNamespace(subcommand="fit", config=Namespace(fit=Namespace(budget=Namespace(**budget),
-                                                                              trainer=Namespace(**trainer))))
+        cli = SimpleNamespace(
+            subcommand="fit", config=Namespace(fit=Namespace(budget=Namespace(**budget), trainer=Namespace(**trainer)))
+        )
         VisionTxCLI.before_instantiate_classes(cli)
         return cli.config.fit
 
@@ -181,17 +199,33 @@ def random_batches(batch_size: int) -> DataLoader:
 
 def test_the_summary_goes_to_the_runs_metrics_json(tmp_path: Path) -> None:
     budget = TrainingBudget()
-    trainer = pl.Trainer(max_steps=3, logger=CSVLogger(tmp_path), limit_val_batches=0, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[budget])
+    trainer = pl.Trainer(
+        max_steps=3,
+        logger=CSVLogger(tmp_path),
+        limit_val_batches=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[budget],
+    )
     trainer.fit(Sleepy(), random_batches(4))
     written = json.loads((Path(trainer.log_dir) / "metrics.json").read_text())["training"]
     assert written == budget.summary() and written["images_seen"] == 12 and written["steps"] == 3
 
 
 def _fit_on_two_processes(root: Path) -> None:
-    trainer = pl.Trainer(max_steps=3, accelerator="cpu", devices=2, strategy="ddp_fork", logger=CSVLogger(root),
-                         limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[TrainingBudget()])
+    trainer = pl.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_fork",
+        logger=CSVLogger(root),
+        limit_val_batches=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[TrainingBudget()],
+    )
     trainer.fit(Sleepy(), random_batches(2))
 
 

@@ -4,7 +4,6 @@ the command line adding both to every task."""
 from __future__ import annotations
 
 import multiprocessing
-
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -46,13 +45,20 @@ class Regression(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(module: pl.LightningModule, root: Path, callbacks: list[pl.Callback], max_steps: int = 6, **fit_kwargs) -> pl.Trainer:
+def fit(
+    module: pl.LightningModule, root: Path, callbacks: list[pl.Callback], max_steps: int = 6, **fit_kwargs
+) -> pl.Trainer:
     """Trains ``module`` on 8 fixed batches, writing ``root/last.ckpt`` after every step."""
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(32, 4, generator=generator), torch.randn(32, 1, generator=generator))
     trainer = pl.Trainer(
-        max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=root, callbacks=[*callbacks, ModelCheckpoint(root, every_n_train_steps=1, save_last=True)],
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        callbacks=[*callbacks, ModelCheckpoint(root, every_n_train_steps=1, save_last=True)],
     )
     trainer.fit(module, ResumableLoader(data, batch_size=4), **fit_kwargs)
     return trainer
@@ -78,8 +84,11 @@ def test_skip_drops_the_bad_step_and_warns_with_a_count(tmp_path: Path) -> None:
 
 def test_skip_stops_after_too_many_bad_steps_in_a_row(tmp_path: Path) -> None:
     module = Regression(nan_steps=(1, 2, 3))
-    with pytest.raises(NonFiniteLossError, match=r"^step 3: non-finite loss \(train/loss_fit=nan, loss=nan\) "
-                                                 r"for 3 steps in a row \(max_consecutive_skips=3\)"):
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"^step 3: non-finite loss \(train/loss_fit=nan, loss=nan\) "
+        r"for 3 steps in a row \(max_consecutive_skips=3\)",
+    ):
         fit(module, tmp_path, [NonFiniteLossGuard(policy="skip", max_consecutive_skips=3)])
 
 
@@ -104,6 +113,7 @@ def test_unknown_policy_is_refused() -> None:
 @pytest.mark.parametrize("keep_random_state", [True, False])
 def test_random_state_is_restored_on_resume(tmp_path: Path, keep_random_state: bool) -> None:
     """Dropout after resuming draws what it would have drawn in a run never interrupted (and does not without the callback)."""
+
     def callbacks() -> list[pl.Callback]:
         return [RandomStateCheckpoint()] if keep_random_state else []
 
@@ -128,8 +138,14 @@ class RankDependentDraws(Regression):
 
 def _fit_on_two_processes(root: Path, max_steps: int = 6, **fit_kwargs) -> dict[str, torch.Tensor]:
     trainer = pl.Trainer(
-        max_steps=max_steps, accelerator="cpu", devices=2, strategy="ddp_fork", logger=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=root,
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_fork",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
         callbacks=[RandomStateCheckpoint(), ModelCheckpoint(root, every_n_train_steps=1, save_last=True)],
     )
     torch.manual_seed(1)
@@ -155,7 +171,9 @@ def test_each_process_resumes_with_its_own_random_state(tmp_path: Path) -> None:
     runs.start()
     runs.join(timeout=600)
     assert runs.exitcode == 0
-    straight, first, resumed = (torch.load(tmp_path / run / "last.ckpt", weights_only=True) for run in ("straight", "first", "resumed"))
+    straight, first, resumed = (
+        torch.load(tmp_path / run / "last.ckpt", weights_only=True) for run in ("straight", "first", "resumed")
+    )
     assert len(first["callbacks"]["RandomStateCheckpoint"]["per_process"]) == 2
     assert resumed["global_step"] == straight["global_step"] == 6
     for name, value in straight["state_dict"].items():
@@ -165,10 +183,28 @@ def test_each_process_resumes_with_its_own_random_state(tmp_path: Path) -> None:
 def test_every_task_gets_them_from_the_command_line(tmp_path: Path) -> None:
     """``tools/train.py`` adds the guard (configurable), the random state and the atomic checkpoint writer."""
     for config in ("detr_swin_toy", "upernet_swin_t_ade20k"):
-        args = ["--config", config, "--loss_guard.policy", "stop", "--trainer.logger", "false",
-                "--trainer.devices", "1", "--trainer.strategy", "auto", "--trainer.default_root_dir", str(tmp_path)]
-        cli = VisionTxCLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                          run=False, args=resolve_config_args(args))
+        args = [
+            "--config",
+            config,
+            "--loss_guard.policy",
+            "stop",
+            "--trainer.logger",
+            "false",
+            "--trainer.devices",
+            "1",
+            "--trainer.strategy",
+            "auto",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ]
+        cli = VisionTxCLI(
+            pl.LightningModule,
+            pl.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            run=False,
+            args=resolve_config_args(args),
+        )
         guards = [c for c in cli.trainer.callbacks if isinstance(c, NonFiniteLossGuard)]
         assert len(guards) == 1 and guards[0].policy == "stop"
         assert any(isinstance(c, RandomStateCheckpoint) for c in cli.trainer.callbacks)

@@ -26,12 +26,18 @@ class FailsWhenSaved:
 
 def checkpoint(step: int, size: int = 1024) -> dict:
     """A Lightning-shaped checkpoint of ``4 * size**2`` bytes of weights, all equal to ``step``."""
-    return {"pytorch-lightning_version": "2.6.6", "global_step": step, "state_dict": {"weight": torch.full((size, size), float(step))}}
+    return {
+        "pytorch-lightning_version": "2.6.6",
+        "global_step": step,
+        "state_dict": {"weight": torch.full((size, size), float(step))},
+    }
 
 
 def assert_holds_step(path: Path, step: int, size: int = 1024) -> None:
     loaded = AtomicCheckpointIO().load_checkpoint(path, weights_only=True)
-    assert loaded["global_step"] == step and torch.equal(loaded["state_dict"]["weight"], checkpoint(step, size)["state_dict"]["weight"])
+    assert loaded["global_step"] == step and torch.equal(
+        loaded["state_dict"]["weight"], checkpoint(step, size)["state_dict"]["weight"]
+    )
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
 
 
@@ -84,4 +90,3 @@ def a_write_is_half_done(folder: Path) -> bool:
         except FileNotFoundError:  # renamed while looked at
             pass
     return False
-

@@ -17,8 +17,13 @@ SMALL = {"embed_dim": 16, "depths": (1, 1, 1, 1), "num_heads": (1, 1, 1, 1)}
 
 
 class _Task(LightningModule):
-    def __init__(self, backbone: str = "swin_t", num_classes: int | None = None, pretrained: str | None = None,
-                 backbone_kwargs: dict | None = None) -> None:
+    def __init__(
+        self,
+        backbone: str = "swin_t",
+        num_classes: int | None = None,
+        pretrained: str | None = None,
+        backbone_kwargs: dict | None = None,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
 
@@ -66,7 +71,9 @@ def test_param_groups_split_backbone_and_decay() -> None:
     assert set(by_setting) == {(1e-5, 0.05), (1e-5, 0.0), (1e-4, 0.05), (1e-4, 0.0)}
     assert sum(len(p) for p in by_setting.values()) == len(list(model.parameters()))
     assert model.head.bias in [p for p in by_setting[(1e-4, 0.0)]]
-    assert [g["weight_decay"] for g in param_groups(model, lr=1e-4, weight_decay=0.05)] == [0.05]  # DETR decays everything
+    assert [g["weight_decay"] for g in param_groups(model, lr=1e-4, weight_decay=0.05)] == [
+        0.05
+    ]  # DETR decays everything
 
 
 def test_param_groups_follow_no_weight_decay() -> None:
@@ -84,6 +91,7 @@ def test_param_groups_follow_no_weight_decay() -> None:
 def test_batchnorm_is_synced_only_over_several_gpu_processes(world_size: int, device: str, synced: bool) -> None:
     module = _Task()
     module._trainer = SimpleNamespace(world_size=world_size, strategy=SimpleNamespace(root_device=torch.device(device)))
+
     def model() -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
 
@@ -100,15 +108,29 @@ def _task_modules(decay: bool, precision: str = "32-true") -> list[LightningModu
 
     small = {"backbone": "swin_t", "num_classes": 3, "backbone_kwargs": SMALL, "decay_norms_and_biases": decay}
     modules = [
-        DetectionModule(detector="rtdetr", **small, detector_kwargs={"hidden_dim": 32, "num_heads": 2, "num_queries": 5,
-                                                                      "num_decoder_layers": 1, "num_denoising": 0}),
+        DetectionModule(
+            detector="rtdetr",
+            **small,
+            detector_kwargs={
+                "hidden_dim": 32,
+                "num_heads": 2,
+                "num_queries": 5,
+                "num_decoder_layers": 1,
+                "num_denoising": 0,
+            },
+        ),
         SegmentationModule(**small, head_kwargs={"channels": 16, "aux_channels": 8}),
         ClassificationModule(**small),
     ]
     for module in modules:
         module._trainer = SimpleNamespace(
-            precision=precision, estimated_stepping_batches=10, world_size=1, accumulate_grad_batches=1, num_training_batches=10,
-            datamodule=SimpleNamespace(hparams=SimpleNamespace(batch_size=8)), fit_loop=SimpleNamespace(setup_data=lambda: None),
+            precision=precision,
+            estimated_stepping_batches=10,
+            world_size=1,
+            accumulate_grad_batches=1,
+            num_training_batches=10,
+            datamodule=SimpleNamespace(hparams=SimpleNamespace(batch_size=8)),
+            fit_loop=SimpleNamespace(setup_data=lambda: None),
         )
         module.configure_model()
     return modules
@@ -155,9 +177,17 @@ def test_adamw_trains_with_gradient_clipping_in_every_cpu_precision(precision: s
     """A real ``Trainer.fit`` with the configs' gradient clipping: a fused optimiser under ``bf16-mixed`` stops
     the first step (Lightning: "does not allow for gradient clipping")."""
     data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
-    trainer = Trainer(max_steps=3, precision=precision, gradient_clip_val=0.1, accelerator="cpu", logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      default_root_dir=tmp_path)
+    trainer = Trainer(
+        max_steps=3,
+        precision=precision,
+        gradient_clip_val=0.1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     module = _Regression()
     before = module.layer.weight.detach().clone()
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))

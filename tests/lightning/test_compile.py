@@ -5,7 +5,8 @@ sums some terms in another order, e.g. ``ms_deform_attn``'s backward: 1e-4 of a 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -22,8 +23,15 @@ from vision_tx.lightning.task import TaskModule
 
 NUM_CLASSES = 5
 SWIN = {"embed_dim": 16, "depths": (2, 1, 1, 1), "num_heads": (1, 2, 2, 4), "window_size": 4, "drop_path_rate": 0.0}
-DETR = {"num_queries": 6, "hidden_dim": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 2,
-        "dim_feedforward": 64, "dropout": 0.0}
+DETR = {
+    "num_queries": 6,
+    "hidden_dim": 32,
+    "num_heads": 2,
+    "num_encoder_layers": 1,
+    "num_decoder_layers": 2,
+    "dim_feedforward": 64,
+    "dropout": 0.0,
+}
 COMPILE = {"backend": "aot_eager"}
 
 
@@ -47,17 +55,34 @@ TASKS: dict[str, Callable[[], tuple[TaskModule, dict[str, Any]]]] = {
         detection_batch(),
     ),
     "dino": lambda: (
-        DetectionModule("swin_t", "dino", NUM_CLASSES, backbone_kwargs={**SWIN, "out_indices": (1, 2, 3)}, compile=COMPILE,
-                        detector_kwargs={**DETR, "num_levels": 4, "num_points": 2, "num_denoising": 6}),
+        DetectionModule(
+            "swin_t",
+            "dino",
+            NUM_CLASSES,
+            backbone_kwargs={**SWIN, "out_indices": (1, 2, 3)},
+            compile=COMPILE,
+            detector_kwargs={**DETR, "num_levels": 4, "num_points": 2, "num_denoising": 6},
+        ),
         detection_batch(),
     ),
     "panoptic": lambda: (  # the mask head needs a width of 128 (GroupNorm(8) on width / 16 channels)
-        PanopticModule(backbone="swin_t", num_classes=NUM_CLASSES, backbone_kwargs=SWIN,
-                       detector_kwargs={**DETR, "hidden_dim": 128, "num_heads": 4}, compile=COMPILE),
+        PanopticModule(
+            backbone="swin_t",
+            num_classes=NUM_CLASSES,
+            backbone_kwargs=SWIN,
+            detector_kwargs={**DETR, "hidden_dim": 128, "num_heads": 4},
+            compile=COMPILE,
+        ),
         detection_batch(with_masks=True),
     ),
     "segmentation": lambda: (
-        SegmentationModule("swin_t", NUM_CLASSES, backbone_kwargs=SWIN, head_kwargs={"channels": 16, "aux_channels": 8, "dropout": 0.0}, compile=COMPILE),
+        SegmentationModule(
+            "swin_t",
+            NUM_CLASSES,
+            backbone_kwargs=SWIN,
+            head_kwargs={"channels": 16, "aux_channels": 8, "dropout": 0.0},
+            compile=COMPILE,
+        ),
         image_batch(torch.randint(0, NUM_CLASSES, (2, 64, 64))),
     ),
 }

@@ -33,16 +33,36 @@ SMALL_BACKBONES = {
 OFFICIAL_NAMES = {build.func: name for name, build in (DETECTORS | SEGMENTATION_HEADS).items() if not build.keywords}
 DEFAULT_DETECTORS = {"InstanceSegmentationModule": "mask2former"}  # the other task modules': detr
 DETR_TRANSFORMS = [
-    "--data.train_transform", "{class_path: vision_tx.data.transforms.DetrTrainTransform, init_args: "
-                              "{scales: [64], max_size: 96, crop_scales: [64], crop_size: [48, 64]}}",
-    "--data.val_transform", "{class_path: vision_tx.data.transforms.DetrValTransform, init_args: {size: 64, max_size: 96}}",
+    "--data.train_transform",
+    "{class_path: vision_tx.data.transforms.DetrTrainTransform, init_args: "
+    "{scales: [64], max_size: 96, crop_scales: [64], crop_size: [48, 64]}}",
+    "--data.val_transform",
+    "{class_path: vision_tx.data.transforms.DetrValTransform, init_args: {size: 64, max_size: 96}}",
 ]
 # Two training steps, then one validation batch, whatever the config's schedule.
 SHORT = [
-    "--trainer.accelerator", "cpu", "--trainer.max_steps", "2", "--trainer.max_epochs", "1",
-    "--trainer.limit_train_batches", "2", "--trainer.val_check_interval", "2", "--trainer.check_val_every_n_epoch", "1",
-    "--trainer.limit_val_batches", "1", "--trainer.num_sanity_val_steps", "0",
-    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--data.num_workers", "0",
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.max_steps",
+    "2",
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.limit_train_batches",
+    "2",
+    "--trainer.val_check_interval",
+    "2",
+    "--trainer.check_val_every_n_epoch",
+    "1",
+    "--trainer.limit_val_batches",
+    "1",
+    "--trainer.num_sanity_val_steps",
+    "0",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--data.num_workers",
+    "0",
 ]
 
 
@@ -56,15 +76,25 @@ def small_args(config: Path) -> list[str]:
     detector = DETECTORS[init.get("detector", DEFAULT_DETECTORS.get(module, "detr"))].func
     head = SEGMENTATION_HEADS[init.get("head", "upernet")].func
     role, sized = ("head", head) if module == "SegmentationModule" else ("detector", detector)
-    if sized is not UperNetSegmentor and module != "ClassificationModule":  # the toy size, the config's own kwargs dropped
+    if (
+        sized is not UperNetSegmentor and module != "ClassificationModule"
+    ):  # the toy size, the config's own kwargs dropped
         kwargs = "{num_denoising: 4}" if sized in (DINO, RTDETR) else "{}"
         args += [f"--model.{role}", f"{OFFICIAL_NAMES[sized]}_toy", f"--model.{role}_kwargs", kwargs]
         args += ["--model.criterion_kwargs", "{num_points: 256}"] if sized is Mask2Former else []
     if module in ("DetectionModule", "PanopticModule", "InstanceSegmentationModule"):
         args += ["--data.batch_size", "2", *DETR_TRANSFORMS]
     elif module == "SegmentationModule":
-        args += ([] if sized is Mask2Former else ["--model.head_kwargs", "{channels: 16, aux_channels: 8}"]) + ["--data.scale", "[96, 64]",
-                 "--data.crop_size", "[64, 64]", "--data.batch_size", "2", "--data.val_batch_size", "1"]
+        args += ([] if sized is Mask2Former else ["--model.head_kwargs", "{channels: 16, aux_channels: 8}"]) + [
+            "--data.scale",
+            "[96, 64]",
+            "--data.crop_size",
+            "[64, 64]",
+            "--data.batch_size",
+            "2",
+            "--data.val_batch_size",
+            "1",
+        ]
     elif module == "ClassificationModule":
         args += ["--data.image_size", "32", "--data.batch_size", "4", "--data.val_batch_size", "4"]
     return args
@@ -75,10 +105,19 @@ def test_config_trains_and_validates_on_cpu(config: Path, tmp_path_factory, tmp_
     # Each toy set is generated once, for all the configs that read it.
     data_class = load_config(config)["data"]["class_path"]
     toy_cache = tmp_path_factory.getbasetemp() / "toy_cache" / data_class
-    run_cli("fit", [
-        "--config", str(config), *small_args(config), *SHORT,
-        "--data.toy_cache_dir", str(toy_cache), "--trainer.default_root_dir", str(tmp_path),
-    ])
+    run_cli(
+        "fit",
+        [
+            "--config",
+            str(config),
+            *small_args(config),
+            *SHORT,
+            "--data.toy_cache_dir",
+            str(toy_cache),
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ],
+    )
     metrics = json.loads(next(tmp_path.rglob("metrics.json")).read_text())
     assert metrics and all(values for values in metrics.values())
     assert list(tmp_path.rglob("last.ckpt"))
@@ -115,16 +154,26 @@ class FallingMetric(BoringModel):
         self.log("val/AP", {2: 0.2, 4: 0.5, 6: 0.3}.get(self.trainer.global_step, 0.0))
 
 
-def fit_with_the_configs_checkpoints(folder: Path, max_steps: int, validate: bool = True, ckpt_path: str | None = None) -> tuple[FallingMetric, list]:
+def fit_with_the_configs_checkpoints(
+    folder: Path, max_steps: int, validate: bool = True, ckpt_path: str | None = None
+) -> tuple[FallingMetric, list]:
     """Fits :class:`FallingMetric` (validation every 2 steps) with ``rtdetr_convnext_toy``'s checkpoint callbacks."""
     callbacks = []
     for class_path, args in checkpoint_callbacks(ROOT / "vision_tx/configs/rtdetr_convnext_toy.yaml"):
         module, _, name = class_path.rpartition(".")
         callbacks.append(getattr(importlib.import_module(module), name)(dirpath=folder, **args))
     model = FallingMetric()
-    pl.Trainer(max_steps=max_steps, val_check_interval=2, check_val_every_n_epoch=None, limit_val_batches=1 if validate else 0,
-               logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-               callbacks=callbacks).fit(model, ckpt_path=ckpt_path)
+    pl.Trainer(
+        max_steps=max_steps,
+        val_check_interval=2,
+        check_val_every_n_epoch=None,
+        limit_val_batches=1 if validate else 0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+    ).fit(model, ckpt_path=ckpt_path)
     return model, callbacks
 
 
@@ -140,7 +189,9 @@ def test_last_ckpt_holds_the_latest_weights_when_the_metric_falls_and_a_run_resu
 
 
 @pytest.mark.parametrize(("max_steps", "validate"), [(5, True), (3, False)])
-def test_last_ckpt_holds_the_final_weights_of_a_run_that_ends_between_validations_or_has_none(tmp_path: Path, max_steps: int, validate: bool) -> None:
+def test_last_ckpt_holds_the_final_weights_of_a_run_that_ends_between_validations_or_has_none(
+    tmp_path: Path, max_steps: int, validate: bool
+) -> None:
     fit_with_the_configs_checkpoints(tmp_path, max_steps, validate)
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == max_steps
 

@@ -23,8 +23,8 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import lightning.pytorch as pl
 import torch
@@ -36,7 +36,14 @@ from vision_tx.data.toy import make_toy_coco
 from vision_tx.data.toy_panoptic import make_toy_coco_panoptic
 from vision_tx.data.toy_segmentation import make_toy_segmentation
 
-QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--trainer.num_sanity_val_steps", "0"]
+QUIET = [
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--trainer.num_sanity_val_steps",
+    "0",
+]
 
 
 class SaveFirstGradients(pl.Callback):
@@ -79,12 +86,23 @@ def assert_detr_trains_the_same(args: list[str], run_dir: Path, steps: int) -> d
     """Trains a DETR config (64x64 toy images) ``steps`` steps on 1 process with batch 2 and on 2 with
     batch 1; asserts equal gradients and weights, returns the first step's gradients."""
     args = [
-        *args, "--model.criterion_kwargs", "{eos_coef: 1.0}",
+        *args,
+        "--model.criterion_kwargs",
+        "{eos_coef: 1.0}",
         # Square images and size-keeping augmentations (random flips, whole-image crops): no batch
         # padding, which would otherwise differ between a batch of 2 and two batches of 1.
-        "--data.train_transform.init_args.scales", "[64]", "--data.train_transform.init_args.max_size", "64",
-        "--data.train_transform.init_args.crop_scales", "[64]", "--data.train_transform.init_args.crop_size", "[64, 64]",
-        "--trainer.max_steps", str(steps), "--trainer.limit_val_batches", "0",
+        "--data.train_transform.init_args.scales",
+        "[64]",
+        "--data.train_transform.init_args.max_size",
+        "64",
+        "--data.train_transform.init_args.crop_scales",
+        "[64]",
+        "--data.train_transform.init_args.crop_size",
+        "[64, 64]",
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.limit_val_batches",
+        "0",
     ]
     one, one_gradients = train_on([*args, "--data.batch_size", "2"], run_dir / "one", devices=1)
     two, two_gradients = train_on([*args, "--data.batch_size", "1"], run_dir / "two", devices=2)
@@ -104,21 +122,42 @@ def test_detection_trains_the_same_on_two_processes(tmp_path: Path) -> None:
 def test_panoptic_trains_the_same_on_two_processes(tmp_path: Path) -> None:
     root = make_toy_coco_panoptic(tmp_path / "toy", num_train=8, num_val=2, min_side=64, max_side=64)
     args = [
-        "--config", "detr_panoptic_swin_toy", "--data.root", str(root), "--data.num_workers", "0", "--trainer.accelerator", "cpu",
-        "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
-        "--model.detector_kwargs", "{num_queries: 5, hidden_dim: 128, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}",
+        "--config",
+        "detr_panoptic_swin_toy",
+        "--data.root",
+        str(root),
+        "--data.num_workers",
+        "0",
+        "--trainer.accelerator",
+        "cpu",
+        "--model.backbone_kwargs",
+        "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
+        "--model.detector_kwargs",
+        "{num_queries: 5, hidden_dim: 128, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}",
     ]
     gradients = assert_detr_trains_the_same(args, tmp_path, steps=2)
     assert any(name.startswith("model.mask_head.") for name in gradients)  # the mask losses reach the head
 
 
 def test_segmentation_trains_and_validates_the_same_on_two_processes(tmp_path: Path) -> None:
-    root = make_toy_segmentation(tmp_path / "toy", num_train=12, num_val=5)  # 5 validation images: 3 + 2 on two processes
+    root = make_toy_segmentation(
+        tmp_path / "toy", num_train=12, num_val=5
+    )  # 5 validation images: 3 + 2 on two processes
     args = [
         # A high learning rate, so that the validated model predicts something after 3 steps.
-        *SEGMENTATION, "--data.root", str(root), "--model.head_kwargs", "{channels: 16, aux_channels: 8, dropout: 0.0}", "--model.lr", "1e-2", "--model.warmup_iters", "0",
-        "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
-        "--trainer.max_steps", "3",
+        *SEGMENTATION,
+        "--data.root",
+        str(root),
+        "--model.head_kwargs",
+        "{channels: 16, aux_channels: 8, dropout: 0.0}",
+        "--model.lr",
+        "1e-2",
+        "--model.warmup_iters",
+        "0",
+        "--model.backbone_kwargs",
+        "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
+        "--trainer.max_steps",
+        "3",
     ]
     # One process validates at the end of its epoch (6 batches of 2, accumulated by 2: 3 steps).
     one, one_gradients = train_on([*args, "--trainer.accumulate_grad_batches", "2"], tmp_path / "one", devices=1)
@@ -130,10 +169,26 @@ def test_segmentation_trains_and_validates_the_same_on_two_processes(tmp_path: P
     out = tmp_path / "validate"
     out.mkdir()
     run_tool(
-        "eval.py", *SEGMENTATION, *QUIET, "--data.root", str(root), "--ckpt", str(next((tmp_path / "one").rglob("last.ckpt"))),
-        "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.logger", "true", "--trainer.default_root_dir", str(out), cwd=out,
+        "eval.py",
+        *SEGMENTATION,
+        *QUIET,
+        "--data.root",
+        str(root),
+        "--ckpt",
+        str(next((tmp_path / "one").rglob("last.ckpt"))),
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.logger",
+        "true",
+        "--trainer.default_root_dir",
+        str(out),
+        cwd=out,
     )
-    one_metrics, two_metrics = (json.loads(next(d.rglob("metrics.json")).read_text())["segm_sem"] for d in (tmp_path / "one", out))
+    one_metrics, two_metrics = (
+        json.loads(next(d.rglob("metrics.json")).read_text())["segm_sem"] for d in (tmp_path / "one", out)
+    )
     assert one_metrics == two_metrics
     assert one_metrics["aAcc"] > 0  # the model gets some pixels right: the counts of every image matter
 
@@ -141,9 +196,16 @@ def test_segmentation_trains_and_validates_the_same_on_two_processes(tmp_path: P
 def node_environment(node_rank: int, nodes: int, port: int) -> dict[str, str]:
     """What ``torchrun --nnodes NODES --nproc_per_node 1 --node_rank NODE_RANK`` gives its one process."""
     return {
-        **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(nodes),
-        "RANK": str(node_rank), "GROUP_RANK": str(node_rank), "NODE_RANK": str(node_rank),
-        "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "OMP_NUM_THREADS": "1",
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(nodes),
+        "RANK": str(node_rank),
+        "GROUP_RANK": str(node_rank),
+        "NODE_RANK": str(node_rank),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "OMP_NUM_THREADS": "1",
     }
 
 
@@ -156,12 +218,37 @@ def test_two_nodes_validate_like_one_process(
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [
-        sys.executable, str(ROOT / "tools" / "eval.py"), *SMALL, "--data.batch_size", "1", "--ckpt", str(detr_checkpoint),
-        "--data.toy_cache_dir", str(detr_toy_cache), "--trainer.num_nodes", "2", "--trainer.devices", "1",
-        "--trainer.strategy", "ddp", "--trainer.logger", "true", "--trainer.default_root_dir", str(tmp_path),
+        sys.executable,
+        str(ROOT / "tools" / "eval.py"),
+        *SMALL,
+        "--data.batch_size",
+        "1",
+        "--ckpt",
+        str(detr_checkpoint),
+        "--data.toy_cache_dir",
+        str(detr_toy_cache),
+        "--trainer.num_nodes",
+        "2",
+        "--trainer.devices",
+        "1",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.logger",
+        "true",
+        "--trainer.default_root_dir",
+        str(tmp_path),
     ]
-    nodes = [subprocess.Popen(command, cwd=tmp_path, env=node_environment(rank, 2, port), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=node_environment(rank, 2, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs[1]  # the second node's process joined as rank 1 of 2
@@ -178,12 +265,35 @@ def test_sam_classification_trains_the_same_on_two_processes(tmp_path: Path) -> 
 
     root = make_toy_classification(tmp_path / "toy", num_train_per_class=2, num_val_per_class=1, side=64)
     args = [
-        "--config", "classification_toy", "--data.root", str(root), "--data.num_workers", "0", "--data.image_size", "64",
-        "--trainer.accelerator", "cpu", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
-        "--model.backbone", "swin_t",
-        "--model.backbone_kwargs", "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], window_size: 4, drop_path_rate: 0.0}",
-        "--model.mixup_alpha", "0", "--model.cutmix_alpha", "0", "--model.warmup_epochs", "0", "--data.repeats", "1",
-        "--trainer.callbacks+=vision_tx.lightning.callbacks.SharpnessAwareMinimization", "--trainer.callbacks.rho", "0.5",
+        "--config",
+        "classification_toy",
+        "--data.root",
+        str(root),
+        "--data.num_workers",
+        "0",
+        "--data.image_size",
+        "64",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.max_steps",
+        "2",
+        "--trainer.limit_val_batches",
+        "0",
+        "--model.backbone",
+        "swin_t",
+        "--model.backbone_kwargs",
+        "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], window_size: 4, drop_path_rate: 0.0}",
+        "--model.mixup_alpha",
+        "0",
+        "--model.cutmix_alpha",
+        "0",
+        "--model.warmup_epochs",
+        "0",
+        "--data.repeats",
+        "1",
+        "--trainer.callbacks+=vision_tx.lightning.callbacks.SharpnessAwareMinimization",
+        "--trainer.callbacks.rho",
+        "0.5",
     ]
     one, one_gradients = train_on([*args, "--data.batch_size", "4"], tmp_path / "one", devices=1)
     two, two_gradients = train_on([*args, "--data.batch_size", "2"], tmp_path / "two", devices=2)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pytest
 import torch
@@ -14,15 +14,24 @@ from vision_tx.lightning.detection import DetectionModule
 
 # A small DETR at toy resolution: what the tests train for a few steps.
 SMALL = [
-    "--config", "detr_swin_toy",
-    "--model.detector_kwargs", "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64}",
-    "--data.num_workers", "0",
-    "--data.batch_size", "4",
-    "--data.val_transform.init_args.size", "96",
-    "--data.val_transform.init_args.max_size", "128",
-    "--trainer.accelerator", "cpu",
-    "--trainer.logger", "false",
-    "--trainer.enable_progress_bar", "false",
+    "--config",
+    "detr_swin_toy",
+    "--model.detector_kwargs",
+    "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64}",
+    "--data.num_workers",
+    "0",
+    "--data.batch_size",
+    "4",
+    "--data.val_transform.init_args.size",
+    "96",
+    "--data.val_transform.init_args.max_size",
+    "128",
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.logger",
+    "false",
+    "--trainer.enable_progress_bar",
+    "false",
 ]
 
 
@@ -34,9 +43,23 @@ def validate_checkpoint(
     # One image per batch: as in DETR, a padded batch changes the backbone's features near the
     # padding, so batches must hold the same images for two runs to agree to the last digit.
     result = (run_tool if devices > 1 else run_tool_in_process)(
-        "eval.py", *config_args, "--data.batch_size", "1", "--ckpt", str(ckpt), "--data.toy_cache_dir", str(toy_cache),
-        "--trainer.devices", str(devices), "--trainer.strategy", "ddp" if devices > 1 else "auto",
-        "--trainer.logger", "true", "--trainer.default_root_dir", str(out), cwd=out,
+        "eval.py",
+        *config_args,
+        "--data.batch_size",
+        "1",
+        "--ckpt",
+        str(ckpt),
+        "--data.toy_cache_dir",
+        str(toy_cache),
+        "--trainer.devices",
+        str(devices),
+        "--trainer.strategy",
+        "ddp" if devices > 1 else "auto",
+        "--trainer.logger",
+        "true",
+        "--trainer.default_root_dir",
+        str(out),
+        cwd=out,
     )
     return json.loads(next(out.rglob("metrics.json")).read_text()), result.stdout + result.stderr
 
@@ -46,8 +69,19 @@ def test_checkpoint_reloads_and_draws(detr_checkpoint: Path, detr_toy_cache: Pat
     assert module.hparams.num_classes == 4 and module.model is not None
     image = next((detr_toy_cache).rglob("val2017/*.png"))
     out = tmp_path / "pred.png"
-    result = run_tool_in_process("infer.py", *SMALL, "--data.toy_cache_dir", str(detr_toy_cache), "--ckpt", str(detr_checkpoint),
-                      "--image", str(image), "--out", str(out), cwd=tmp_path)
+    result = run_tool_in_process(
+        "infer.py",
+        *SMALL,
+        "--data.toy_cache_dir",
+        str(detr_toy_cache),
+        "--ckpt",
+        str(detr_checkpoint),
+        "--image",
+        str(image),
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert out.is_file() and out.stat().st_size > 0 and "wrote" in result.stdout
     assert "LightningCLI's args parameter" not in result.stderr  # the tool's own arguments are no mistake
     with torch.no_grad():
@@ -56,8 +90,10 @@ def test_checkpoint_reloads_and_draws(detr_checkpoint: Path, detr_toy_cache: Pat
 
 # A small DINO at toy resolution: the same module, data, evaluation and tools, another detector.
 SMALL_DINO = [
-    "--config", "dino_swin_toy",
-    "--model.detector_kwargs", "{num_queries: 6, hidden_dim: 64, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 64, num_denoising: 6}",
+    "--config",
+    "dino_swin_toy",
+    "--model.detector_kwargs",
+    "{num_queries: 6, hidden_dim: 64, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 64, num_denoising: 6}",
     *SMALL[4:],
 ]
 
@@ -67,7 +103,10 @@ DETECTOR_ARGS = {"detr": SMALL, "dino": SMALL_DINO}
 
 @pytest.mark.parametrize("detector", ["detr", "dino"])
 def test_validation_gives_the_same_metrics_on_two_processes(
-    detector: str, request: pytest.FixtureRequest, detr_toy_cache: Path, metrics_on_one_process: Callable[[str], dict],
+    detector: str,
+    request: pytest.FixtureRequest,
+    detr_toy_cache: Path,
+    metrics_on_one_process: Callable[[str], dict],
     tmp_path: Path,
 ) -> None:
     checkpoint = request.getfixturevalue(f"{detector}_checkpoint")
@@ -83,13 +122,23 @@ def test_dino_checkpoint_reloads_and_draws(dino_checkpoint: Path, detr_toy_cache
     assert module.hparams.detector == "dino_toy" and type(module.model).__name__ == "DINO"
     image = next(detr_toy_cache.rglob("val2017/*.png"))
     out = tmp_path / "pred.png"
-    run_tool_in_process("infer.py", *SMALL_DINO, "--data.toy_cache_dir", str(detr_toy_cache), "--ckpt", str(dino_checkpoint),
-             "--image", str(image), "--out", str(out), cwd=tmp_path)
+    run_tool_in_process(
+        "infer.py",
+        *SMALL_DINO,
+        "--data.toy_cache_dir",
+        str(detr_toy_cache),
+        "--ckpt",
+        str(dino_checkpoint),
+        "--image",
+        str(image),
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert out.is_file() and out.stat().st_size > 0
     with torch.no_grad():
         detections = module.model.postprocess(module(torch.zeros(1, 3, 64, 64)), torch.tensor([[64, 64]]))
     assert detections[0]["boxes"].shape == (24, 4)  # every (query, class) pair: 6 queries x 4 classes
-
 
 
 def test_step_schedule_drops_tenfold_once_after_lr_drop_steps() -> None:
@@ -115,23 +164,48 @@ def test_scores_are_shared_once_the_run_has_trained_share_scores_from_epoch(
     checkpoint (its step; the hyperparameters stay as configured) and the model rebuilt from that checkpoint, unless
     ``detector_kwargs`` names ``share_scores``."""
     result = run_tool_in_process(
-        "train.py", *SMALL_DINO, "--data.toy_cache_dir", str(detr_toy_cache), "--model.share_scores_from_epoch", str(start),
-        "--trainer.max_steps", "4", "--trainer.accumulate_grad_batches", str(accumulate), "--trainer.limit_val_batches", "1",
-        "--trainer.check_val_every_n_epoch", "null", "--trainer.val_check_interval", str(4 * accumulate),
-        "--trainer.num_sanity_val_steps", "0", "--trainer.default_root_dir", str(tmp_path), cwd=tmp_path,
+        "train.py",
+        *SMALL_DINO,
+        "--data.toy_cache_dir",
+        str(detr_toy_cache),
+        "--model.share_scores_from_epoch",
+        str(start),
+        "--trainer.max_steps",
+        "4",
+        "--trainer.accumulate_grad_batches",
+        str(accumulate),
+        "--trainer.limit_val_batches",
+        "1",
+        "--trainer.check_val_every_n_epoch",
+        "null",
+        "--trainer.val_check_interval",
+        str(4 * accumulate),
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        cwd=tmp_path,
     )
     switches = [line for line in result.stderr.splitlines() if "class scores shared from step" in line]
-    assert switches == ([] if step is None else [f"DetectionModule: class scores shared from step {step} (0.1 epochs trained, "
-                                                 f"share_scores_from_epoch {start:g})"])
+    assert switches == (
+        []
+        if step is None
+        else [
+            f"DetectionModule: class scores shared from step {step} (0.1 epochs trained, "
+            f"share_scores_from_epoch {start:g})"
+        ]
+    )
     shared = step is not None
     checkpoint = next(tmp_path.rglob("last.ckpt"))
     saved = torch.load(checkpoint, weights_only=False)
     assert "share_scores" not in saved["hyper_parameters"]["detector_kwargs"]
     assert saved["scores_shared_from_step"] == step
     assert DetectionModule.load_from_checkpoint(checkpoint, map_location="cpu").model.share_scores is shared
-    overridden = DetectionModule.load_from_checkpoint(checkpoint, map_location="cpu",
-                                                      detector_kwargs={**saved["hyper_parameters"]["detector_kwargs"],
-                                                                       "share_scores": False})
+    overridden = DetectionModule.load_from_checkpoint(
+        checkpoint,
+        map_location="cpu",
+        detector_kwargs={**saved["hyper_parameters"]["detector_kwargs"], "share_scores": False},
+    )
     assert overridden.model.share_scores is False
 
 

@@ -16,8 +16,21 @@ from vision_tx.lightning.detection import DetectionModule
 
 def test_export_tool_writes_the_trained_detector(detr_checkpoint: Path, detr_toy_cache: Path, tmp_path: Path) -> None:
     out = tmp_path / "detr.onnx"
-    result = run_tool_in_process("export.py", *DETR_SMALL, "--data.toy_cache_dir", str(detr_toy_cache), "--ckpt", str(detr_checkpoint),
-                                 "--out", str(out), "--size", "96", "128", "--fixed-size", cwd=tmp_path)
+    result = run_tool_in_process(
+        "export.py",
+        *DETR_SMALL,
+        "--data.toy_cache_dir",
+        str(detr_toy_cache),
+        "--ckpt",
+        str(detr_checkpoint),
+        "--out",
+        str(out),
+        "--size",
+        "96",
+        "128",
+        "--fixed-size",
+        cwd=tmp_path,
+    )
     assert f"wrote {out} (onnx)" in result.stdout and "(batch dynamic, height 96, width 128)" in result.stdout
     model = deployable(DetectionModule.load_from_checkpoint(detr_checkpoint, map_location="cpu"), "detr_swin_toy")
     images = example_images((96, 128), 2, seed=3)

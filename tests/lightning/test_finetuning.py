@@ -17,13 +17,12 @@ from types import SimpleNamespace
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
-from vision_tx.lightning.classification import ClassificationModule
-from vision_tx.lightning.detection import DetectionModule
-from vision_tx.lightning.segmentation import SegmentationModule
-
 from tests.lightning.tools import CONSOLE_LOGGERS
 from tests.models.test_dino_official import official_state
 from tests.official_layout import random_state, read_layout
+from vision_tx.lightning.classification import ClassificationModule
+from vision_tx.lightning.detection import DetectionModule
+from vision_tx.lightning.segmentation import SegmentationModule
 
 NUM_CLASSES = 5
 
@@ -73,10 +72,16 @@ def test_detr_weights_of_another_class_count(tmp_path: Path) -> None:
     checkpoint = save(official, tmp_path / "detr.pth")
     _, tuned = finetune(
         lambda weights: DetectionModule(backbone="resnet50", detector="detr", num_classes=NUM_CLASSES, weights=weights),
-        checkpoint, ["class_embed.weight", "class_embed.bias"],
+        checkpoint,
+        ["class_embed.weight", "class_embed.bias"],
     )
     assert tuned["class_embed.weight"].shape == (NUM_CLASSES + 1, 256)
-    for key in ("query_embed.weight", "bbox_embed.layers.2.bias", "transformer.decoder.norm.weight", "input_proj.weight"):
+    for key in (
+        "query_embed.weight",
+        "bbox_embed.layers.2.bias",
+        "transformer.decoder.norm.weight",
+        "input_proj.weight",
+    ):
         torch.testing.assert_close(tuned[key], official[key].float(), rtol=0, atol=0)
 
 
@@ -89,16 +94,22 @@ def test_dino_weights_of_another_class_count(tmp_path: Path) -> None:
     skipped += ["class_embed.6.weight", "class_embed.6.bias", "denoising.label_embed.weight"]
     _, tuned = finetune(
         lambda weights: DetectionModule(backbone="resnet50", detector="dino", num_classes=NUM_CLASSES, weights=weights),
-        checkpoint, skipped,
+        checkpoint,
+        skipped,
     )
     prior = -math.log((1 - 0.01) / 0.01)  # DINO's own initialisation: every class at probability 0.01
     assert torch.equal(tuned["class_embed.3.bias"], torch.full((NUM_CLASSES,), prior))
-    for key, official_key in (("query_embed.weight", "transformer.tgt_embed.weight"), ("neck.level_embed", "transformer.level_embed"),
-                              ("bbox_embed.6.layers.2.bias", "transformer.enc_out_bbox_embed.layers.2.bias")):
+    for key, official_key in (
+        ("query_embed.weight", "transformer.tgt_embed.weight"),
+        ("neck.level_embed", "transformer.level_embed"),
+        ("bbox_embed.6.layers.2.bias", "transformer.enc_out_bbox_embed.layers.2.bias"),
+    ):
         torch.testing.assert_close(tuned[key], official[official_key].float(), rtol=0, atol=0)
 
 
-def mmseg_upernet_heads(in_channels: list[int], num_classes: int, channels: int = 512, aux_channels: int = 256) -> dict[str, tuple[int, ...]]:
+def mmseg_upernet_heads(
+    in_channels: list[int], num_classes: int, channels: int = 512, aux_channels: int = 256
+) -> dict[str, tuple[int, ...]]:
     """mmsegmentation's ``UPerHead`` (pool scales 1, 2, 3, 6) and ``FCNHead`` (one conv, input 2, no
     concatenation) keys: ``ConvModule``s of a bias-free ``conv`` and a ``bn``, and the ``conv_seg`` classifier."""
 
@@ -114,9 +125,15 @@ def mmseg_upernet_heads(in_channels: list[int], num_classes: int, channels: int 
         layout |= conv_module(f"decode_head.lateral_convs.{i}", channels, width, 1)
         layout |= conv_module(f"decode_head.fpn_convs.{i}", channels, channels, 3)
     layout |= conv_module("decode_head.fpn_bottleneck", channels, len(in_channels) * channels, 3)
-    layout |= {"decode_head.conv_seg.weight": (num_classes, channels, 1, 1), "decode_head.conv_seg.bias": (num_classes,)}
+    layout |= {
+        "decode_head.conv_seg.weight": (num_classes, channels, 1, 1),
+        "decode_head.conv_seg.bias": (num_classes,),
+    }
     layout |= conv_module("auxiliary_head.convs.0", aux_channels, in_channels[2], 3)
-    layout |= {"auxiliary_head.conv_seg.weight": (num_classes, aux_channels, 1, 1), "auxiliary_head.conv_seg.bias": (num_classes,)}
+    layout |= {
+        "auxiliary_head.conv_seg.weight": (num_classes, aux_channels, 1, 1),
+        "auxiliary_head.conv_seg.bias": (num_classes,),
+    }
     return layout
 
 
@@ -127,22 +144,40 @@ def test_upernet_weights_of_another_class_count(tmp_path: Path) -> None:
     official = random_state(layout)
     official = {k: v.long() if k.endswith("num_batches_tracked") else v for k, v in official.items()}
     checkpoint = save(official, tmp_path / "upernet.pth", wrapper="state_dict")
-    skipped = ["decode_head.classifier.weight", "decode_head.classifier.bias", "auxiliary_head.classifier.weight",
-               "auxiliary_head.classifier.bias"]
-    log, tuned = finetune(lambda weights: SegmentationModule(backbone="swin_b", num_classes=NUM_CLASSES, weights=weights),
-                        checkpoint, skipped)
+    skipped = [
+        "decode_head.classifier.weight",
+        "decode_head.classifier.bias",
+        "auxiliary_head.classifier.weight",
+        "auxiliary_head.classifier.bias",
+    ]
+    log, tuned = finetune(
+        lambda weights: SegmentationModule(backbone="swin_b", num_classes=NUM_CLASSES, weights=weights),
+        checkpoint,
+        skipped,
+    )
     assert "unused from the checkpoint" not in log
-    for key in ("decode_head.fpn_bottleneck.conv.weight", "decode_head.psp_modules.3.1.bn.running_var", "auxiliary_head.convs.0.bn.bias"):
+    for key in (
+        "decode_head.fpn_bottleneck.conv.weight",
+        "decode_head.psp_modules.3.1.bn.running_var",
+        "auxiliary_head.convs.0.bn.bias",
+    ):
         torch.testing.assert_close(tuned[key], official[key].float(), rtol=0, atol=0)
-    torch.testing.assert_close(tuned["backbone.stages.3.blocks.1.mlp.fc2.bias"], official["backbone.layers.3.blocks.1.mlp.fc2.bias"].float(),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        tuned["backbone.stages.3.blocks.1.mlp.fc2.bias"],
+        official["backbone.layers.3.blocks.1.mlp.fc2.bias"].float(),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_classifier_pretrained_of_another_class_count(tmp_path: Path) -> None:
     official = random_state(read_layout("swin_tiny_patch4_window7_224"))
     assert official["head.weight"].shape == (1000, 768)
     checkpoint = save(official, tmp_path / "swin_t.pth")
-    _, tuned = finetune(lambda pretrained: ClassificationModule(backbone="swin_t", num_classes=NUM_CLASSES, pretrained=pretrained),
-                        checkpoint, ["head.weight", "head.bias"])
+    _, tuned = finetune(
+        lambda pretrained: ClassificationModule(backbone="swin_t", num_classes=NUM_CLASSES, pretrained=pretrained),
+        checkpoint,
+        ["head.weight", "head.bias"],
+    )
     torch.testing.assert_close(tuned["stages.3.out_norm.weight"], official["norm.weight"].float(), rtol=0, atol=0)
     torch.testing.assert_close(tuned["stem.norm.bias"], official["patch_embed.norm.bias"].float(), rtol=0, atol=0)

@@ -22,15 +22,24 @@ from vision_tx.metrics.detection_report import PICTURES
 
 STEPS = 40  # 20 epochs of the 8 images, batch 4: AP50 0.875 on a 2-core Xeon (0.156 at step 30)
 SMALL = [
-    "--config", "rtdetr_convnext_toy",
-    "--data.num_workers", "0",
-    "--data.batch_size", "4",
-    "--data.train_transform.init_args.scales", "[128]",
-    "--data.train_transform.init_args.max_size", "160",
-    "--data.val_transform.init_args.size", "128",
-    "--data.val_transform.init_args.max_size", "160",
-    "--trainer.accelerator", "cpu",
-    "--trainer.enable_progress_bar", "false",
+    "--config",
+    "rtdetr_convnext_toy",
+    "--data.num_workers",
+    "0",
+    "--data.batch_size",
+    "4",
+    "--data.train_transform.init_args.scales",
+    "[128]",
+    "--data.train_transform.init_args.max_size",
+    "160",
+    "--data.val_transform.init_args.size",
+    "128",
+    "--data.val_transform.init_args.max_size",
+    "160",
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.enable_progress_bar",
+    "false",
 ]
 REPORT_KEYS = {"best_f1", "best_f1_threshold", "confusion_matrix", "curves"}
 COCO_KEYS = {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl", "per_category"}
@@ -52,9 +61,21 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, config: list[str]) -> 
     """The log folder of ``STEPS`` training steps, validated once at the end, logged to TensorBoard."""
     run_dir = tmp_path_factory.mktemp("rtdetr_run")
     run_tool_in_process(
-        "train.py", *config, "--trainer.max_steps", str(STEPS), "--trainer.check_val_every_n_epoch", "null",
-        "--trainer.val_check_interval", str(STEPS), "--trainer.num_sanity_val_steps", "0",
-        "--trainer.default_root_dir", str(run_dir), "--trainer.logger", "true", cwd=run_dir,
+        "train.py",
+        *config,
+        "--trainer.max_steps",
+        str(STEPS),
+        "--trainer.check_val_every_n_epoch",
+        "null",
+        "--trainer.val_check_interval",
+        str(STEPS),
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.logger",
+        "true",
+        cwd=run_dir,
     )
     return next(run_dir.rglob("metrics.json")).parent
 
@@ -88,15 +109,29 @@ def test_exported_model_scores_as_the_checkpoint(trained_run: Path, config: list
     data = ["--data.batch_size", "1"]  # one image a batch: no padding, as the export reads
     checkpoint_out, onnx_out = tmp_path / "checkpoint", tmp_path / "onnx"
     checkpoint_out.mkdir()
-    run_tool_in_process("eval.py", *config, *data, "--ckpt", str(checkpoint), "--trainer.logger", "false",
-                        "--trainer.default_root_dir", str(checkpoint_out), "--out", str(checkpoint_out), cwd=checkpoint_out)
+    run_tool_in_process(
+        "eval.py",
+        *config,
+        *data,
+        "--ckpt",
+        str(checkpoint),
+        "--trainer.logger",
+        "false",
+        "--trainer.default_root_dir",
+        str(checkpoint_out),
+        "--out",
+        str(checkpoint_out),
+        cwd=checkpoint_out,
+    )
     expected = json.loads((checkpoint_out / "metrics.json").read_text())["bbox"]
     assert expected["AP50"] > 0.1  # it detects the shapes
 
     onnx_path = tmp_path / "rtdetr.onnx"
     export_checkpoint(config, checkpoint, onnx_path)
     onnx_out.mkdir()
-    result = run_tool_in_process("eval.py", "--onnx", str(onnx_path), *config, *data, "--threads", "1", "--out", str(onnx_out), cwd=onnx_out)
+    result = run_tool_in_process(
+        "eval.py", "--onnx", str(onnx_path), *config, *data, "--threads", "1", "--out", str(onnx_out), cwd=onnx_out
+    )
     assert "Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ]" in result.stdout
     assert "best F1" in result.stdout and f"metrics: {onnx_out / 'metrics.json'}" in result.stdout
     got = json.loads((onnx_out / "metrics.json").read_text())["bbox"]

@@ -25,20 +25,34 @@ from vision_tx.metrics.panoptic import SUMMARY_KEYS, evaluate_panoptic_files
 # GroupNorm(8) on width/16 channels). Threshold 0: the barely trained model's segments are kept,
 # so the files and the PQ tables hold segments.
 TINY_DETR = {
-    "num_queries": 8, "hidden_dim": 128, "num_heads": 4, "num_encoder_layers": 1,
-    "num_decoder_layers": 1, "dim_feedforward": 128,
+    "num_queries": 8,
+    "hidden_dim": 128,
+    "num_heads": 4,
+    "num_encoder_layers": 1,
+    "num_decoder_layers": 1,
+    "dim_feedforward": 128,
 }
 SMALL = [
-    "--config", "detr_panoptic_swin_toy",
-    "--model.detector_kwargs", json.dumps(TINY_DETR),
-    "--model.postprocess_kwargs", "{threshold: 0.0}",
-    "--data.num_workers", "0",
-    "--data.batch_size", "4",
-    "--data.val_transform.init_args.size", "64",
-    "--data.val_transform.init_args.max_size", "96",
-    "--trainer.accelerator", "cpu",
-    "--trainer.logger", "false",
-    "--trainer.enable_progress_bar", "false",
+    "--config",
+    "detr_panoptic_swin_toy",
+    "--model.detector_kwargs",
+    json.dumps(TINY_DETR),
+    "--model.postprocess_kwargs",
+    "{threshold: 0.0}",
+    "--data.num_workers",
+    "0",
+    "--data.batch_size",
+    "4",
+    "--data.val_transform.init_args.size",
+    "64",
+    "--data.val_transform.init_args.max_size",
+    "96",
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.logger",
+    "false",
+    "--trainer.enable_progress_bar",
+    "false",
 ]
 
 
@@ -52,29 +66,54 @@ def run(tmp_path_factory, toy_cache) -> tuple[Path, str]:
     """The log folder and console output of 2 training steps and a validation of the 16 toy images."""
     run_dir = tmp_path_factory.mktemp("panoptic_run")
     result = run_tool_in_process(
-        "train.py", *SMALL, "--data.toy_cache_dir", str(toy_cache),
-        "--data.train_transform.init_args.scales", "[64]", "--data.train_transform.init_args.max_size", "96",
-        "--data.train_transform.init_args.crop_scales", "[64]", "--data.train_transform.init_args.crop_size", "[48, 64]",
-        "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.check_val_every_n_epoch", "null",
-        "--trainer.num_sanity_val_steps", "0", "--trainer.default_root_dir", str(run_dir), "--trainer.logger", "true",
+        "train.py",
+        *SMALL,
+        "--data.toy_cache_dir",
+        str(toy_cache),
+        "--data.train_transform.init_args.scales",
+        "[64]",
+        "--data.train_transform.init_args.max_size",
+        "96",
+        "--data.train_transform.init_args.crop_scales",
+        "[64]",
+        "--data.train_transform.init_args.crop_size",
+        "[48, 64]",
+        "--trainer.max_steps",
+        "2",
+        "--trainer.val_check_interval",
+        "2",
+        "--trainer.check_val_every_n_epoch",
+        "null",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.logger",
+        "true",
         cwd=run_dir,
     )
     return next(run_dir.rglob("metrics.json")).parent, result.stdout + result.stderr
 
 
-def test_validation_writes_coco_panoptic_files_that_rescore_the_same(run: tuple[Path, str], toy_cache: Path, capsys) -> None:
+def test_validation_writes_coco_panoptic_files_that_rescore_the_same(
+    run: tuple[Path, str], toy_cache: Path, capsys
+) -> None:
     log_dir, console = run
     metrics = json.loads((log_dir / "metrics.json").read_text())
     assert set(metrics["panoptic"]) == {*SUMMARY_KEYS, "per_category"} and "AP" in metrics["bbox"]
     assert list(log_dir.glob("predictions_step*.png")) and (log_dir / "bbox_results.json").is_file()
     written = json.loads((log_dir / f"{PREDICTIONS}.json").read_text())
     assert len(written["annotations"]) == 16 and sum(len(a["segments_info"]) for a in written["annotations"]) > 0
-    assert sorted(p.name for p in (log_dir / PREDICTIONS).iterdir()) == sorted(a["file_name"] for a in written["annotations"])
+    assert sorted(p.name for p in (log_dir / PREDICTIONS).iterdir()) == sorted(
+        a["file_name"] for a in written["annotations"]
+    )
 
     annotations = toy_cache / "annotations"
     rescored = evaluate_panoptic_files(
-        annotations / "panoptic_val2017.json", annotations / "panoptic_val2017",
-        log_dir / f"{PREDICTIONS}.json", log_dir / PREDICTIONS,
+        annotations / "panoptic_val2017.json",
+        annotations / "panoptic_val2017",
+        log_dir / f"{PREDICTIONS}.json",
+        log_dir / PREDICTIONS,
     )
     assert rescored == {k: v for k, v in metrics["panoptic"].items() if k != "per_category"}
     table = capsys.readouterr().out.strip()  # per-category TP, FP, FN included
@@ -100,7 +139,9 @@ def test_validation_gives_the_same_pq_on_two_processes(
     assert len(outputs[2][1]["annotations"]) == 16
     # The barely trained model may match no segment (PQ 0), but every ground-truth segment of the
     # 16 images is counted once, as a TP or an FN: an image scored twice or missed would show.
-    counts = [row.split("|")[2].split() for row in tables[2].splitlines()[2:] if row.count("|") == 2 and "N =" not in row]
+    counts = [
+        row.split("|")[2].split() for row in tables[2].splitlines()[2:] if row.count("|") == 2 and "N =" not in row
+    ]
     ground_truth = json.loads((toy_cache / "annotations" / "panoptic_val2017.json").read_text())["annotations"]
     assert sum(int(tp) + int(fn) for tp, _, fn in counts) == sum(
         not s.get("iscrowd", 0) for a in ground_truth for s in a["segments_info"]
@@ -111,14 +152,26 @@ def test_infer_draws_the_segments(run: tuple[Path, str], toy_cache: Path, tmp_pa
     ckpt = next(run[0].rglob("last.ckpt"))
     image = next(toy_cache.rglob("val2017/*.png"))
     out = tmp_path / "pred.png"
-    result = run_tool_in_process("infer.py", *SMALL, "--data.toy_cache_dir", str(toy_cache), "--ckpt", str(ckpt),
-                      "--image", str(image), "--out", str(out), cwd=tmp_path)
+    result = run_tool_in_process(
+        "infer.py",
+        *SMALL,
+        "--data.toy_cache_dir",
+        str(toy_cache),
+        "--ckpt",
+        str(ckpt),
+        "--image",
+        str(image),
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert "wrote" in result.stdout
     assert decode_png(read_file(str(out))).shape == decode_png(read_file(str(image))).shape
 
 
-def test_export_tool_writes_the_trained_panoptic_model_with_the_datamodules_things(run: tuple[Path, str], toy_cache: Path,
-                                                                                   tmp_path: Path) -> None:
+def test_export_tool_writes_the_trained_panoptic_model_with_the_datamodules_things(
+    run: tuple[Path, str], toy_cache: Path, tmp_path: Path
+) -> None:
     """tools/export.py reads things and stuff from the config's datamodule; onnxruntime gives the eager segments."""
     from tests.test_export import assert_outputs_close, run_onnx
     from vision_tx.export import deployable, example_images
@@ -126,8 +179,19 @@ def test_export_tool_writes_the_trained_panoptic_model_with_the_datamodules_thin
 
     ckpt, out = next(run[0].rglob("last.ckpt")), tmp_path / "panoptic.onnx"
     config_args = [*SMALL, "--data.toy_cache_dir", str(toy_cache)]
-    result = run_tool_in_process("export.py", *config_args, "--ckpt", str(ckpt), "--out", str(out), "--size", "64", "64", "--fixed-size",
-                                 cwd=tmp_path)
+    result = run_tool_in_process(
+        "export.py",
+        *config_args,
+        "--ckpt",
+        str(ckpt),
+        "--out",
+        str(out),
+        "--size",
+        "64",
+        "64",
+        "--fixed-size",
+        cwd=tmp_path,
+    )
     assert "outputs segment_ids, segment_labels, segment_scores" in result.stdout
     module, datamodule = load_trained(config_args, ckpt)
     model = deployable(module, "detr_panoptic_swin_toy", datamodule.is_thing)
@@ -153,11 +217,22 @@ def test_second_stage_trains_the_mask_head_on_a_frozen_detector(toy_cache: Path,
     detection.configure_model()
     save_weights(detection.model, tmp_path / "detection.pth")
     module = PanopticModule(
-        backbone="swin_toy", detector_kwargs=TINY_DETR, weights=str(tmp_path / "detection.pth"),
-        panoptic_kwargs={"freeze_detr": True}, lr=1e-3,
+        backbone="swin_toy",
+        detector_kwargs=TINY_DETR,
+        weights=str(tmp_path / "detection.pth"),
+        panoptic_kwargs={"freeze_detr": True},
+        lr=1e-3,
     )
-    trainer = pl.Trainer(max_steps=1, limit_val_batches=0, accelerator="cpu", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer = pl.Trainer(
+        max_steps=1,
+        limit_val_batches=0,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
     trainer.fit(module, datamodule=data)
     for name, value in detection.model.state_dict().items():
         assert torch.equal(module.model.detr.state_dict()[name], value), name
@@ -171,14 +246,18 @@ def test_second_stage_trains_the_mask_head_on_a_frozen_detector(toy_cache: Path,
 def test_cli_lists_the_options_panoptic_module_passes_on() -> None:
     """A misspelt option's message lists PanopticModule's own options and DetectionModule's, which it takes through ``**kwargs``."""
     options = class_options("vision_tx.lightning.panoptic.PanopticModule")
-    assert options[:2] == ["panoptic_kwargs", "postprocess_kwargs"] and {"lr", "detector_kwargs", "weights"} <= set(options)
+    assert options[:2] == ["panoptic_kwargs", "postprocess_kwargs"] and {"lr", "detector_kwargs", "weights"} <= set(
+        options
+    )
 
 
 def test_detectors_by_class_whatever_their_size() -> None:
     """The panoptic task takes every size of a detector that segments (its wrapper by the detector's class)."""
     assert PanopticModule(detector="detr_toy").backbone_prefix == "detr.backbone."
     assert PanopticModule(detector="mask2former_toy").backbone_prefix == "backbone."
-    with pytest.raises(ValueError, match=r"'dino_toy' does not segment; known: detr, detr_toy, mask2former, mask2former_toy$"):
+    with pytest.raises(
+        ValueError, match=r"'dino_toy' does not segment; known: detr, detr_toy, mask2former, mask2former_toy$"
+    ):
         PanopticModule(detector="dino_toy")
     with pytest.raises(ValueError, match="'mask2former_toy' segments by itself"):
         PanopticModule(detector="mask2former_toy", panoptic_kwargs={"freeze_detr": True})

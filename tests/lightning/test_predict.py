@@ -27,8 +27,16 @@ from tests.lightning.tools import run_tool_in_process
 from vision_tx.lightning.cli import SUBCOMMANDS, main
 from vision_tx.lightning.inference import load_trained, read_rgb_image
 from vision_tx.lightning.predict import (
-    ModuleDetector, Picture, merge_windows, picture_count, predict_pictures, read_pictures, read_video_frames,
-    resolve_classes, source_files, tile_windows,
+    ModuleDetector,
+    Picture,
+    merge_windows,
+    picture_count,
+    predict_pictures,
+    read_pictures,
+    read_video_frames,
+    resolve_classes,
+    source_files,
+    tile_windows,
 )
 
 
@@ -49,11 +57,20 @@ class BlobDetector:
             size = (round(height * scale), round(width * scale))
             small = F.interpolate(image[None].float(), size=size, mode="area")[0].mean(0) > 127
             blobs = ndimage.find_objects(ndimage.label(small.numpy())[0])
-            boxes = [[x.start, y.start, x.stop, y.stop] for y, x in blobs
-                     if y.stop - y.start >= self.min_side and x.stop - x.start >= self.min_side]
+            boxes = [
+                [x.start, y.start, x.stop, y.stop]
+                for y, x in blobs
+                if y.stop - y.start >= self.min_side and x.stop - x.start >= self.min_side
+            ]
             boxes = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
             boxes *= torch.tensor([width / size[1], height / size[0]] * 2)
-            found.append({"boxes": boxes, "scores": torch.full((len(boxes),), 0.9), "labels": torch.ones(len(boxes), dtype=torch.int64)})
+            found.append(
+                {
+                    "boxes": boxes,
+                    "scores": torch.full((len(boxes),), 0.9),
+                    "labels": torch.ones(len(boxes), dtype=torch.int64),
+                }
+            )
         return found
 
 
@@ -67,7 +84,12 @@ def canvas(boxes: list[list[int]], side: int = 512) -> Picture:
 
 # On a 512 canvas, tiles of 128 sharing 0.25 start every 96 pixels (0, 96, 192, 288, 384).
 SMALL_OBJECTS = [
-    [88, 20, 102, 34],  # across the side x=96 of the second column: whole in the first, cut (6 pixels wide) in the second
+    [
+        88,
+        20,
+        102,
+        34,
+    ],  # across the side x=96 of the second column: whole in the first, cut (6 pixels wide) in the second
     [100, 300, 112, 312],  # whole in four tiles: columns 0 and 1, rows 2 and 3
     [250, 150, 262, 162],  # in one tile
     [400, 450, 412, 462],  # in the last row (moved back to end at the edge), whole in its last two tiles
@@ -94,9 +116,9 @@ def test_an_object_larger_than_the_overlap_comes_from_the_whole_image() -> None:
 def test_tile_windows_cover_the_image_from_the_top_left() -> None:
     assert tile_windows(100, 160, 100, 0.4) == [(0, 0, 100, 100), (60, 0, 160, 100), (0, 0, 160, 100)]
     assert tile_windows(100, 160, 100, 0.4, whole_image=False) == [(0, 0, 100, 100), (60, 0, 160, 100)]
-    assert tile_windows(250, 200, 100, 0.0) == [
-        (x, y, x + 100, y + 100) for y in (0, 100, 150) for x in (0, 100)
-    ] + [(0, 0, 200, 250)]
+    assert tile_windows(250, 200, 100, 0.0) == [(x, y, x + 100, y + 100) for y in (0, 100, 150) for x in (0, 100)] + [
+        (0, 0, 200, 250)
+    ]
     assert tile_windows(50, 80, 100, 0.25) == [(0, 0, 80, 50)]  # the one window is the whole image
 
 
@@ -104,11 +126,13 @@ def test_merging_shifts_back_drops_cut_boxes_and_keeps_one_box_per_object() -> N
     windows = [(0, 0, 100, 100), (60, 0, 160, 100)]  # an image 100 high and 160 wide; the windows share x 60..100
     first = {  # in the first window's pixels
         "boxes": torch.tensor([[70.0, 10, 90, 30], [90, 50, 100, 70], [70, 10, 90, 30]]),  # the second cut at x=100
-        "scores": torch.tensor([0.8, 0.95, 0.6]), "labels": torch.tensor([1, 1, 2]),
+        "scores": torch.tensor([0.8, 0.95, 0.6]),
+        "labels": torch.tensor([1, 1, 2]),
     }
     second = {  # in the second window's pixels: the first object again, and the cut one whole
         "boxes": torch.tensor([[10.0, 10, 30, 30], [30, 50, 50, 70], [90, 0, 100, 20]]),
-        "scores": torch.tensor([0.7, 0.5, 0.4]), "labels": torch.tensor([1, 1, 1]),  # the third at the image's edge: kept
+        "scores": torch.tensor([0.7, 0.5, 0.4]),
+        "labels": torch.tensor([1, 1, 1]),  # the third at the image's edge: kept
     }
     merged = merge_windows([first, second], windows, 100, 160)
     assert merged["boxes"].tolist() == [[70, 10, 90, 30], [70, 10, 90, 30], [90, 50, 110, 70], [150, 0, 160, 20]]
@@ -125,16 +149,29 @@ def test_batches_hold_the_windows_of_several_pictures_in_order() -> None:
 
     pictures = [canvas([[8, 8, 40, 40]], side=64), canvas([[100, 300, 112, 312]]), canvas([], side=64)]
     results = list(predict_pictures(detector, pictures, batch_size=4, tile=128))
-    assert seen == [[(64, 64)] + [(128, 128)] * 3, [(128, 128)] * 4, [(128, 128)] * 4, [(128, 128)] * 4,
-                    [(128, 128)] * 4, [(128, 128)] * 4, [(128, 128), (128, 128), (512, 512), (64, 64)]]
+    assert seen == [
+        [(64, 64)] + [(128, 128)] * 3,
+        [(128, 128)] * 4,
+        [(128, 128)] * 4,
+        [(128, 128)] * 4,
+        [(128, 128)] * 4,
+        [(128, 128)] * 4,
+        [(128, 128), (128, 128), (512, 512), (64, 64)],
+    ]
     assert [picture for picture, _ in results] == pictures
     assert [found["boxes"].tolist() for _, found in results] == [[[8, 8, 40, 40]], [[100, 300, 112, 312]], []]
 
 
 def test_score_threshold_and_classes_filter_the_detections() -> None:
     def detector(images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        return [{"boxes": torch.tensor([[0.0, 0, 4, 4], [1, 1, 5, 5], [2, 2, 6, 6]]), "scores": torch.tensor([0.9, 0.3, 0.8]),
-                 "labels": torch.tensor([1, 2, 3])} for _ in images]
+        return [
+            {
+                "boxes": torch.tensor([[0.0, 0, 4, 4], [1, 1, 5, 5], [2, 2, 6, 6]]),
+                "scores": torch.tensor([0.9, 0.3, 0.8]),
+                "labels": torch.tensor([1, 2, 3]),
+            }
+            for _ in images
+        ]
 
     ((_, found),) = predict_pictures(detector, [canvas([], side=8)], score_threshold=0.5, classes=[1, 2])
     assert found["labels"].tolist() == [1] and found["boxes"].tolist() == [[0, 0, 4, 4]]
@@ -143,7 +180,9 @@ def test_score_threshold_and_classes_filter_the_detections() -> None:
 def test_classes_are_given_by_name_or_id() -> None:
     names = {1: "circle", 2: "square", 3: "triangle"}
     assert resolve_classes(["triangle", "1"], names) == [3, 1]
-    with pytest.raises(SystemExit, match=r"--classes: no class 'hexagon' in the model's categories \(1 circle, 2 square, 3 triangle\)"):
+    with pytest.raises(
+        SystemExit, match=r"--classes: no class 'hexagon' in the model's categories \(1 circle, 2 square, 3 triangle\)"
+    ):
         resolve_classes(["hexagon"], names)
     with pytest.raises(SystemExit, match="no class '7'"):
         resolve_classes(["7"], names)
@@ -205,11 +244,16 @@ def test_video_frames_are_read_with_their_index(av: ModuleType, tmp_path: Path) 
     frames = list(read_video_frames(video, frame_step=2))
     assert [index for index, _ in frames] == [0, 2, 4]
     assert all(frame.shape == (3, 48, 64) and frame.dtype == torch.uint8 for _, frame in frames)
-    assert [float(frame.float().mean()) for _, frame in frames] == [pytest.approx(level, abs=4) for level in levels[::2]]
+    assert [float(frame.float().mean()) for _, frame in frames] == [
+        pytest.approx(level, abs=4) for level in levels[::2]
+    ]
     assert picture_count([video, tmp_path / "x.png"], frame_step=2) == 4
     pictures = list(read_pictures([video], frame_step=2))
     assert [(p.image_id, p.frame, p.name, p.file_name) for p in pictures] == [
-        (1, 0, "clip_000000", str(video)), (2, 2, "clip_000002", str(video)), (3, 4, "clip_000004", str(video))]
+        (1, 0, "clip_000000", str(video)),
+        (2, 2, "clip_000002", str(video)),
+        (3, 4, "clip_000004", str(video)),
+    ]
 
 
 def test_a_bad_video_or_no_pyav_is_one_line(av: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,7 +292,10 @@ def test_the_module_detector_batches_as_one_image_at_a_time(detr_checkpoint: Pat
 
 
 def test_predict_tool_writes_results_index_per_image_json_and_pictures(
-    av: ModuleType, detr_checkpoint: Path, detr_toy_cache: Path, tmp_path: Path,
+    av: ModuleType,
+    detr_checkpoint: Path,
+    detr_toy_cache: Path,
+    tmp_path: Path,
 ) -> None:
     source = tmp_path / "source"
     source.mkdir()
@@ -260,8 +307,22 @@ def test_predict_tool_writes_results_index_per_image_json_and_pictures(
     write_video(av, source / "c.mp4", [frame] * 3)
     out = tmp_path / "out"
     result = run_tool_in_process(
-        "predict.py", *SMALL, "--data.toy_cache_dir", str(detr_toy_cache), "--ckpt", str(detr_checkpoint),
-        "--source", str(source / "*"), "--out", str(out), "--batch-size", "2", "--score-threshold", "0", "--device", "cpu",
+        "predict.py",
+        *SMALL,
+        "--data.toy_cache_dir",
+        str(detr_toy_cache),
+        "--ckpt",
+        str(detr_checkpoint),
+        "--source",
+        str(source / "*"),
+        "--out",
+        str(out),
+        "--batch-size",
+        "2",
+        "--score-threshold",
+        "0",
+        "--device",
+        "cpu",
         cwd=tmp_path,
     )
     assert "5 images (score >= 0)" in result.stdout
@@ -269,11 +330,24 @@ def test_predict_tool_writes_results_index_per_image_json_and_pictures(
     images = json.loads((out / "images.json").read_text())
     sizes = [read_rgb_image(source / name).shape[-2:] for name in ("a.png", "b.png")] + [frame.shape[:2]] * 3
     assert images == [
-        {"id": i, "file_name": str(source / file), "frame": frame_index, "height": size[0], "width": size[1],
-         "detections": f"detections/{name}.json", "picture": f"pictures/{name}.png"}
-        for i, (file, frame_index, name, size) in enumerate(zip(
-            ["a.png", "b.png", "c.mp4", "c.mp4", "c.mp4"], [None, None, 0, 1, 2],
-            ["a", "b", "c_000000", "c_000001", "c_000002"], sizes), 1)
+        {
+            "id": i,
+            "file_name": str(source / file),
+            "frame": frame_index,
+            "height": size[0],
+            "width": size[1],
+            "detections": f"detections/{name}.json",
+            "picture": f"pictures/{name}.png",
+        }
+        for i, (file, frame_index, name, size) in enumerate(
+            zip(
+                ["a.png", "b.png", "c.mp4", "c.mp4", "c.mp4"],
+                [None, None, 0, 1, 2],
+                ["a", "b", "c_000000", "c_000001", "c_000002"],
+                sizes,
+            ),
+            1,
+        )
     ]
     results = json.loads((out / "results.json").read_text())
     assert len(results) == 5 * 5  # every query of the 5-query DETR at score threshold 0

@@ -23,7 +23,10 @@ def tiny_backbone(monkeypatch):
 
 
 def test_warmup_then_poly_as_mmcv() -> None:
-    factors = [warmup_poly_factor(s, total_steps=100, warmup_steps=10, warmup_ratio=1e-6, power=1.0) for s in (0, 5, 10, 50, 100)]
+    factors = [
+        warmup_poly_factor(s, total_steps=100, warmup_steps=10, warmup_ratio=1e-6, power=1.0)
+        for s in (0, 5, 10, 50, 100)
+    ]
     assert factors[0] == pytest.approx(1e-6)
     assert factors[1] == pytest.approx((1 - 0.5 * (1 - 1e-6)) * 0.95)  # the ramp times the decayed rate
     assert factors[2:] == pytest.approx([0.9, 0.5, 0.0])
@@ -31,11 +34,22 @@ def test_warmup_then_poly_as_mmcv() -> None:
 
 def test_fit_and_validate_on_toy_set(tiny_backbone, monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(Path, "home", lambda: tmp_path)  # the toy set is generated under tmp_path
-    datamodule = SegmentationDataModule(scale=(256, 128), crop_size=(96, 96), batch_size=2, val_batch_size=2, num_workers=0)
-    module = SegmentationModule(backbone="tiny", head_kwargs={"channels": 16, "aux_channels": 8}, lr=1e-3, warmup_iters=2)
+    datamodule = SegmentationDataModule(
+        scale=(256, 128), crop_size=(96, 96), batch_size=2, val_batch_size=2, num_workers=0
+    )
+    module = SegmentationModule(
+        backbone="tiny", head_kwargs={"channels": 16, "aux_channels": 8}, lr=1e-3, warmup_iters=2
+    )
     trainer = pl.Trainer(
-        max_steps=4, limit_val_batches=2, val_check_interval=4, num_sanity_val_steps=1, accelerator="cpu", devices=1,
-        default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+        max_steps=4,
+        limit_val_batches=2,
+        val_check_interval=4,
+        num_sanity_val_steps=1,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(module, datamodule=datamodule)
     assert module.hparams.num_classes == len(TOY_CLASSES)  # taken from the datamodule

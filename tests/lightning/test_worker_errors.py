@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from PIL import Image
@@ -41,6 +41,7 @@ def _coco_like(make: Callable[..., Path], annotations: str) -> Callable[[Path], 
         image["file_name"] = bad.name
         ann_file.write_text(json.dumps(data))
         return root, bad
+
     return build
 
 
@@ -49,20 +50,41 @@ def _ade20k(folder: Path) -> tuple[Path, Path]:
     return root, _truncated_jpeg(sorted((root / "ADEChallengeData2016/images/training").glob("*.jpg"))[1])
 
 
-@pytest.mark.parametrize("config, build", [
-    ("detr_swin_toy", _coco_like(make_toy_coco, "instances_train2017.json")),
-    ("upernet_swin_t_ade20k", _ade20k),
-    ("detr_panoptic_swin_toy", _coco_like(make_toy_coco_panoptic, "panoptic_train2017.json")),
-], ids=["coco", "ade20k", "coco_panoptic"])
+@pytest.mark.parametrize(
+    "config, build",
+    [
+        ("detr_swin_toy", _coco_like(make_toy_coco, "instances_train2017.json")),
+        ("upernet_swin_t_ade20k", _ade20k),
+        ("detr_panoptic_swin_toy", _coco_like(make_toy_coco_panoptic, "panoptic_train2017.json")),
+    ],
+    ids=["coco", "ade20k", "coco_panoptic"],
+)
 def test_truncated_jpeg_in_a_worker_is_one_error_line(config: str, build, tmp_path: Path) -> None:
     root, bad = build(tmp_path / "root")
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "train.py"), "--config", config,
-         *small_args(ROOT / "vision_tx" / "configs" / f"{config}.yaml"), *SHORT,
-         # Every training image in the first batch, read by two worker processes.
-         "--data.root", str(root), "--data.num_workers", "2", "--data.batch_size", "3", "--trainer.val_check_interval", "1",
-         "--trainer.default_root_dir", str(tmp_path / "run")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(ROOT / "tools" / "train.py"),
+            "--config",
+            config,
+            *small_args(ROOT / "vision_tx" / "configs" / f"{config}.yaml"),
+            *SHORT,
+            # Every training image in the first batch, read by two worker processes.
+            "--data.root",
+            str(root),
+            "--data.num_workers",
+            "2",
+            "--data.batch_size",
+            "3",
+            "--trainer.val_check_interval",
+            "1",
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]

@@ -27,7 +27,11 @@ CONSOLE_LOGGERS = ("lightning.pytorch", "lightning.fabric")
 def run_tool(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """Runs ``tools/<tool>`` with ``args`` in a new Python process in ``cwd``; asserts it succeeds."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / tool), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+        [sys.executable, str(ROOT / "tools" / tool), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, f"{tool} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
@@ -50,7 +54,11 @@ def run_tool_in_process(tool: str, *args: str, cwd: Path) -> subprocess.Complete
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         for name in CONSOLE_LOGGERS:
             logging.getLogger(name).addHandler(console)
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), warnings.catch_warnings(record=True) as caught:
+        with (
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+            warnings.catch_warnings(record=True) as caught,
+        ):
             warnings.simplefilter("default")  # a new process's filters: each warning once per place
             runpy.run_path(command[0], run_name="__main__")
     finally:

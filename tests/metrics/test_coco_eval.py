@@ -21,14 +21,39 @@ from vision_tx.metrics.coco import STAT_NAMES, CocoEvaluator, evaluate_results_f
 
 # E.stats listed in ../shared/data/README.md (pycocotools on the official cocoapi fake results).
 FIXTURE_STATS = {
-    "bbox": [0.5045806987249628, 0.6969727247299577, 0.5729816669904824, 0.5856257209410443,
-             0.5193996948036719, 0.5013978986347466, 0.38681277964578054, 0.5936795762842003,
-             0.595352982877607, 0.6398109626113442, 0.5664205978994309, 0.5642905982905982],
-    "segm": [0.3195452758576433, 0.5622883972521636, 0.29892653412086784, 0.3873740315997838,
-             0.31018272403369485, 0.3269339071005138, 0.2682297225711534, 0.41544868114906375,
-             0.4168394992198818, 0.4694498622754236, 0.37675922666197265, 0.3814715099715099],
+    "bbox": [
+        0.5045806987249628,
+        0.6969727247299577,
+        0.5729816669904824,
+        0.5856257209410443,
+        0.5193996948036719,
+        0.5013978986347466,
+        0.38681277964578054,
+        0.5936795762842003,
+        0.595352982877607,
+        0.6398109626113442,
+        0.5664205978994309,
+        0.5642905982905982,
+    ],
+    "segm": [
+        0.3195452758576433,
+        0.5622883972521636,
+        0.29892653412086784,
+        0.3873740315997838,
+        0.31018272403369485,
+        0.3269339071005138,
+        0.2682297225711534,
+        0.41544868114906375,
+        0.4168394992198818,
+        0.4694498622754236,
+        0.37675922666197265,
+        0.3814715099715099,
+    ],
 }
-RESULT_FILES = {"bbox": "instances_val2014_fakebbox100_results.json", "segm": "instances_val2014_fakesegm100_results.json"}
+RESULT_FILES = {
+    "bbox": "instances_val2014_fakebbox100_results.json",
+    "segm": "instances_val2014_fakesegm100_results.json",
+}
 
 
 @pytest.fixture(scope="module")
@@ -72,20 +97,33 @@ def _pycocotools_per_category(gt_json: Path, results_json: Path, iou_type: str) 
     evaluator.evaluate()
     evaluator.accumulate()
     precision = evaluator.eval["precision"]
-    assert list(evaluator.params.iouThrs[[0, 5]]) == [0.5, 0.75] and evaluator.params.areaRngLbl == ["all", "small", "medium", "large"]
+    assert list(evaluator.params.iouThrs[[0, 5]]) == [0.5, 0.75] and evaluator.params.areaRngLbl == [
+        "all",
+        "small",
+        "medium",
+        "large",
+    ]
 
     def mean(values: np.ndarray) -> float | None:
         return float(values[values > -1].mean()) if (values > -1).any() else None
 
     return {
-        category: [mean(precision[:, :, k, 0, 2]), mean(precision[0, :, k, 0, 2]), mean(precision[5, :, k, 0, 2]),
-                   mean(precision[:, :, k, 1, 2]), mean(precision[:, :, k, 2, 2]), mean(precision[:, :, k, 3, 2])]
+        category: [
+            mean(precision[:, :, k, 0, 2]),
+            mean(precision[0, :, k, 0, 2]),
+            mean(precision[5, :, k, 0, 2]),
+            mean(precision[:, :, k, 1, 2]),
+            mean(precision[:, :, k, 2, 2]),
+            mean(precision[:, :, k, 3, 2]),
+        ]
         for k, category in enumerate(evaluator.params.catIds)
     }
 
 
 @pytest.mark.parametrize("iou_type", ["bbox", "segm"])
-def test_per_category_ap_is_pycocotools_precision_per_category(parity: Path, iou_type: str, capsys: pytest.CaptureFixture) -> None:
+def test_per_category_ap_is_pycocotools_precision_per_category(
+    parity: Path, iou_type: str, capsys: pytest.CaptureFixture
+) -> None:
     gt_json, results_json = parity / "instances_val2014_100.json", parity / RESULT_FILES[iou_type]
     rows = evaluate_results_file(gt_json, results_json, iou_type=iou_type)["per_category"]
     printed = capsys.readouterr().out
@@ -108,11 +146,14 @@ def test_per_category_ap_is_pycocotools_precision_per_category(parity: Path, iou
         alone.summarize()
         assert [row[k] for k in ("AP", "AP50", "AP75")] == pytest.approx(alone.stats[:3].tolist(), abs=1e-12)
     # The printed table: the ten of lowest AP, lowest first.
-    table = printed[printed.index(f"{iou_type} AP per category"):].splitlines()
+    table = printed[printed.index(f"{iou_type} AP per category") :].splitlines()
     lowest = sorted(scored, key=lambda r: r["AP"])[:10]
     assert table[0] == f"{iou_type} AP per category: the 10 lowest AP of 80 categories (all in metrics.json)"
     assert [line.split()[0] for line in table[2:12]] == [row["name"].split()[0] for row in lowest]
-    assert table[2].split()[-6:] == [f"{100 * v:.1f}" if v is not None else "-" for v in (lowest[0][k] for k in ("AP", "AP50", "AP75", "APs", "APm", "APl"))]
+    assert table[2].split()[-6:] == [
+        f"{100 * v:.1f}" if v is not None else "-"
+        for v in (lowest[0][k] for k in ("AP", "AP50", "AP75", "APs", "APm", "APl"))
+    ]
 
 
 def _predictions(parity: Path, iou_type: str) -> tuple[COCO, list[dict]]:
@@ -135,8 +176,10 @@ def _predictions(parity: Path, iou_type: str) -> tuple[COCO, list[dict]]:
         else:
             info = gt.imgs[image_id]
             masks = [mask_utils.decode(r["segmentation"]) for r in results]
-            prediction["masks"] = torch.from_numpy(np.stack(masks)).bool() if masks else torch.zeros(
-                0, info["height"], info["width"], dtype=torch.bool
+            prediction["masks"] = (
+                torch.from_numpy(np.stack(masks)).bool()
+                if masks
+                else torch.zeros(0, info["height"], info["width"], dtype=torch.bool)
             )
         predictions.append(prediction)
     return gt, predictions
@@ -152,14 +195,19 @@ def test_update_in_shuffled_duplicated_chunks_matches_file(parity: Path, iou_typ
     for start in range(0, len(chunks), 7):
         evaluator.update(chunks[start : start + 7])
     stats = evaluator.compute()
-    assert list(stats.values()) == _pycocotools_stats(parity / "instances_val2014_100.json", parity / RESULT_FILES[iou_type], iou_type)
+    assert list(stats.values()) == _pycocotools_stats(
+        parity / "instances_val2014_100.json", parity / RESULT_FILES[iou_type], iou_type
+    )
 
     results_json = evaluator.write_results(tmp_path / "results.json")
     assert evaluate_results_file(parity / "instances_val2014_100.json", results_json, iou_type) == {
-        **stats, "per_category": evaluator.per_category
+        **stats,
+        "per_category": evaluator.per_category,
     }
     evaluator.write_metrics(stats, tmp_path / "metrics.json")
-    assert json.loads((tmp_path / "metrics.json").read_text()) == {iou_type: {**stats, "per_category": evaluator.per_category}}
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {
+        iou_type: {**stats, "per_category": evaluator.per_category}
+    }
 
 
 def test_only_seen_images_are_evaluated(parity: Path) -> None:
@@ -178,7 +226,9 @@ def test_only_seen_images_are_evaluated(parity: Path) -> None:
 def test_empty_predictions_warn_and_score_zero(parity: Path) -> None:
     gt, predictions = _predictions(parity, "bbox")
     evaluator = CocoEvaluator(gt)
-    evaluator.update([{**p, "boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0)} for p in predictions])
+    evaluator.update(
+        [{**p, "boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0)} for p in predictions]
+    )
     with pytest.warns(UserWarning, match="empty prediction set"):
         stats = evaluator.compute()
     assert set(stats.values()) == {0.0}  # every area range has ground truth in these images
@@ -201,7 +251,9 @@ def _distributed_worker(rank: int, world_size: int, init_file: str, parity: Path
 
 def test_two_process_gloo_matches_one_process(parity: Path, tmp_path: Path) -> None:
     # fork rather than spawn: the workers need not import torch again (the test is about the gathering)
-    mp.start_processes(_distributed_worker, args=(2, str(tmp_path / "init"), parity, tmp_path), nprocs=2, start_method="fork")
+    mp.start_processes(
+        _distributed_worker, args=(2, str(tmp_path / "init"), parity, tmp_path), nprocs=2, start_method="fork"
+    )
     expected = _pycocotools_stats(parity / "instances_val2014_100.json", parity / RESULT_FILES["bbox"], "bbox")
     for rank in range(2):
         assert list(json.loads((tmp_path / f"rank{rank}.json").read_text()).values()) == expected

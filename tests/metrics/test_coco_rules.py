@@ -24,7 +24,14 @@ def _ground_truth(boxes: list[tuple[float, float, float, float]], crowd: list[bo
     """One 400x400 image with xywh ``boxes`` of one category, areas from the boxes."""
     crowd = crowd or [False] * len(boxes)
     annotations = [
-        {"id": i + 1, "image_id": 1, "category_id": CATEGORY, "bbox": list(box), "area": box[2] * box[3], "iscrowd": int(c)}
+        {
+            "id": i + 1,
+            "image_id": 1,
+            "category_id": CATEGORY,
+            "bbox": list(box),
+            "area": box[2] * box[3],
+            "iscrowd": int(c),
+        }
         for i, (box, c) in enumerate(zip(boxes, crowd))
     ]
     coco = COCO()
@@ -40,10 +47,16 @@ def _ground_truth(boxes: list[tuple[float, float, float, float]], crowd: list[bo
 
 def _evaluate(gt: COCO, boxes_xyxy: list[tuple[float, float, float, float]], scores: list[float]) -> dict[str, float]:
     evaluator = CocoEvaluator(gt)
-    evaluator.update([{
-        "image_id": 1, "boxes": torch.tensor(boxes_xyxy, dtype=torch.float64).view(-1, 4),
-        "scores": torch.tensor(scores), "labels": torch.full((len(scores),), CATEGORY),
-    }])
+    evaluator.update(
+        [
+            {
+                "image_id": 1,
+                "boxes": torch.tensor(boxes_xyxy, dtype=torch.float64).view(-1, 4),
+                "scores": torch.tensor(scores),
+                "labels": torch.full((len(scores),), CATEGORY),
+            }
+        ]
+    )
     stats = evaluator.compute()
     with contextlib.redirect_stdout(io.StringIO()):
         reference = COCOeval(gt, gt.loadRes([dict(r) for r in evaluator.merged_results]), "bbox")
@@ -75,7 +88,10 @@ def test_area_ranges(side: float, expected: dict[str, float]) -> None:
     assert stats["AP"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize(("rank", "ar1", "ar10", "ar100"), [(1, 1.0, 1.0, 1.0), (10, 0.0, 1.0, 1.0), (11, 0.0, 0.0, 1.0), (100, 0.0, 0.0, 1.0), (101, 0.0, 0.0, 0.0)])
+@pytest.mark.parametrize(
+    ("rank", "ar1", "ar10", "ar100"),
+    [(1, 1.0, 1.0, 1.0), (10, 0.0, 1.0, 1.0), (11, 0.0, 0.0, 1.0), (100, 0.0, 0.0, 1.0), (101, 0.0, 0.0, 0.0)],
+)
 def test_max_detections(rank: int, ar1: float, ar10: float, ar100: float) -> None:
     # 120 detections by falling score; the only true one is the rank-th: it counts for maxDets >= rank.
     box = (100.0, 100.0, 50.0, 50.0)

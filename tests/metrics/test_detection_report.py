@@ -16,21 +16,36 @@ from torchvision.io import read_image
 
 from vision_tx.metrics.classwise import coco_per_category
 from vision_tx.metrics.coco import run_cocoeval
-from vision_tx.metrics.detection_report import (BACKGROUND, CONFIDENCES, confusion_matrix, detection_report, match_boxes,
-                                                report_pictures, write_pictures)
+from vision_tx.metrics.detection_report import (
+    BACKGROUND,
+    CONFIDENCES,
+    confusion_matrix,
+    detection_report,
+    match_boxes,
+    report_pictures,
+    write_pictures,
+)
 
 CATEGORIES = [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]
 
 
-def make_coco(annotations: list[tuple[int, int, list[float], int]], image_count: int, categories: list[dict] = CATEGORIES) -> COCO:
+def make_coco(
+    annotations: list[tuple[int, int, list[float], int]], image_count: int, categories: list[dict] = CATEGORIES
+) -> COCO:
     """Ground truth of ``image_count`` 200x200 images (ids 1..): ``(image_id, category_id, xyxy, iscrowd)`` each."""
     coco = COCO()
     coco.dataset = {
         "images": [{"id": i, "width": 200, "height": 200, "file_name": f"{i}.png"} for i in range(1, image_count + 1)],
         "categories": categories,
         "annotations": [
-            {"id": n, "image_id": image, "category_id": category, "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0),
-             "iscrowd": crowd}
+            {
+                "id": n,
+                "image_id": image,
+                "category_id": category,
+                "bbox": [x0, y0, x1 - x0, y1 - y0],
+                "area": (x1 - x0) * (y1 - y0),
+                "iscrowd": crowd,
+            }
             for n, (image, category, (x0, y0, x1, y1), crowd) in enumerate(annotations, start=1)
         ],
     }
@@ -69,9 +84,7 @@ DETECTIONS = [
     result(2, 2, [40, 0, 50, 10], 0.6),
     result(2, 1, [40, 0, 50, 6], 0.95),
 ]
-EXPECTED = [[2, 0, 1],
-            [1, 1, 3],
-            [2, 2, 0]]
+EXPECTED = [[2, 0, 1], [1, 1, 3], [2, 2, 0]]
 
 
 def test_confusion_matrix_counts_every_case_in_its_cell() -> None:
@@ -79,12 +92,23 @@ def test_confusion_matrix_counts_every_case_in_its_cell() -> None:
     assert report.matrix.tolist() == EXPECTED
     written = report.to_json()["confusion_matrix"]
     assert written["classes"] == ["a", "b", BACKGROUND] and written["counts"] == EXPECTED
-    assert (written["rows"], written["columns"], written["score_threshold"], written["iou_threshold"]) == ("true class", "predicted class", 0.5, 0.5)
+    assert (written["rows"], written["columns"], written["score_threshold"], written["iou_threshold"]) == (
+        "true class",
+        "predicted class",
+        0.5,
+        0.5,
+    )
 
 
 def test_confusion_matrix_of_tensors_leaves_unknown_classes_out() -> None:
     truth = [{"boxes": torch.tensor([[0.0, 0, 10, 10]]), "labels": torch.tensor([1])}]
-    found = [{"boxes": torch.tensor([[0.0, 0, 10, 10], [50, 50, 60, 60]]), "labels": torch.tensor([7, 1]), "scores": torch.tensor([0.9, 0.9])}]
+    found = [
+        {
+            "boxes": torch.tensor([[0.0, 0, 10, 10], [50, 50, 60, 60]]),
+            "labels": torch.tensor([7, 1]),
+            "scores": torch.tensor([0.9, 0.9]),
+        }
+    ]
     # The class-7 detection is no category: the ground truth is missed, the other detection a background one.
     assert confusion_matrix(truth, found, [1], score_threshold=0.5).tolist() == [[0, 1], [1, 0]]
 
@@ -101,10 +125,19 @@ def test_matching_is_one_to_one_in_order_of_iou() -> None:
 # One image pair for the curves: class a has 3 ground truths, its detections score 0.95 (true), 0.85 (false), 0.65
 # (true), 0.5 (false), and one ground truth is missed; class b has one ground truth found at 0.75; class c has no ground
 # truth and one detection (no curve).
-CURVE_TRUTH = [(1, 1, [0, 0, 10, 10], 0), (1, 1, [20, 0, 30, 10], 0), (2, 1, [0, 0, 10, 10], 0), (2, 2, [20, 0, 30, 10], 0)]
+CURVE_TRUTH = [
+    (1, 1, [0, 0, 10, 10], 0),
+    (1, 1, [20, 0, 30, 10], 0),
+    (2, 1, [0, 0, 10, 10], 0),
+    (2, 2, [20, 0, 30, 10], 0),
+]
 CURVE_DETECTIONS = [
-    result(1, 1, [0, 0, 10, 10], 0.95), result(1, 1, [50, 50, 60, 60], 0.85), result(2, 1, [0, 0, 10, 10], 0.65),
-    result(2, 1, [50, 50, 60, 60], 0.5), result(2, 2, [20, 0, 30, 10], 0.75), result(1, 3, [0, 0, 10, 10], 0.9),
+    result(1, 1, [0, 0, 10, 10], 0.95),
+    result(1, 1, [50, 50, 60, 60], 0.85),
+    result(2, 1, [0, 0, 10, 10], 0.65),
+    result(2, 1, [50, 50, 60, 60], 0.5),
+    result(2, 2, [20, 0, 30, 10], 0.75),
+    result(1, 3, [0, 0, 10, 10], 0.9),
 ]
 CURVE_CATEGORIES = [*CATEGORIES, {"id": 3, "name": "c"}]
 
@@ -119,14 +152,20 @@ def by_confidence(pieces: list[tuple[int, int, float]]) -> np.ndarray:
 
 
 def test_precision_recall_and_f1_over_the_confidence_by_hand() -> None:
-    report = detection_report(make_coco(CURVE_TRUTH, 2, CURVE_CATEGORIES), CURVE_DETECTIONS, [1, 2], score_threshold=0.5)
+    report = detection_report(
+        make_coco(CURVE_TRUTH, 2, CURVE_CATEGORIES), CURVE_DETECTIONS, [1, 2], score_threshold=0.5
+    )
     assert list(report.curves) == [1, 2]  # c has no ground truth
     np.testing.assert_array_equal(report.confidences, np.arange(101) / 100)
     a = report.curves[1]
     # confidence: [0, 0.50] 2 true 2 false; (0.50, 0.65] 2 true 1 false; (0.65, 0.85] 1 and 1; (0.85, 0.95] 1 and 0; above: none
-    np.testing.assert_allclose(a["precision"], by_confidence([(0, 50, 1 / 2), (51, 65, 2 / 3), (66, 85, 1 / 2), (86, 95, 1), (96, 100, 1)]))
+    np.testing.assert_allclose(
+        a["precision"], by_confidence([(0, 50, 1 / 2), (51, 65, 2 / 3), (66, 85, 1 / 2), (86, 95, 1), (96, 100, 1)])
+    )
     np.testing.assert_allclose(a["recall"], by_confidence([(0, 65, 2 / 3), (66, 95, 1 / 3), (96, 100, 0)]))
-    np.testing.assert_allclose(a["f1"], by_confidence([(0, 50, 4 / 7), (51, 65, 2 / 3), (66, 85, 0.4), (86, 95, 0.5), (96, 100, 0)]))
+    np.testing.assert_allclose(
+        a["f1"], by_confidence([(0, 50, 4 / 7), (51, 65, 2 / 3), (66, 85, 0.4), (86, 95, 0.5), (96, 100, 0)])
+    )
     np.testing.assert_allclose(report.curves[2]["f1"], by_confidence([(0, 75, 1), (76, 100, 0)]))
 
     written = report.to_json()
@@ -137,7 +176,13 @@ def test_precision_recall_and_f1_over_the_confidence_by_hand() -> None:
     # Overall: the mean of the two curves, best on a's plateau, (2/3 + 1) / 2; lower on both sides of it.
     assert written["best_f1"] == pytest.approx(5 / 6) and written["best_f1_threshold"] == 0.51
     assert report.mean_f1[50] == pytest.approx((4 / 7 + 1) / 2) and report.mean_f1[66] == pytest.approx((0.4 + 1) / 2)
-    assert len(a_row["f1"]) == len(a_row["precision"]) == len(a_row["recall"]) == len(written["curves"]["confidence"]) == 101
+    assert (
+        len(a_row["f1"])
+        == len(a_row["precision"])
+        == len(a_row["recall"])
+        == len(written["curves"]["confidence"])
+        == 101
+    )
 
 
 def test_precision_recall_curve_is_cocos_and_gives_ap50() -> None:
@@ -149,7 +194,9 @@ def test_precision_recall_curve_is_cocos_and_gives_ap50() -> None:
     evaluator, _ = run_cocoeval(coco, CURVE_DETECTIONS, "bbox")  # the validation's whole COCO evaluation
     rows = report.to_json()["curves"]["per_category"]
     assert [row["AP50"] for row in rows] == pytest.approx([56 / 101, 1.0], abs=1e-12)
-    assert [row["AP50"] for row in rows] == [row["AP50"] for row in coco_per_category(evaluator) if row["AP50"] is not None]
+    assert [row["AP50"] for row in rows] == [
+        row["AP50"] for row in coco_per_category(evaluator) if row["AP50"] is not None
+    ]
     assert np.mean([row["AP50"] for row in rows]) == pytest.approx(evaluator.stats[1], abs=1e-12)
 
 
@@ -184,7 +231,10 @@ def test_a_validations_own_evaluation_gives_the_report_of_a_fresh_one() -> None:
     """The validation's full COCOeval (ten IoU thresholds, four area ranges, three maxDets) read at its IoU 0.5 row, area
     "all", 100 detections: the same curves, precision and matrix as an evaluation at IoU 0.5 alone; another first IoU
     threshold is refused."""
-    for truth, count, categories, detections in ((TRUTH, 3, CATEGORIES, DETECTIONS), (CURVE_TRUTH, 2, CURVE_CATEGORIES, CURVE_DETECTIONS)):
+    for truth, count, categories, detections in (
+        (TRUTH, 3, CATEGORIES, DETECTIONS),
+        (CURVE_TRUTH, 2, CURVE_CATEGORIES, CURVE_DETECTIONS),
+    ):
         coco = make_coco(truth, count, categories)
         image_ids = list(range(1, count + 1))
         evaluated, _ = run_cocoeval(coco, list(detections), "bbox", image_ids=image_ids)

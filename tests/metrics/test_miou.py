@@ -22,7 +22,9 @@ NUM_CLASSES = 6
 def confusion_scores(preds: np.ndarray, target: np.ndarray, num_classes: int, ignore_index: int = 255) -> dict:
     """mIoU, mAcc, aAcc and per-class IoU from a confusion matrix (rows: ground truth, columns: prediction)."""
     valid = target != ignore_index
-    matrix = np.bincount(target[valid] * num_classes + preds[valid], minlength=num_classes**2).reshape(num_classes, num_classes)
+    matrix = np.bincount(target[valid] * num_classes + preds[valid], minlength=num_classes**2).reshape(
+        num_classes, num_classes
+    )
     tp = np.diag(matrix).astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
         iou = tp / (matrix.sum(0) + matrix.sum(1) - tp)
@@ -35,7 +37,9 @@ def random_batch(seed: int, n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     target = torch.randint(0, 4, (n, 20, 30), generator=g)
     target[torch.rand(target.shape, generator=g) < 0.2] = 255
-    preds = torch.where(torch.rand(target.shape, generator=g) < 0.6, target.clamp(max=3), torch.randint(0, 5, target.shape, generator=g))
+    preds = torch.where(
+        torch.rand(target.shape, generator=g) < 0.6, target.clamp(max=3), torch.randint(0, 5, target.shape, generator=g)
+    )
     return preds, target
 
 
@@ -71,7 +75,10 @@ def test_ground_truth_against_itself_is_perfect(shared_data) -> None:
     table = metric.table().splitlines()
     listed = {line.split("  ")[0].strip() for line in table[1:-2]}
     assert listed == present  # the rows are the present classes, then the means and the count of the others
-    assert table[-1] == f"({150 - len(present)} of 150 classes are in neither the ground truth nor the predictions: not listed)"
+    assert (
+        table[-1]
+        == f"({150 - len(present)} of 150 classes are in neither the ground truth nor the predictions: not listed)"
+    )
 
 
 def test_known_change_gives_hand_computed_iou(shared_data) -> None:

@@ -102,6 +102,10 @@ def test_every_crowd_region_of_the_category_counts() -> None:
     # Two crowd regions of A, 3 pixels of the prediction on each: 6 of 10, dropped (panopticapi, which
     # looks at the last crowd listed, would see 3 of 10; COCO has one crowd per category and image).
     gt = _row((3, 0, 3), (4, 3, 6), (2, 6, 20))
-    gt_segments = [{"id": 3, "category_id": A, "iscrowd": 1}, {"id": 4, "category_id": A, "iscrowd": 1}, {"id": 2, "category_id": B}]
+    gt_segments = [
+        {"id": 3, "category_id": A, "iscrowd": 1},
+        {"id": 4, "category_id": A, "iscrowd": 1},
+        {"id": 2, "category_id": B},
+    ]
     stats = _stats(gt, gt_segments, _row((5, 0, 10)), [{"id": 5, "category_id": A}])
     assert stats.get(A, [0, 0, 0, 0])[1] == 0

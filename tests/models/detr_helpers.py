@@ -13,13 +13,25 @@ import torch
 _OFFICIAL_TO_TRANSFORMERS = [
     (r"^(detr\.)?backbone\.0\.body\.conv1\.", r"\1model.backbone.model.embedder.embedder.convolution."),
     (r"^(detr\.)?backbone\.0\.body\.bn1\.", r"\1model.backbone.model.embedder.embedder.normalization."),
-    (r"^(detr\.)?backbone\.0\.body\.layer(\d)\.(\d+)\.conv(\d)\.",
-     lambda m: f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}.layer.{int(m[4]) - 1}.convolution."),
-    (r"^(detr\.)?backbone\.0\.body\.layer(\d)\.(\d+)\.bn(\d)\.",
-     lambda m: f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}.layer.{int(m[4]) - 1}.normalization."),
-    (r"^(detr\.)?backbone\.0\.body\.layer(\d)\.(\d+)\.downsample\.([01])\.",
-     lambda m: f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}.shortcut."
-               + ("convolution." if m[4] == "0" else "normalization.")),
+    (
+        r"^(detr\.)?backbone\.0\.body\.layer(\d)\.(\d+)\.conv(\d)\.",
+        lambda m: (
+            f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}.layer.{int(m[4]) - 1}.convolution."
+        ),
+    ),
+    (
+        r"^(detr\.)?backbone\.0\.body\.layer(\d)\.(\d+)\.bn(\d)\.",
+        lambda m: (
+            f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}.layer.{int(m[4]) - 1}.normalization."
+        ),
+    ),
+    (
+        r"^(detr\.)?backbone\.0\.body\.layer(\d)\.(\d+)\.downsample\.([01])\.",
+        lambda m: (
+            f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}.shortcut."
+            + ("convolution." if m[4] == "0" else "normalization.")
+        ),
+    ),
     (r"^(detr\.)?input_proj\.", r"\1model.input_projection."),
     (r"^(detr\.)?query_embed\.", r"\1model.query_position_embeddings."),
     (r"^(detr\.)?transformer\.(encoder|decoder)\.", r"\1model.\2."),
@@ -81,7 +93,11 @@ def official_to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.
 
 
 def padded_batch(
-    size: tuple[int, int], second_size: tuple[int, int], num_boxes: tuple[int, int], num_classes: int, with_masks: bool = False
+    size: tuple[int, int],
+    second_size: tuple[int, int],
+    num_boxes: tuple[int, int],
+    num_classes: int,
+    with_masks: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, torch.Tensor]]]:
     """Two random ``size`` images, the second one padding around a ``second_size`` image, and their
     targets: ``labels``, normalised cxcywh ``boxes`` and, ``with_masks``, unpadded random ``masks``."""

@@ -21,7 +21,9 @@ SWIN = dict(embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8))
 OFFICIAL = [name for name, build in DETECTORS.items() if not build.keywords]
 # The matching costs that all at 0 leave nothing to match, and a loss weight with the terms it scales.
 BOX_COSTS = {"cost_class": 0.0, "cost_bbox": 0.0, "cost_giou": 0.0}
-ZERO_COSTS = {name: BOX_COSTS for name in OFFICIAL} | {"mask2former": {"cost_class": 0.0, "cost_mask": 0.0, "cost_dice": 0.0}}
+ZERO_COSTS = {name: BOX_COSTS for name in OFFICIAL} | {
+    "mask2former": {"cost_class": 0.0, "cost_mask": 0.0, "cost_dice": 0.0}
+}
 WEIGHTED = {name: ("weight_bbox", "loss_bbox") for name in OFFICIAL} | {"mask2former": ("weight_mask", "loss_mask")}
 # Mask2Former's matcher takes its costs from the criterion's weights unless given: the paper's, fixed, so that
 # both weights match the same pairs.
@@ -53,9 +55,20 @@ def batch() -> tuple[torch.Tensor, torch.Tensor, list[dict], list[dict]]:
         boxes = box_convert(target["boxes"], "cxcywh", "xyxy") * torch.tensor([width, height, width, height])
         # Instance targets add a mask per object (here its box filled), read by the segmenting detectors.
         rows, columns = torch.arange(height)[:, None] + 0.5, torch.arange(width) + 0.5
-        masks = torch.stack([(columns > x0) & (columns < x1) & (rows > y0) & (rows < y1) for x0, y0, x1, y1 in boxes.tolist()])
+        masks = torch.stack(
+            [(columns > x0) & (columns < x1) & (rows > y0) & (rows < y1) for x0, y0, x1, y1 in boxes.tolist()]
+        )
         target["masks"] = masks
-        pipeline.append({"labels": target["labels"], "boxes": boxes, "masks": masks, "image_id": index, "size": size, "orig_size": size * 2})
+        pipeline.append(
+            {
+                "labels": target["labels"],
+                "boxes": boxes,
+                "masks": masks,
+                "image_id": index,
+                "size": size,
+                "orig_size": size * 2,
+            }
+        )
     return images, pixel_mask, pipeline, normalised
 
 
@@ -104,17 +117,23 @@ def test_postprocessing_and_cross_attention(name: str) -> None:
     queries = outputs["pred_logits"].shape[1]
     detections = model.postprocess(outputs, SIZES)
     # A segmenting detector adds its instances' masks.
-    assert len(detections) == 2 and all({"scores", "labels", "boxes"} <= set(d) <= {"scores", "labels", "boxes", "masks"} for d in detections)
+    assert len(detections) == 2 and all(
+        {"scores", "labels", "boxes"} <= set(d) <= {"scores", "labels", "boxes", "masks"} for d in detections
+    )
     per_query = model.postprocess_per_query(outputs, SIZES)
     for image, (detection, size) in enumerate(zip(per_query, SIZES)):
         height, width = size.tolist()
         assert detection["scores"].shape == (queries,) and detection["boxes"].shape == (queries, 4)
         if "pred_boxes" in outputs:
-            expected = box_convert(outputs["pred_boxes"][image], "cxcywh", "xyxy") * torch.tensor([width, height, width, height])
+            expected = box_convert(outputs["pred_boxes"][image], "cxcywh", "xyxy") * torch.tensor(
+                [width, height, width, height]
+            )
             torch.testing.assert_close(detection["boxes"], expected, rtol=0, atol=1e-4)  # in query order
         else:  # a segmenting detector: each query's best real class of its softmax, in query order
             best = outputs["pred_logits"][image].softmax(-1)[:, :-1].max(-1)
-            torch.testing.assert_close((detection["scores"], detection["labels"]), (best.values, best.indices), rtol=0, atol=0)
+            torch.testing.assert_close(
+                (detection["scores"], detection["labels"]), (best.values, best.indices), rtol=0, atol=0
+            )
     result = model.cross_attention(images, pixel_mask)
     # DETR records its attention through the weights path: measured within 1.8e-7.
     torch.testing.assert_close(result["outputs"]["pred_logits"], outputs["pred_logits"], rtol=0, atol=1e-6)
@@ -126,7 +145,9 @@ def test_postprocessing_and_cross_attention(name: str) -> None:
 def test_postprocess_is_the_per_image_cut_of_the_batch_detections(name: str) -> None:
     """``detections`` (what export traces) holds ``detection_outputs`` as ``[B,N,...]`` tensors; ``postprocess`` gives
     each image's leading rows of it, and any rows past them are padding (label -1, score 0)."""
-    model = build(name, **({"nms_threshold": 0.5} if issubclass(DETECTORS[name].func, DeformableQueryDetector) else {})).eval()
+    model = build(
+        name, **({"nms_threshold": 0.5} if issubclass(DETECTORS[name].func, DeformableQueryDetector) else {})
+    ).eval()
     images = batch()[0]
     sizes = torch.tensor([list(images.shape[-2:])] * len(images))  # unpadded: every image at the input size
     with torch.no_grad():
@@ -141,7 +162,9 @@ def test_postprocess_is_the_per_image_cut_of_the_batch_detections(name: str) -> 
         assert (detections["labels"][image, count:] == -1).all() and (detections["scores"][image, count:] == 0).all()
 
 
-@pytest.mark.parametrize("name", [name for name in OFFICIAL if issubclass(DETECTORS[name].func, DeformableQueryDetector)])
+@pytest.mark.parametrize(
+    "name", [name for name in OFFICIAL if issubclass(DETECTORS[name].func, DeformableQueryDetector)]
+)
 def test_share_scores_reach_the_post_processing(name: str) -> None:
     """The sigmoid detectors' ``share_scores``: both post-processings score as
     :func:`~vision_tx.heads.detr.postprocess.sigmoid_scores` does with it."""

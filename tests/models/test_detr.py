@@ -7,21 +7,21 @@ import pytest
 import torch
 import torchvision
 
+from tests.conftest import require_reference
+from tests.models.detr_helpers import official_to_transformers, padded_batch, transformers_config
+from tests.official_layout import random_state, read_layout
+from tests.parity import perturb_
 from vision_tx.backbones import load_weights
-from vision_tx.models.convert import build_for_conversion
 from vision_tx.backbones.resnet import ResNet, ResNetClassifier
 from vision_tx.heads.detr import SetCriterion
 from vision_tx.models import DETR
-
-from tests.models.detr_helpers import official_to_transformers, padded_batch, transformers_config
-from tests.official_layout import random_state, read_layout
-from tests.conftest import require_reference
-from tests.parity import perturb_
+from vision_tx.models.convert import build_for_conversion
 
 transformers = require_reference("transformers")
 from transformers.loss.loss_for_object_detection import ForObjectDetectionLoss  # noqa: E402
 
 NUM_CLASSES = 91
+
 
 @pytest.fixture(scope="module")
 def models() -> tuple[DETR, torch.nn.Module]:
@@ -46,9 +46,11 @@ def test_outputs_and_loss_match_transformers(models, batch) -> None:
     images, pixel_mask, targets = batch
     with torch.no_grad():
         out = ours(images, pixel_mask)
-        ref = reference(images, pixel_mask=(~pixel_mask).long(), labels=[
-            {"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets
-        ])
+        ref = reference(
+            images,
+            pixel_mask=(~pixel_mask).long(),
+            labels=[{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets],
+        )
     # Measured: logits 2.3e-6 apart (largest 2.8), boxes 2.4e-7 (float32; transformers' loss does not
     # run in float64).
     torch.testing.assert_close(out["pred_logits"], ref.logits, rtol=0, atol=1e-5)
@@ -72,7 +74,9 @@ def test_auxiliary_losses_match_transformers(models, batch) -> None:
     boxes = torch.stack([layer["pred_boxes"] for layer in layers])
     config = reference.config.__class__(**{**reference.config.to_dict(), "auxiliary_loss": True})
     labels = [{"class_labels": t["labels"], "boxes": t["boxes"]} for t in targets]
-    ref_loss, ref_dict, _ = ForObjectDetectionLoss(out["pred_logits"], labels, "cpu", out["pred_boxes"], config, logits, boxes)
+    ref_loss, ref_dict, _ = ForObjectDetectionLoss(
+        out["pred_logits"], labels, "cpu", out["pred_boxes"], config, logits, boxes
+    )
 
     losses = SetCriterion(NUM_CLASSES)(out, targets)
     compared = [k for k in ref_dict if k.startswith("loss_")]
@@ -124,7 +128,9 @@ def test_backbone_stem_and_layer1_are_frozen_by_default() -> None:
     frozen = [p.requires_grad for m in (backbone.stem, backbone.stages[0]) for p in m.parameters()]
     trained = [p.requires_grad for m in backbone.stages[1:] for p in m.parameters()]
     assert frozen and not any(frozen) and all(trained)
-    assert all(isinstance(m, torchvision.ops.FrozenBatchNorm2d) for m in backbone.modules() if "BatchNorm" in type(m).__name__)
+    assert all(
+        isinstance(m, torchvision.ops.FrozenBatchNorm2d) for m in backbone.modules() if "BatchNorm" in type(m).__name__
+    )
 
 
 def test_bad_inputs_are_named() -> None:

@@ -6,15 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import require_reference
+from tests.models.detr_helpers import official_to_transformers, padded_batch, transformers_config
+from tests.official_layout import random_state, read_layout
 from vision_tx.backbones import load_weights
-from vision_tx.models.convert import build_for_conversion
 from vision_tx.backbones.resnet import ResNet
 from vision_tx.heads.detr import SetCriterion
 from vision_tx.models import DETR, DETRPanoptic
-
-from tests.models.detr_helpers import official_to_transformers, padded_batch, transformers_config
-from tests.official_layout import random_state, read_layout
-from tests.conftest import require_reference
+from vision_tx.models.convert import build_for_conversion
 
 transformers = require_reference("transformers")
 
@@ -97,5 +96,7 @@ def test_frozen_detector_trains_only_the_mask_head() -> None:
 
 
 def test_backbone_without_all_strides_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"models\.detr_panoptic: the mask head needs the backbone's maps at strides \[4, 8, 16, 32\]"):
+    with pytest.raises(
+        ValueError, match=r"models\.detr_panoptic: the mask head needs the backbone's maps at strides \[4, 8, 16, 32\]"
+    ):
         build(out_indices=(1, 2, 3))

@@ -12,16 +12,23 @@ import pytest
 import torch
 from torch import nn
 
+from tests.conftest import require_reference
+from tests.models.test_dino import MapsBackbone
+from tests.models.test_rtdetr import (
+    CHANNELS,
+    LAYERS,
+    NUM_CLASSES,
+    QUERIES,
+    backbone_maps,
+    images_and_mask,
+    rtdetr_targets,
+)
+from tests.models.test_rtdetr import to_transformers as rtdetr_to_transformers
+from tests.parity import perturb_
 from vision_tx.heads.detr.criterion import box_losses
 from vision_tx.heads.dfine import edge_targets, weighting_function
 from vision_tx.heads.dfine.criterion import union_matches
 from vision_tx.models import DETECTORS, DFINE
-
-from tests.conftest import require_reference
-from tests.models.test_dino import MapsBackbone
-from tests.models.test_rtdetr import CHANNELS, LAYERS, NUM_CLASSES, QUERIES, backbone_maps, images_and_mask, rtdetr_targets
-from tests.models.test_rtdetr import to_transformers as rtdetr_to_transformers
-from tests.parity import perturb_
 
 transformers = require_reference("transformers")
 _loss = require_reference("transformers.loss.loss_d_fine")
@@ -29,9 +36,13 @@ _outputs = require_reference("transformers.modeling_outputs")
 
 DIM, REG_MAX, POINTS = 32, 8, (2, 3, 2)
 
+
 def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our state dict in transformers' names: RT-DETR's mapping, D-FINE's MLP names for the FFNs."""
-    renamed = {re.sub(r"\.mlp\.fc(\d)\.", lambda m: f".mlp.layers.{int(m[1]) - 1}.", k): v for k, v in rtdetr_to_transformers(state).items()}
+    renamed = {
+        re.sub(r"\.mlp\.fc(\d)\.", lambda m: f".mlp.layers.{int(m[1]) - 1}.", k): v
+        for k, v in rtdetr_to_transformers(state).items()
+    }
     return {k: v for k, v in renamed.items() if not k.startswith("model.backbone.")}
 
 
@@ -40,25 +51,59 @@ def ours_and_transformers(dtype: torch.dtype = torch.float32, **overrides) -> tu
     maps = backbone_maps(dtype)
     torch.manual_seed(0)
     kwargs = dict(
-        num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_encoder_layers=2, encoder_feedforward=48, expansion=0.5,
-        num_blocks=1, num_decoder_layers=LAYERS, dim_feedforward=40, num_points=POINTS, reg_max=REG_MAX, lqe_hidden_dim=16,
-        num_denoising=0, criterion_kwargs={"reg_max": REG_MAX, "union_matching": False},  # transformers' port matches per layer
+        num_queries=QUERIES,
+        hidden_dim=DIM,
+        num_heads=4,
+        num_encoder_layers=2,
+        encoder_feedforward=48,
+        expansion=0.5,
+        num_blocks=1,
+        num_decoder_layers=LAYERS,
+        dim_feedforward=40,
+        num_points=POINTS,
+        reg_max=REG_MAX,
+        lqe_hidden_dim=16,
+        num_denoising=0,
+        criterion_kwargs={"reg_max": REG_MAX, "union_matching": False},  # transformers' port matches per layer
     )
     ours = perturb_(DFINE.build(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides}))
     with torch.no_grad():  # perturb_ leaves zero-initialised layers near 0 (2e-3): the quality term would not show
         for lqe in ours.decoder.lqe_layers:
-            lqe.reg_conf.layers[-1].weight.copy_(torch.randn(lqe.reg_conf.layers[-1].weight.shape, generator=torch.Generator().manual_seed(1)))
+            lqe.reg_conf.layers[-1].weight.copy_(
+                torch.randn(lqe.reg_conf.layers[-1].weight.shape, generator=torch.Generator().manual_seed(1))
+            )
     config = transformers.DFineConfig(
-        backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], hidden_sizes=[8, *CHANNELS], embedding_size=8, depths=[1, 1, 1, 1]),
-        num_labels=NUM_CLASSES, d_model=DIM, encoder_hidden_dim=DIM, encoder_in_channels=list(CHANNELS), encoder_layers=2,
-        encoder_ffn_dim=48, encoder_attention_heads=4, decoder_in_channels=[DIM] * 3, decoder_ffn_dim=40, decoder_layers=LAYERS,
-        decoder_attention_heads=4, decoder_n_points=list(POINTS), num_queries=QUERIES, num_denoising=0, max_num_bins=REG_MAX,
-        lqe_hidden_dim=16, hidden_expansion=0.5, depth_mult=1 / 3,
+        backbone_config=transformers.ResNetConfig(
+            out_features=["stage2", "stage3", "stage4"],
+            hidden_sizes=[8, *CHANNELS],
+            embedding_size=8,
+            depths=[1, 1, 1, 1],
+        ),
+        num_labels=NUM_CLASSES,
+        d_model=DIM,
+        encoder_hidden_dim=DIM,
+        encoder_in_channels=list(CHANNELS),
+        encoder_layers=2,
+        encoder_ffn_dim=48,
+        encoder_attention_heads=4,
+        decoder_in_channels=[DIM] * 3,
+        decoder_ffn_dim=40,
+        decoder_layers=LAYERS,
+        decoder_attention_heads=4,
+        decoder_n_points=list(POINTS),
+        num_queries=QUERIES,
+        num_denoising=0,
+        max_num_bins=REG_MAX,
+        lqe_hidden_dim=16,
+        hidden_expansion=0.5,
+        depth_mult=1 / 3,
     )
     config._attn_implementation = "eager"
     reference = transformers.DFineForObjectDetection(config)
     state = to_transformers(ours.state_dict())
-    skipped = re.compile(r"^model\.backbone\.|^(class_embed|bbox_embed)\.|num_points_scale$")  # the top-level heads: tied copies
+    skipped = re.compile(
+        r"^model\.backbone\.|^(class_embed|bbox_embed)\.|num_points_scale$"
+    )  # the top-level heads: tied copies
     assert set(state) == {k for k in reference.state_dict() if not skipped.search(k)}
     reference.load_state_dict(state, strict=False)
     reference.model.backbone.forward = lambda pixel_values, pixel_mask: [(m, None) for m in maps]
@@ -67,11 +112,17 @@ def ours_and_transformers(dtype: torch.dtype = torch.float32, **overrides) -> tu
 
 def test_weighting_function_and_fgl_targets_are_transformers() -> None:
     up, reg_scale = torch.tensor([0.7], dtype=torch.float64), torch.tensor([3.2], dtype=torch.float64)
-    torch.testing.assert_close(weighting_function(REG_MAX, up, reg_scale), _loss.weighting_function(REG_MAX, up, reg_scale), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        weighting_function(REG_MAX, up, reg_scale), _loss.weighting_function(REG_MAX, up, reg_scale), rtol=0, atol=1e-12
+    )
     up, reg_scale = up.float(), reg_scale.float()  # transformers' targets are float32
     generator = torch.Generator().manual_seed(0)
-    initial = torch.cat([0.3 + 0.4 * torch.rand(40, 2, generator=generator), 0.05 + 0.3 * torch.rand(40, 2, generator=generator)], 1)
-    targets = torch.cat([0.2 + 0.6 * torch.rand(40, 2, generator=generator), 0.02 + 0.6 * torch.rand(40, 2, generator=generator)], 1)
+    initial = torch.cat(
+        [0.3 + 0.4 * torch.rand(40, 2, generator=generator), 0.05 + 0.3 * torch.rand(40, 2, generator=generator)], 1
+    )
+    targets = torch.cat(
+        [0.2 + 0.6 * torch.rand(40, 2, generator=generator), 0.02 + 0.6 * torch.rand(40, 2, generator=generator)], 1
+    )
     left, share = edge_targets(initial, targets, REG_MAX, up, reg_scale)
     from transformers.image_transforms import center_to_corners_format
 
@@ -97,18 +148,27 @@ def test_decoder_layers_match_transformers() -> None:
     for ours_map, ref_map in zip(captured["maps"], ref.encoder_last_hidden_state, strict=True):
         torch.testing.assert_close(ours_map, ref_map, rtol=0, atol=2e-5)
     torch.testing.assert_close(out["pre_outputs"]["pred_logits"], ref.intermediate_logits[:, 0], rtol=0, atol=2e-5)
-    torch.testing.assert_close(out["pre_outputs"]["pred_boxes"], ref.intermediate_reference_points[:, 0], rtol=0, atol=2e-5)
+    torch.testing.assert_close(
+        out["pre_outputs"]["pred_boxes"], ref.intermediate_reference_points[:, 0], rtol=0, atol=2e-5
+    )
     torch.testing.assert_close(out["enc_outputs"]["pred_boxes"], ref.enc_topk_bboxes, rtol=0, atol=2e-5)
     layers = [*out["aux_outputs"], out]
     for layer, outputs in enumerate(layers):
         torch.testing.assert_close(outputs["pred_logits"], ref.intermediate_logits[:, layer + 1], rtol=0, atol=2e-5)
-        torch.testing.assert_close(outputs["pred_boxes"], ref.intermediate_reference_points[:, layer + 1], rtol=0, atol=2e-5)
-        torch.testing.assert_close(outputs["pred_corners"], ref.intermediate_predicted_corners[:, layer], rtol=0, atol=2e-5)
+        torch.testing.assert_close(
+            outputs["pred_boxes"], ref.intermediate_reference_points[:, layer + 1], rtol=0, atol=2e-5
+        )
+        torch.testing.assert_close(
+            outputs["pred_corners"], ref.intermediate_predicted_corners[:, layer], rtol=0, atol=2e-5
+        )
         torch.testing.assert_close(outputs["ref_points"], ref.initial_reference_points[:, layer], rtol=0, atol=2e-5)
     assert ref.logits.std() > 0.3 and ref.intermediate_predicted_corners.std() > 0.1  # not near-constant outputs
     assert (out["pred_boxes"] - out["aux_outputs"][0]["pred_boxes"]).abs().mean() > 0.001  # the layers refine
     with torch.no_grad():
-        inference, ref_inference = ours.eval()(images, pixel_mask), reference.eval()(images, pixel_mask=(~pixel_mask).long())
+        inference, ref_inference = (
+            ours.eval()(images, pixel_mask),
+            reference.eval()(images, pixel_mask=(~pixel_mask).long()),
+        )
     torch.testing.assert_close(inference["pred_logits"], ref_inference.logits, rtol=0, atol=2e-5)
     torch.testing.assert_close(inference["pred_boxes"], ref_inference.pred_boxes, rtol=0, atol=2e-5)
 
@@ -120,11 +180,25 @@ def transformers_losses(model: nn.Module, ref, targets: list[dict[str, torch.Ten
     corners, origins = ref.intermediate_predicted_corners, ref.initial_reference_points
     teacher = {"teacher_corners": corners[:, -1], "teacher_logits": logits[:, -1]}
     aux = [
-        {"logits": logits[:, i + 1], "pred_boxes": boxes[:, i + 1], "pred_corners": corners[:, i], "ref_points": origins[:, i], **teacher}
+        {
+            "logits": logits[:, i + 1],
+            "pred_boxes": boxes[:, i + 1],
+            "pred_corners": corners[:, i],
+            "ref_points": origins[:, i],
+            **teacher,
+        }
         for i in range(LAYERS - 1)
     ]
-    aux += [{"logits": logits[:, 0], "pred_boxes": boxes[:, 0]}, {"logits": ref.enc_topk_logits, "pred_boxes": ref.enc_topk_bboxes}]
-    last = {"logits": logits[:, -1], "pred_boxes": boxes[:, -1], "pred_corners": corners[:, -1], "ref_points": origins[:, -1]}
+    aux += [
+        {"logits": logits[:, 0], "pred_boxes": boxes[:, 0]},
+        {"logits": ref.enc_topk_logits, "pred_boxes": ref.enc_topk_bboxes},
+    ]
+    last = {
+        "logits": logits[:, -1],
+        "pred_boxes": boxes[:, -1],
+        "pred_corners": corners[:, -1],
+        "ref_points": origins[:, -1],
+    }
     last.update(teacher_corners=corners[:, -1], teacher_logits=logits[:, -1])  # the teacher itself: no DDF
     labels = [{"class_labels": t["labels"], "boxes": t["boxes"].to(logits.dtype)} for t in targets]
     # their loss reads W(n)'s settings from the config, the official one (and ours) from the model
@@ -173,7 +247,9 @@ def test_losses_match_transformers() -> None:
     assert set(renamed) == set(expected) and len(renamed) == 3 * (LAYERS + 2) + LAYERS + LAYERS - 1
     for key, value in expected.items():  # torchvision's GIoU adds 1e-7 to the union, transformers' nothing
         torch.testing.assert_close(renamed[key], value, rtol=0, atol=3e-5 if "giou" in key else 1e-5, msg=key)
-    assert all(expected[f"loss_fgl{s}"] > 1e-3 for s in ("", "_aux_0")) and all(expected[f"loss_ddf_aux_{i}"] > 3e-3 for i in range(LAYERS - 1))
+    assert all(expected[f"loss_fgl{s}"] > 1e-3 for s in ("", "_aux_0")) and all(
+        expected[f"loss_ddf_aux_{i}"] > 3e-3 for i in range(LAYERS - 1)
+    )
     torch.testing.assert_close(losses["loss"], sum(expected.values()), rtol=0, atol=1e-4)  # 5 GIoU terms
 
 
@@ -184,14 +260,21 @@ def test_gradients_match_transformers() -> None:
     targets = overlapping_targets(ours)
     images, pixel_mask = images_and_mask()
     ours.train().loss(ours.train()(images, pixel_mask, targets), targets)["loss"].backward()
-    sum(transformers_losses(reference, reference.train()(images, pixel_mask=(~pixel_mask).long()), targets).values()).backward()
+    sum(
+        transformers_losses(reference, reference.train()(images, pixel_mask=(~pixel_mask).long()), targets).values()
+    ).backward()
     grads = to_transformers({n: p.grad for n, p in ours.named_parameters() if p.grad is not None})
     # zero but for float32 rounding (~1e-9): keys' biases (the softmax ignores them) and the shifts a BatchNorm on
     # batch statistics removes downstream (BatchNorm biases before another BatchNorm, the last AIFI norm's bias)
     expected = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None and p.grad.abs().max() > 1e-6}
-    for name in ("model.decoder.bbox_embed.0.layers.2.weight", "model.decoder.lqe_layers.1.reg_conf.layers.0.weight",
-                 "model.decoder.layers.2.gateway.gate.weight", "model.decoder.pre_bbox_head.layers.2.weight",
-                 "model.decoder.layers.0.encoder_attn.sampling_offsets.weight", "model.enc_score_head.weight"):
+    for name in (
+        "model.decoder.bbox_embed.0.layers.2.weight",
+        "model.decoder.lqe_layers.1.reg_conf.layers.0.weight",
+        "model.decoder.layers.2.gateway.gate.weight",
+        "model.decoder.pre_bbox_head.layers.2.weight",
+        "model.decoder.layers.0.encoder_attn.sampling_offsets.weight",
+        "model.enc_score_head.weight",
+    ):
         assert name in expected, name
     assert {n for n, g in grads.items() if g.abs().max() > 1e-6} == set(expected) and len(expected) > 300
     for name, grad in expected.items():
@@ -201,11 +284,23 @@ def test_gradients_match_transformers() -> None:
 def test_registered_trains_with_denoising_and_on_images_without_objects() -> None:
     assert DETECTORS["dfine"].func is DFINE and not DETECTORS["dfine"].keywords
     torch.manual_seed(0)
-    ours = DFINE.build(MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_decoder_layers=LAYERS,
-                 num_blocks=1, num_denoising=12)
+    ours = DFINE.build(
+        MapsBackbone(backbone_maps()),
+        NUM_CLASSES,
+        num_queries=QUERIES,
+        hidden_dim=DIM,
+        num_heads=4,
+        num_decoder_layers=LAYERS,
+        num_blocks=1,
+        num_denoising=12,
+    )
     images, pixel_mask = images_and_mask()
     losses = ours.train().loss(ours(images, pixel_mask, rtdetr_targets()), rtdetr_targets())
-    assert {"loss_fgl_dn", "loss_ddf_dn_0", "loss_vfl_dn_pre", "loss_fgl_pre"} & set(losses) == {"loss_fgl_dn", "loss_ddf_dn_0", "loss_vfl_dn_pre"}
+    assert {"loss_fgl_dn", "loss_ddf_dn_0", "loss_vfl_dn_pre", "loss_fgl_pre"} & set(losses) == {
+        "loss_fgl_dn",
+        "loss_ddf_dn_0",
+        "loss_vfl_dn_pre",
+    }
     empty = [{"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4)}] * 2
     losses = ours.loss(ours(images, pixel_mask, empty), empty)
     assert torch.isfinite(losses["loss"]) and losses["loss_fgl"] == 0
@@ -235,7 +330,9 @@ def test_union_matching_trains_every_layers_boxes_on_the_union() -> None:
         outputs = ours.train()(images, pixel_mask, targets)
         losses = ours.loss(outputs, targets)
         layers = [*outputs["aux_outputs"], outputs, outputs["enc_outputs"], outputs["pre_outputs"]]
-        union = union_matches([ours.criterion.matcher(layer["pred_logits"], layer["pred_boxes"], targets) for layer in layers])
+        union = union_matches(
+            [ours.criterion.matcher(layer["pred_logits"], layer["pred_boxes"], targets) for layer in layers]
+        )
         image = torch.cat([torch.full_like(rows, i) for i, (rows, _) in enumerate(union)])
         query = torch.cat([rows for rows, _ in union])
         target_boxes = torch.cat([t["boxes"][cols] for t, (_, cols) in zip(targets, union)])

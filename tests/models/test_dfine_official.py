@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from vision_tx.backbones import load_weights
-from vision_tx.models import DFINE
-
 from tests.models.test_dino import MapsBackbone
 from tests.official_layout import random_state, read_layout
+from vision_tx.backbones import load_weights
+from vision_tx.models import DFINE
 
 NUM_CLASSES = 80
 DERIVED = 4 + 6  # decoder.decoder.{up,reg_scale}, decoder.{anchors,valid_mask}, 6 layers' num_points_scale
@@ -22,7 +21,10 @@ DERIVED = 4 + 6  # decoder.decoder.{up,reg_scale}, decoder.{anchors,valid_mask},
 
 def test_l_head_loads_every_tensor_and_runs() -> None:
     official = random_state(read_layout("dfine_hgnetv2_l_coco_head"))
-    maps = [torch.randn(1, channels, 16 // 2**i, 16 // 2**i, dtype=torch.float64) for i, channels in enumerate((512, 1024, 2048))]
+    maps = [
+        torch.randn(1, channels, 16 // 2**i, 16 // 2**i, dtype=torch.float64)
+        for i, channels in enumerate((512, 1024, 2048))
+    ]
     model = DFINE.build(MapsBackbone(maps), NUM_CLASSES).double()
     report = load_weights(model, {"model": official})
     assert report.missing_keys == [] and report.unexpected_keys == []
@@ -37,15 +39,24 @@ def test_l_head_loads_every_tensor_and_runs() -> None:
         "decoder.layers.5.gateway.gate.weight": "decoder.decoder.layers.5.gateway.gate.weight",
         "decoder.layers.3.ffn.norm.weight": "decoder.decoder.layers.3.norm3.weight",
         "decoder.lqe_layers.4.reg_conf.layers.1.weight": "decoder.decoder.lqe_layers.4.reg_conf.layers.1.weight",
-        "decoder.up": "decoder.up", "decoder.reg_scale": "decoder.reg_scale",
-        "enc_output.weight": "decoder.enc_output.proj.weight", "enc_output_norm.bias": "decoder.enc_output.norm.bias",
-        "class_embed.6.weight": "decoder.enc_score_head.weight", "bbox_embed.6.layers.2.bias": "decoder.enc_bbox_head.layers.2.bias",
-        "bbox_embed.5.layers.2.weight": "decoder.dec_bbox_head.5.layers.2.weight", "class_embed.0.bias": "decoder.dec_score_head.0.bias",
+        "decoder.up": "decoder.up",
+        "decoder.reg_scale": "decoder.reg_scale",
+        "enc_output.weight": "decoder.enc_output.proj.weight",
+        "enc_output_norm.bias": "decoder.enc_output.norm.bias",
+        "class_embed.6.weight": "decoder.enc_score_head.weight",
+        "bbox_embed.6.layers.2.bias": "decoder.enc_bbox_head.layers.2.bias",
+        "bbox_embed.5.layers.2.weight": "decoder.dec_bbox_head.5.layers.2.weight",
+        "class_embed.0.bias": "decoder.dec_score_head.0.bias",
         "decoder.pre_bbox_head.layers.2.weight": "decoder.pre_bbox_head.layers.2.weight",
     }
     for ours, theirs in same.items():
         torch.testing.assert_close(state[ours], official[theirs], rtol=0, atol=0, msg=ours)
-    torch.testing.assert_close(state["denoising.label_embed.weight"], official["decoder.denoising_class_embed.weight"][:NUM_CLASSES], rtol=0, atol=0)
+    torch.testing.assert_close(
+        state["denoising.label_embed.weight"],
+        official["decoder.denoising_class_embed.weight"][:NUM_CLASSES],
+        rtol=0,
+        atol=0,
+    )
     with torch.no_grad():
         out = model.eval()(torch.zeros(1, 3, 128, 128, dtype=torch.float64))
     assert out["pred_logits"].shape == (1, 300, NUM_CLASSES) and torch.isfinite(out["pred_boxes"]).all()

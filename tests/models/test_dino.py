@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-
 import re
 from collections import OrderedDict
 
@@ -14,18 +13,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.conftest import require_reference
+from tests.models.detr_helpers import padded_batch
+from tests.parity import perturb_
 from vision_tx.heads.detr import HungarianMatcher
 from vision_tx.heads.dino import DINOCriterion
 from vision_tx.models import DINO
 from vision_tx.models.query_detector import QueryHeads, proposal_anchors
 
-from tests.conftest import require_reference
-from tests.models.detr_helpers import padded_batch
-from tests.parity import perturb_
-
 transformers = require_reference("transformers")
 _detr_loss = require_reference("transformers.loss.loss_deformable_detr")
-DeformableDetrImageLoss, DeformableDetrHungarianMatcher = _detr_loss.DeformableDetrImageLoss, _detr_loss.DeformableDetrHungarianMatcher
+DeformableDetrImageLoss, DeformableDetrHungarianMatcher = (
+    _detr_loss.DeformableDetrImageLoss,
+    _detr_loss.DeformableDetrHungarianMatcher,
+)
 
 NUM_CLASSES, DIM, QUERIES, LAYERS = 7, 64, 12, 2
 CHANNELS = (16, 32, 64)  # the stride 8, 16, 32 maps
@@ -78,15 +79,25 @@ class MapsBackbone(nn.Module):
 
 # Deformable DETR's settings where DINO's differ (position encoding, decoder norm, inverse-sigmoid bound).
 DEFORMABLE_DETR = dict(
-    query_selection="two_stage", num_denoising=0, position_temperature=10000.0, position_offset=-0.5,
-    decoder_norm=False, inverse_sigmoid_eps=1e-5,
+    query_selection="two_stage",
+    num_denoising=0,
+    position_temperature=10000.0,
+    position_offset=-0.5,
+    decoder_norm=False,
+    inverse_sigmoid_eps=1e-5,
 )
 
 
 def tiny_dino(maps: list[torch.Tensor], **overrides) -> DINO:
     kwargs = dict(
-        num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_encoder_layers=LAYERS, num_decoder_layers=LAYERS,
-        dim_feedforward=96, num_points=3, **DEFORMABLE_DETR,
+        num_queries=QUERIES,
+        hidden_dim=DIM,
+        num_heads=4,
+        num_encoder_layers=LAYERS,
+        num_decoder_layers=LAYERS,
+        dim_feedforward=96,
+        num_points=3,
+        **DEFORMABLE_DETR,
     )
     return DINO.build(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides})
 
@@ -107,12 +118,33 @@ def ours_and_transformers(maps: list[torch.Tensor]) -> tuple[DINO, nn.Module]:
     ours = tiny_dino(maps).eval()
     perturb_(ours)
     config = transformers.DeformableDetrConfig(
-        use_timm_backbone=False, use_pretrained_backbone=False,
-        backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], hidden_sizes=[8, *CHANNELS], embedding_size=8, depths=[1, 1, 1, 1]),
-        num_labels=NUM_CLASSES, d_model=DIM, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, encoder_n_points=3, decoder_n_points=3,
-        num_queries=QUERIES, two_stage_num_proposals=QUERIES, two_stage=True, with_box_refine=True,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, auxiliary_loss=True, class_cost=2,
+        use_timm_backbone=False,
+        use_pretrained_backbone=False,
+        backbone_config=transformers.ResNetConfig(
+            out_features=["stage2", "stage3", "stage4"],
+            hidden_sizes=[8, *CHANNELS],
+            embedding_size=8,
+            depths=[1, 1, 1, 1],
+        ),
+        num_labels=NUM_CLASSES,
+        d_model=DIM,
+        encoder_layers=LAYERS,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=96,
+        decoder_ffn_dim=96,
+        encoder_n_points=3,
+        decoder_n_points=3,
+        num_queries=QUERIES,
+        two_stage_num_proposals=QUERIES,
+        two_stage=True,
+        with_box_refine=True,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        auxiliary_loss=True,
+        class_cost=2,
     )
     reference = transformers.DeformableDetrForObjectDetection(config).eval()
     state = to_transformers(ours.state_dict())
@@ -132,7 +164,9 @@ def models(batch):
     return ours_and_transformers(batch[3])
 
 
-def transformers_labels(targets: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.float32) -> list[dict[str, torch.Tensor]]:
+def transformers_labels(
+    targets: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.float32
+) -> list[dict[str, torch.Tensor]]:
     return [{"class_labels": t["labels"], "boxes": t["boxes"].to(dtype)} for t in targets]
 
 
@@ -161,13 +195,19 @@ def test_outputs_and_loss_match_transformers(models, batch) -> None:
     # against every target as class 0, as Deformable DETR's loss does with its "bin_targets".
     with torch.no_grad():
         losses = ours.loss(out, targets)
-        image_loss = DeformableDetrImageLoss(DeformableDetrHungarianMatcher(class_cost=2, bbox_cost=5, giou_cost=2), 1, 0.25, ["labels", "boxes"])
+        image_loss = DeformableDetrImageLoss(
+            DeformableDetrHungarianMatcher(class_cost=2, bbox_cost=5, giou_cost=2), 1, 0.25, ["labels", "boxes"]
+        )
         agnostic = [{**t, "labels": torch.zeros_like(t["labels"])} for t in targets]
         enc = out["enc_outputs"]
-        expected = image_loss({"logits": enc["pred_logits"], "pred_boxes": enc["pred_boxes"]}, transformers_labels(agnostic))
+        expected = image_loss(
+            {"logits": enc["pred_logits"], "pred_boxes": enc["pred_boxes"]}, transformers_labels(agnostic)
+        )
     assert enc["pred_logits"].shape[-1] == 1
     for key in ("loss_ce", "loss_bbox", "loss_giou"):
-        torch.testing.assert_close(losses[f"{key}_enc"], expected[key], rtol=0, atol=2e-6, msg=key)  # measured 0-5e-7 (of ~1)
+        torch.testing.assert_close(
+            losses[f"{key}_enc"], expected[key], rtol=0, atol=2e-6, msg=key
+        )  # measured 0-5e-7 (of ~1)
 
 
 def test_gradients_match_transformers(batch) -> None:
@@ -178,10 +218,17 @@ def test_gradients_match_transformers(batch) -> None:
     ours, reference = ours_and_transformers([m.double() for m in maps])
     outputs = ours(images.double(), pixel_mask)
     ours.loss({k: v for k, v in outputs.items() if k != "enc_outputs"}, targets)["loss"].backward()
-    reference(images.double(), pixel_mask=(~pixel_mask).long(), labels=transformers_labels(targets, torch.float64)).loss.backward()
+    reference(
+        images.double(), pixel_mask=(~pixel_mask).long(), labels=transformers_labels(targets, torch.float64)
+    ).loss.backward()
     untied = lambda name: name.removeprefix("model.decoder.")  # noqa: E731 (the heads are also the decoder's)
-    grads = {untied(n): g for n, g in to_transformers({n: p.grad for n, p in ours.named_parameters() if p.grad is not None}).items()}
-    expected = {untied(n): p.grad for n, p in reference.named_parameters() if p.grad is not None and p.grad.abs().max() > 0}
+    grads = {
+        untied(n): g
+        for n, g in to_transformers({n: p.grad for n, p in ours.named_parameters() if p.grad is not None}).items()
+    }
+    expected = {
+        untied(n): p.grad for n, p in reference.named_parameters() if p.grad is not None and p.grad.abs().max() > 0
+    }
     assert "layers.0.encoder_attn.sampling_offsets.weight" in expected and "model.enc_output.weight" not in expected
     # A key's bias has no gradient (the softmax ignores it) but rounding.
     assert {n for n, g in grads.items() if g.abs().max() > 0 and not n.endswith("k_proj.bias")} <= set(expected)
@@ -192,7 +239,10 @@ def test_gradients_match_transformers(batch) -> None:
 
 def dino_targets() -> list[dict[str, torch.Tensor]]:
     return [
-        {"labels": torch.tensor([1, 4, 2]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1], [0.6, 0.4, 0.3, 0.2]])},
+        {
+            "labels": torch.tensor([1, 4, 2]),
+            "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1], [0.6, 0.4, 0.3, 0.2]]),
+        },
         {"labels": torch.tensor([6]), "boxes": torch.tensor([[0.45, 0.55, 0.25, 0.15]])},
     ]
 
@@ -239,12 +289,28 @@ def test_label_noise_replaces_about_half_the_ratio() -> None:
 # from that file, with the one override of its training command scripts/DINO_train.sh that the model reads
 # (dn_box_noise_scale=1.0; the file's 0.4): the DINO constructor's and criterion's defaults must be these numbers.
 DINO_4SCALE = dict(
-    num_queries=900, hidden_dim=256, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, dim_feedforward=2048,
-    dropout=0.0, num_levels=4, num_points=4, query_selection="mixed", num_denoising=100, label_noise_ratio=0.5,
-    box_noise_scale=1.0, position_temperature=20.0, position_offset=0.0, decoder_norm=True, inverse_sigmoid_eps=1e-3,
+    num_queries=900,
+    hidden_dim=256,
+    num_heads=8,
+    num_encoder_layers=6,
+    num_decoder_layers=6,
+    dim_feedforward=2048,
+    dropout=0.0,
+    num_levels=4,
+    num_points=4,
+    query_selection="mixed",
+    num_denoising=100,
+    label_noise_ratio=0.5,
+    box_noise_scale=1.0,
+    position_temperature=20.0,
+    position_offset=0.0,
+    decoder_norm=True,
+    inverse_sigmoid_eps=1e-3,
     num_detections=300,  # num_select, the boxes PostProcess keeps
 )
-DINO_OWN = dict(nms_threshold=None, share_scores=False, exact_valid_ratios=False)  # vision_tx's options, no official counterpart (off: the official behaviour)
+DINO_OWN = dict(
+    nms_threshold=None, share_scores=False, exact_valid_ratios=False
+)  # vision_tx's options, no official counterpart (off: the official behaviour)
 DINO_4SCALE_LOSS = dict(weight_ce=1.0, weight_bbox=5.0, weight_giou=2.0, focal_alpha=0.25, focal_gamma=2.0)
 DINO_4SCALE_MATCHER = dict(cost_class=2.0, cost_bbox=5.0, cost_giou=2.0, focal_alpha=0.25, focal_gamma=2.0)
 
@@ -252,17 +318,32 @@ DINO_4SCALE_MATCHER = dict(cost_class=2.0, cost_bbox=5.0, cost_giou=2.0, focal_a
 def test_defaults_are_the_official_dino_4scale_config() -> None:
     from vision_tx.heads.dino import ContrastiveDenoising
 
-    defaults = {k: p.default for k, p in inspect.signature(DINO.build).parameters.items() if p.default is not inspect.Parameter.empty}
+    defaults = {
+        k: p.default
+        for k, p in inspect.signature(DINO.build).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
     assert {k: defaults[k] for k in DINO_4SCALE} == DINO_4SCALE
     assert {k: defaults[k] for k in DINO_OWN} == DINO_OWN
     assert defaults["look_forward_twice"] is True
-    assert set(defaults) == {*DINO_4SCALE, *DINO_OWN, "look_forward_twice", "matcher_kwargs", "criterion_kwargs"}  # each has its row
+    assert set(defaults) == {
+        *DINO_4SCALE,
+        *DINO_OWN,
+        "look_forward_twice",
+        "matcher_kwargs",
+        "criterion_kwargs",
+    }  # each has its row
     denoising = {k: p.default for k, p in inspect.signature(ContrastiveDenoising).parameters.items()}
-    assert (denoising["num_queries"], denoising["label_noise_ratio"], denoising["box_noise_scale"], denoising["eps"]) == (100, 0.5, 1.0, 1e-3)
+    assert (
+        denoising["num_queries"],
+        denoising["label_noise_ratio"],
+        denoising["box_noise_scale"],
+        denoising["eps"],
+    ) == (100, 0.5, 1.0, 1e-3)
     criterion = DINOCriterion(NUM_CLASSES)
-    assert {k: criterion.weights[f"loss_{k.removeprefix('weight_')}"] for k in DINO_4SCALE_LOSS if k.startswith("weight_")} == {
-        k: v for k, v in DINO_4SCALE_LOSS.items() if k.startswith("weight_")
-    }
+    assert {
+        k: criterion.weights[f"loss_{k.removeprefix('weight_')}"] for k in DINO_4SCALE_LOSS if k.startswith("weight_")
+    } == {k: v for k, v in DINO_4SCALE_LOSS.items() if k.startswith("weight_")}
     assert (criterion.focal_alpha, criterion.focal_gamma) == (0.25, 2.0)
     matcher = criterion.matcher
     assert {k: getattr(matcher, k) for k in DINO_4SCALE_MATCHER} == DINO_4SCALE_MATCHER
@@ -397,7 +478,9 @@ def test_mixed_selection_and_query_positions_follow_the_paper(batch) -> None:
         features = model.enc_output_norm(model.enc_output(memory * valid[..., None]))
         logits = model.class_embed[-1](features)
         best = logits.max(-1).values.topk(QUERIES, dim=1).indices
-        torch.testing.assert_close(out["enc_outputs"]["pred_logits"], torch.stack([logits[b, best[b]] for b in range(len(best))]))
+        torch.testing.assert_close(
+            out["enc_outputs"]["pred_logits"], torch.stack([logits[b, best[b]] for b in range(len(best))])
+        )
         assert not torch.equal(best, logits[..., 0].topk(QUERIES, dim=1).indices)  # not the first class's ranking
 
         inputs = [out["enc_outputs"]["pred_boxes"], *(aux["pred_boxes"] for aux in out["aux_outputs"])]
@@ -474,8 +557,11 @@ def test_every_loss_term_of_mixed_selection_by_hand(batch) -> None:
             prob = logits[image].sigmoid()
             positive = 0.25 * (1 - prob) ** 2 * -(prob + 1e-8).log()
             negative = 0.75 * prob**2 * -(1 - prob + 1e-8).log()
-            cost = (2 * (positive - negative)[:, target["labels"]] + 5 * torch.cdist(boxes[image], target["boxes"], p=1)
-                    - 2 * generalized_box_iou(xyxy(boxes[image]), xyxy(target["boxes"])))
+            cost = (
+                2 * (positive - negative)[:, target["labels"]]
+                + 5 * torch.cdist(boxes[image], target["boxes"], p=1)
+                - 2 * generalized_box_iou(xyxy(boxes[image]), xyxy(target["boxes"]))
+            )
             for query, k in zip(*linear_sum_assignment(cost.numpy())):
                 pairs.append((image, query, target["boxes"][k], target["labels"][k]))
         return pairs
@@ -484,13 +570,16 @@ def test_every_loss_term_of_mixed_selection_by_hand(batch) -> None:
     layers = {**{f"_{i}": aux for i, aux in enumerate(out["aux_outputs"])}, "": out, "_enc": out["enc_outputs"]}
     assert out["enc_outputs"]["pred_logits"].shape[-1] == NUM_CLASSES  # mixed selection: class-aware proposals
     for name, layer in layers.items():
-        ce, l1, giou = terms(layer["pred_logits"], layer["pred_boxes"], matched(layer["pred_logits"], layer["pred_boxes"]), count)
+        ce, l1, giou = terms(
+            layer["pred_logits"], layer["pred_boxes"], matched(layer["pred_logits"], layer["pred_boxes"]), count
+        )
         expected |= {f"loss_ce{name}": ce, f"loss_bbox{name}": l1, f"loss_giou{name}": giou}
     queries = out["dn_outputs"]["queries"]
     dn_logits, dn_boxes = out["dn_outputs"]["pred_logits"], out["dn_outputs"]["pred_boxes"]
     positives = [
         (image, group * 2 * queries.group_size + k, box, label)
-        for image, target in enumerate(targets) for group in range(queries.num_groups)
+        for image, target in enumerate(targets)
+        for group in range(queries.num_groups)
         for k, (box, label) in enumerate(zip(target["boxes"], target["labels"]))
     ]
     for layer in range(len(dn_logits)):
@@ -501,7 +590,9 @@ def test_every_loss_term_of_mixed_selection_by_hand(batch) -> None:
     for key, value in expected.items():
         torch.testing.assert_close(losses[key], value, rtol=1e-5, atol=1e-6, msg=key)
     weights = {"ce": 1.0, "bbox": 5.0, "giou": 2.0}
-    torch.testing.assert_close(losses["loss"], sum(weights[key.split("_")[1]] * value for key, value in expected.items()))
+    torch.testing.assert_close(
+        losses["loss"], sum(weights[key.split("_")[1]] * value for key, value in expected.items())
+    )
 
 
 def test_exact_valid_ratios_place_every_level_on_the_pixels_its_cells_cover(batch) -> None:
@@ -520,8 +611,13 @@ def test_exact_valid_ratios_place_every_level_on_the_pixels_its_cells_cover(batc
     shapes = [(m.shape[-2], m.shape[-1]) for m in maps] + [(1, 2)]
     expected = torch.stack([image / torch.tensor([w * s, h * s]) for (h, w), s in zip(shapes, (8, 16, 32, 64))], 1)
     torch.testing.assert_close(seen[True], expected)
-    cells = torch.stack([torch.tensor([[1.0, 1.0], [w_valid / w, h_valid / h]]) for (h, w), (h_valid, w_valid) in
-                         zip(shapes, [(7, 9), (4, 5), (2, 2), (1, 2)])], 1)  # the second image's valid cells, nearest-sampled
+    cells = torch.stack(
+        [
+            torch.tensor([[1.0, 1.0], [w_valid / w, h_valid / h]])
+            for (h, w), (h_valid, w_valid) in zip(shapes, [(7, 9), (4, 5), (2, 2), (1, 2)])
+        ],
+        1,
+    )  # the second image's valid cells, nearest-sampled
     torch.testing.assert_close(seen[False], cells)
 
 
@@ -531,10 +627,20 @@ def test_the_constructor_takes_one_query_selections_parts(batch) -> None:
     mixed = tiny_dino(batch[3], query_selection="mixed", num_denoising=0)
     two_stage = tiny_dino(batch[3])
     parts = dict(
-        backbone=mixed.backbone, neck=mixed.neck, encoder=mixed.encoder, decoder=mixed.decoder,
+        backbone=mixed.backbone,
+        neck=mixed.neck,
+        encoder=mixed.encoder,
+        decoder=mixed.decoder,
         heads=QueryHeads(mixed.class_embed, mixed.bbox_embed, mixed.enc_output, mixed.enc_output_norm),
-        denoising=None, criterion=mixed.criterion, num_classes=NUM_CLASSES, num_queries=QUERIES,
-        look_forward_twice=True, exact_valid_ratios=False, num_detections=100, nms_threshold=None, share_scores=False,
+        denoising=None,
+        criterion=mixed.criterion,
+        num_classes=NUM_CLASSES,
+        num_queries=QUERIES,
+        look_forward_twice=True,
+        exact_valid_ratios=False,
+        num_detections=100,
+        nms_threshold=None,
+        share_scores=False,
     )
     projection = dict(pos_trans=two_stage.pos_trans, pos_trans_norm=two_stage.pos_trans_norm)
     assert DINO(**parts, query_embed=mixed.query_embed, pos_trans=None, pos_trans_norm=None).query_selection == "mixed"

@@ -36,7 +36,9 @@ def official_state(name: str, seed: int = 0) -> dict[str, torch.Tensor]:
             state[key] = 0.1 * torch.randn(size, generator=generator)
     # The decoder layers share one class and one box head officially: the same tensors under every layer.
     for key in list(state):
-        if key.startswith(("class_embed.", "bbox_embed.", "transformer.decoder.class_embed.", "transformer.decoder.bbox_embed.")):
+        if key.startswith(
+            ("class_embed.", "bbox_embed.", "transformer.decoder.class_embed.", "transformer.decoder.bbox_embed.")
+        ):
             prefix, _, rest = key.partition("_embed.")
             state[key] = state[f"{prefix.removeprefix('transformer.decoder.')}_embed.0.{rest.partition('.')[2]}"]
     return state
@@ -64,15 +66,25 @@ def test_r50_checkpoint_loads_every_tensor_and_runs() -> None:
     torch.testing.assert_close(state["neck.level_embed"], official["transformer.level_embed"])
     torch.testing.assert_close(state["denoising.label_embed.weight"], official["label_enc.weight"][:NUM_CLASSES])
     torch.testing.assert_close(state["class_embed.6.weight"], official["transformer.enc_out_class_embed.weight"])
-    torch.testing.assert_close(state["bbox_embed.6.layers.2.bias"], official["transformer.enc_out_bbox_embed.layers.2.bias"])
+    torch.testing.assert_close(
+        state["bbox_embed.6.layers.2.bias"], official["transformer.enc_out_bbox_embed.layers.2.bias"]
+    )
     for layer in range(6):
         torch.testing.assert_close(state[f"class_embed.{layer}.bias"], official["class_embed.0.bias"])
     decoder = "transformer.decoder.layers.3."
-    torch.testing.assert_close(state["decoder.layers.3.norm1.weight"], official[decoder + "norm2.weight"])  # after self-attention
-    torch.testing.assert_close(state["decoder.layers.3.norm2.weight"], official[decoder + "norm1.weight"])  # after cross-attention
+    torch.testing.assert_close(
+        state["decoder.layers.3.norm1.weight"], official[decoder + "norm2.weight"]
+    )  # after self-attention
+    torch.testing.assert_close(
+        state["decoder.layers.3.norm2.weight"], official[decoder + "norm1.weight"]
+    )  # after cross-attention
     torch.testing.assert_close(state["decoder.layers.3.ffn.norm.bias"], official[decoder + "norm3.bias"])
-    torch.testing.assert_close(state["encoder.layers.5.ffn.linear2.weight"], official["transformer.encoder.layers.5.linear2.weight"])
-    torch.testing.assert_close(state["backbone.stages.3.2.conv3.weight"], official["backbone.0.body.layer4.2.conv3.weight"])
+    torch.testing.assert_close(
+        state["encoder.layers.5.ffn.linear2.weight"], official["transformer.encoder.layers.5.linear2.weight"]
+    )
+    torch.testing.assert_close(
+        state["backbone.stages.3.2.conv3.weight"], official["backbone.0.body.layer4.2.conv3.weight"]
+    )
 
     model.eval()
     with torch.no_grad():

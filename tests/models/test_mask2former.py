@@ -12,11 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from vision_tx.heads.mask2former import Mask2FormerCriterion
-from vision_tx.models.mask2former import Mask2Former, semantic_targets
-
 from tests.conftest import require_reference
 from tests.parity import perturb_
+from vision_tx.heads.mask2former import Mask2FormerCriterion
+from vision_tx.models.mask2former import Mask2Former, semantic_targets
 
 transformers = require_reference("transformers")
 
@@ -80,7 +79,10 @@ def blob_masks(count: int, generator: torch.Generator) -> torch.Tensor:
     height, width = IMAGE_SIZE
     masks = torch.zeros(count, height, width, dtype=torch.bool)
     for mask in masks:
-        y0, x0 = int(torch.randint(0, height - 8, (1,), generator=generator)), int(torch.randint(0, width - 8, (1,), generator=generator))
+        y0, x0 = (
+            int(torch.randint(0, height - 8, (1,), generator=generator)),
+            int(torch.randint(0, width - 8, (1,), generator=generator)),
+        )
         y1 = y0 + 4 + int(torch.randint(0, height - y0 - 4, (1,), generator=generator))
         x1 = x0 + 4 + int(torch.randint(0, width - x0 - 4, (1,), generator=generator))
         mask[y0:y1, x0:x1] = True
@@ -105,23 +107,46 @@ def ours_and_transformers(maps: list[torch.Tensor], **overrides) -> tuple[Mask2F
     """Our Mask2Former with moved weights and transformers' loaded from it (float64, eval mode)."""
     torch.manual_seed(0)
     kwargs = dict(
-        num_queries=QUERIES, hidden_dim=DIM, mask_dim=DIM, num_heads=4, num_decoder_layers=DECODER_LAYERS - 1,
-        dim_feedforward=80, num_encoder_layers=ENCODER_LAYERS, encoder_dim_feedforward=96,
+        num_queries=QUERIES,
+        hidden_dim=DIM,
+        mask_dim=DIM,
+        num_heads=4,
+        num_decoder_layers=DECODER_LAYERS - 1,
+        dim_feedforward=80,
+        num_encoder_layers=ENCODER_LAYERS,
+        encoder_dim_feedforward=96,
     )
     ours = Mask2Former(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides}).eval()
     perturb_(ours)
     config = transformers.Mask2FormerConfig(
-        backbone_config=transformers.SwinConfig(embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1], out_features=["stage1", "stage2", "stage3", "stage4"]),
-        feature_size=DIM, mask_feature_size=DIM, hidden_dim=DIM, encoder_feedforward_dim=96, encoder_layers=ENCODER_LAYERS,
-        decoder_layers=DECODER_LAYERS, num_attention_heads=4, dim_feedforward=80, num_queries=QUERIES, num_labels=NUM_CLASSES,
-        dropout=0.0, train_num_points=300, output_auxiliary_logits=True,
+        backbone_config=transformers.SwinConfig(
+            embed_dim=16,
+            depths=[1, 1, 1, 1],
+            num_heads=[1, 1, 1, 1],
+            out_features=["stage1", "stage2", "stage3", "stage4"],
+        ),
+        feature_size=DIM,
+        mask_feature_size=DIM,
+        hidden_dim=DIM,
+        encoder_feedforward_dim=96,
+        encoder_layers=ENCODER_LAYERS,
+        decoder_layers=DECODER_LAYERS,
+        num_attention_heads=4,
+        dim_feedforward=80,
+        num_queries=QUERIES,
+        num_labels=NUM_CLASSES,
+        dropout=0.0,
+        train_num_points=300,
+        output_auxiliary_logits=True,
     )
     reference = transformers.Mask2FormerForUniversalSegmentation(config).eval()
     state = to_transformers(ours.state_dict())
     backbone_keys = {k for k in reference.state_dict() if k.startswith("model.pixel_level_module.encoder.")}
     assert set(state) == set(reference.state_dict()) - backbone_keys - {"criterion.empty_weight"}
     reference.load_state_dict(state, strict=False)
-    reference.model.pixel_level_module.encoder.forward = lambda pixel_values, *args, **kw: SimpleNamespace(feature_maps=tuple(maps))
+    reference.model.pixel_level_module.encoder.forward = lambda pixel_values, *args, **kw: SimpleNamespace(
+        feature_maps=tuple(maps)
+    )
     return ours.double(), reference.double()
 
 
@@ -144,11 +169,18 @@ def test_pixel_decoder_and_every_prediction_match_transformers(models, inputs) -
     for level, reference_level in zip(levels, expected.pixel_decoder_hidden_states):
         torch.testing.assert_close(level, reference_level, rtol=0, atol=1e-13)
     predictions = [*out["aux_outputs"], out]
-    reference_predictions = [*expected.auxiliary_logits, {"class_queries_logits": expected.class_queries_logits, "masks_queries_logits": expected.masks_queries_logits}]
+    reference_predictions = [
+        *expected.auxiliary_logits,
+        {"class_queries_logits": expected.class_queries_logits, "masks_queries_logits": expected.masks_queries_logits},
+    ]
     assert len(predictions) == len(reference_predictions) == DECODER_LAYERS
     for prediction, reference_prediction in zip(predictions, reference_predictions):
-        torch.testing.assert_close(prediction["pred_logits"], reference_prediction["class_queries_logits"], rtol=0, atol=1e-13)
-        torch.testing.assert_close(prediction["pred_masks"], reference_prediction["masks_queries_logits"], rtol=0, atol=1e-13)
+        torch.testing.assert_close(
+            prediction["pred_logits"], reference_prediction["class_queries_logits"], rtol=0, atol=1e-13
+        )
+        torch.testing.assert_close(
+            prediction["pred_masks"], reference_prediction["masks_queries_logits"], rtol=0, atol=1e-13
+        )
 
 
 def test_masked_attention_restricts_each_query(models, inputs) -> None:
@@ -213,7 +245,7 @@ def test_loss_and_gradients_match_transformers(inputs) -> None:
     assert set(ours_by_name) == set(their_by_name)
     for name, grad in ours_by_name.items():
         torch.testing.assert_close(grad, their_by_name[name], rtol=0, atol=1e-13, msg=name)
-    for ours_grad, their_grad in zip(ours_grads[-len(maps):], their_grads[-len(maps):]):
+    for ours_grad, their_grad in zip(ours_grads[-len(maps) :], their_grads[-len(maps) :]):
         torch.testing.assert_close(ours_grad, their_grad, rtol=0, atol=1e-14)
 
 
@@ -223,7 +255,9 @@ def test_loss_divides_by_the_mask_count_of_the_whole_distributed_batch(inputs, m
     2.5 (this batch has another count) give the same loss."""
     maps, targets = inputs
     assert sum(len(t["labels"]) for t in targets) != 2.5
-    monkeypatch.setattr("vision_tx.heads.mask2former.criterion.num_boxes_in_batch", lambda *args, **kwargs: torch.tensor(2.5))
+    monkeypatch.setattr(
+        "vision_tx.heads.mask2former.criterion.num_boxes_in_batch", lambda *args, **kwargs: torch.tensor(2.5)
+    )
     modeling = require_reference("transformers.models.mask2former.modeling_mask2former")
     monkeypatch.setattr(modeling.Mask2FormerLoss, "get_num_masks", lambda *args, **kwargs: torch.tensor(2.5))
     ours, reference = ours_and_transformers(maps)
@@ -246,4 +280,7 @@ def test_semantic_targets_one_mask_per_present_class() -> None:
     labels = torch.tensor([[[0, 0, 255], [2, 2, 0]]])
     (target,) = semantic_targets(labels)
     assert target["labels"].tolist() == [0, 2]
-    assert target["masks"].tolist() == [[[True, True, False], [False, False, True]], [[False, False, False], [True, True, False]]]
+    assert target["masks"].tolist() == [
+        [[True, True, False], [False, False, True]],
+        [[False, False, False], [True, True, False]],
+    ]

@@ -10,13 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.official_layout import random_state, read_layout
 from vision_tx.backbones import build_backbone, load_weights
 from vision_tx.models.mask2former import Mask2Former
 
-from tests.official_layout import random_state, read_layout
-
-LAYOUTS = {"mask2former_swin_tiny_ade20k_semantic_160k": 150, "mask2former_swin_tiny_coco_panoptic_50ep": 133,
-           "mask2former_swin_tiny_coco_instance_50ep": 80}
+LAYOUTS = {
+    "mask2former_swin_tiny_ade20k_semantic_160k": 150,
+    "mask2former_swin_tiny_coco_panoptic_50ep": 133,
+    "mask2former_swin_tiny_coco_instance_50ep": 80,
+}
 
 
 def build(num_classes: int, device: str = "cpu") -> Mask2Former:
@@ -49,7 +51,8 @@ def test_renames_land_where_they_mean() -> None:
         "pixel_decoder.output_convs.0.1.weight": pixel + "layer_1.norm.weight",
         "predictor.layers.4.norm1.weight": predictor + "transformer_cross_attention_layers.4.norm.weight",
         "predictor.layers.4.norm2.weight": predictor + "transformer_self_attention_layers.4.norm.weight",
-        "predictor.layers.8.cross_attn.in_proj_weight": predictor + "transformer_cross_attention_layers.8.multihead_attn.in_proj_weight",
+        "predictor.layers.8.cross_attn.in_proj_weight": predictor
+        + "transformer_cross_attention_layers.8.multihead_attn.in_proj_weight",
         "predictor.layers.8.ffn.linear2.weight": predictor + "transformer_ffn_layers.8.linear2.weight",
         "predictor.mask_embed.layers.2.bias": predictor + "mask_embed.layers.2.bias",
         "backbone.stages.3.out_norm.weight": "backbone.norm3.weight",

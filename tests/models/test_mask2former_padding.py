@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vision_tx.heads.mask2former import Mask2FormerCriterion
-
 from tests.models.test_mask2former import IMAGE_SIZE, NUM_CLASSES, _their_loss, blob_masks, ours_and_transformers
+from vision_tx.heads.mask2former import Mask2FormerCriterion
 
 VALID = (48, 64)  # the second image inside IMAGE_SIZE (64, 96)
 
@@ -30,8 +29,10 @@ def padded_inputs() -> tuple[list[torch.Tensor], torch.Tensor, list[dict[str, to
     second[0, 4:30, 8:60] = True
     second[1, 20:48, 0:24] = True
     second[2, 30:44, 40:64] = True  # touches the padding's corner
-    targets = [{"labels": torch.tensor([1, 3, 0]), "masks": blob_masks(3, generator)},
-               {"labels": torch.tensor([4, 2, 4]), "masks": second}]
+    targets = [
+        {"labels": torch.tensor([1, 3, 0]), "masks": blob_masks(3, generator)},
+        {"labels": torch.tensor([4, 2, 4]), "masks": second},
+    ]
     return maps, pixel_mask, targets
 
 

@@ -10,13 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from vision_tx.heads.rtdetr import sincos_position_embedding
-from vision_tx.models import DETECTORS, RTDETR
-from vision_tx.models.query_detector import proposal_anchors
-
 from tests.conftest import require_reference
 from tests.models.test_dino import MapsBackbone
 from tests.parity import perturb_
+from vision_tx.heads.rtdetr import sincos_position_embedding
+from vision_tx.models import DETECTORS, RTDETR
+from vision_tx.models.query_detector import proposal_anchors
 
 transformers = require_reference("transformers")
 _modeling = require_reference("transformers.models.rt_detr.modeling_rt_detr")
@@ -81,26 +80,55 @@ def backbone_maps(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
 
 def rtdetr_targets() -> list[dict[str, torch.Tensor]]:
     return [
-        {"labels": torch.tensor([1, 4, 2]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1], [0.6, 0.4, 0.3, 0.2]])},
+        {
+            "labels": torch.tensor([1, 4, 2]),
+            "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1], [0.6, 0.4, 0.3, 0.2]]),
+        },
         {"labels": torch.tensor([3]), "boxes": torch.tensor([[0.45, 0.55, 0.25, 0.15]])},
     ]
 
 
-def ours_and_transformers(dtype: torch.dtype = torch.float32, **overrides) -> tuple[RTDETR, nn.Module, list[torch.Tensor]]:
+def ours_and_transformers(
+    dtype: torch.dtype = torch.float32, **overrides
+) -> tuple[RTDETR, nn.Module, list[torch.Tensor]]:
     """Our RT-DETR with moved weights and transformers' loaded from it (in ``dtype``, eval mode), and the maps."""
     maps = backbone_maps(dtype)
     torch.manual_seed(0)
     kwargs = dict(
-        num_queries=QUERIES, hidden_dim=DIM, num_heads=4, num_encoder_layers=2, encoder_feedforward=48,
-        num_decoder_layers=LAYERS, dim_feedforward=40, num_points=3, num_denoising=DENOISING, look_forward_twice=False,
+        num_queries=QUERIES,
+        hidden_dim=DIM,
+        num_heads=4,
+        num_encoder_layers=2,
+        encoder_feedforward=48,
+        num_decoder_layers=LAYERS,
+        dim_feedforward=40,
+        num_points=3,
+        num_denoising=DENOISING,
+        look_forward_twice=False,
     )
     ours = RTDETR.build(MapsBackbone(maps), NUM_CLASSES, **{**kwargs, **overrides}).eval()
     perturb_(ours)
     config = transformers.RTDetrConfig(
-        backbone_config=transformers.ResNetConfig(out_features=["stage2", "stage3", "stage4"], hidden_sizes=[8, *CHANNELS], embedding_size=8, depths=[1, 1, 1, 1]),
-        num_labels=NUM_CLASSES, d_model=DIM, encoder_hidden_dim=DIM, encoder_in_channels=list(CHANNELS), encoder_layers=2,
-        encoder_ffn_dim=48, encoder_attention_heads=4, decoder_in_channels=[DIM] * 3, decoder_ffn_dim=40, decoder_layers=LAYERS,
-        decoder_attention_heads=4, decoder_n_points=3, num_queries=QUERIES, num_denoising=DENOISING,
+        backbone_config=transformers.ResNetConfig(
+            out_features=["stage2", "stage3", "stage4"],
+            hidden_sizes=[8, *CHANNELS],
+            embedding_size=8,
+            depths=[1, 1, 1, 1],
+        ),
+        num_labels=NUM_CLASSES,
+        d_model=DIM,
+        encoder_hidden_dim=DIM,
+        encoder_in_channels=list(CHANNELS),
+        encoder_layers=2,
+        encoder_ffn_dim=48,
+        encoder_attention_heads=4,
+        decoder_in_channels=[DIM] * 3,
+        decoder_ffn_dim=40,
+        decoder_layers=LAYERS,
+        decoder_attention_heads=4,
+        decoder_n_points=3,
+        num_queries=QUERIES,
+        num_denoising=DENOISING,
     )
     config._attn_implementation = "eager"
     reference = transformers.RTDetrForObjectDetection(config).eval()
@@ -146,7 +174,9 @@ def test_encoder_proposals_and_decoder_match_transformers(models) -> None:
     assert len(layers) == LAYERS
     for layer, outputs in enumerate(layers):
         torch.testing.assert_close(outputs["pred_logits"], ref.intermediate_logits[:, layer], rtol=0, atol=2e-5)
-        torch.testing.assert_close(outputs["pred_boxes"], ref.intermediate_reference_points[:, layer], rtol=0, atol=2e-5)
+        torch.testing.assert_close(
+            outputs["pred_boxes"], ref.intermediate_reference_points[:, layer], rtol=0, atol=2e-5
+        )
     assert ref.logits.std() > 0.3 and ref.pred_boxes.std() > 0.05  # not near-constant outputs
     assert (out["pred_boxes"] - out["aux_outputs"][0]["pred_boxes"]).abs().mean() > 0.003  # the layers refine
 
@@ -161,7 +191,11 @@ def same_denoising(ours: RTDETR, targets: list[dict[str, torch.Tensor]]) -> None
     labels[queries.content.detach().abs().sum(-1) == 0] = NUM_CLASSES
     blocked = torch.zeros(queries.attn_mask.shape).masked_fill(queries.attn_mask, float("-inf"))
     positives = [q for q, _ in queries.positive_indices(targets)]
-    meta = {"dn_positive_idx": positives, "dn_num_group": queries.num_groups, "dn_num_split": [queries.content.shape[1], QUERIES]}
+    meta = {
+        "dn_positive_idx": positives,
+        "dn_num_group": queries.num_groups,
+        "dn_num_split": [queries.content.shape[1], QUERIES],
+    }
 
     def transformers_denoising(targets, num_classes, num_queries, class_embed, **kwargs):
         boxes = _modeling.inverse_sigmoid(queries.boxes.detach().to(class_embed.weight.dtype))
@@ -217,8 +251,15 @@ def test_training_outputs_and_loss_match_transformers(restore_denoising) -> None
         out, losses, ref = training_step(ours, reference, torch.float32)
     split = out["dn_outputs"]["pred_logits"].shape[2]
     for layer in range(LAYERS):
-        torch.testing.assert_close(out["dn_outputs"]["pred_logits"][layer], ref.intermediate_logits[:, layer, :split], rtol=0, atol=2e-5)
-        torch.testing.assert_close(out["dn_outputs"]["pred_boxes"][layer], ref.intermediate_reference_points[:, layer, :split], rtol=0, atol=2e-5)
+        torch.testing.assert_close(
+            out["dn_outputs"]["pred_logits"][layer], ref.intermediate_logits[:, layer, :split], rtol=0, atol=2e-5
+        )
+        torch.testing.assert_close(
+            out["dn_outputs"]["pred_boxes"][layer],
+            ref.intermediate_reference_points[:, layer, :split],
+            rtol=0,
+            atol=2e-5,
+        )
     torch.testing.assert_close(out["pred_logits"], ref.logits[:, split:], rtol=0, atol=2e-5)
     renamed = losses_in_transformers_names(losses, {"loss_vfl": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0})
     assert set(renamed) == set(ref.loss_dict) and len(renamed) == 3 * (2 * LAYERS + 1)
@@ -239,7 +280,10 @@ def test_gradients_match_transformers(restore_denoising) -> None:
     ref.loss.backward()
     grads = to_transformers({n: p.grad for n, p in ours.named_parameters() if p.grad is not None})
     expected = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None and p.grad.abs().max() > 1e-12}
-    assert "model.encoder.aifi.0.layers.0.self_attn.q_proj.weight" in expected and "model.enc_score_head.weight" in expected
+    assert (
+        "model.encoder.aifi.0.layers.0.self_attn.q_proj.weight" in expected
+        and "model.enc_score_head.weight" in expected
+    )
     assert {n for n, g in grads.items() if g.abs().max() > 1e-12} == set(expected)
     assert len(expected) > 250
     for name, grad in expected.items():
@@ -297,8 +341,13 @@ def test_denoising_queries_are_transformers_groups_as_the_decoder_reads_them() -
     queries = ours.denoising(targets, QUERIES)
     torch.manual_seed(3)
     _, logit_boxes, mask, meta = _modeling.get_contrastive_denoising_training_group(
-        transformers_labels(targets, torch.float32), NUM_CLASSES, QUERIES, reference.model.denoising_class_embed,
-        DENOISING, label_noise_ratio=0.5, box_noise_scale=1.0,
+        transformers_labels(targets, torch.float32),
+        NUM_CLASSES,
+        QUERIES,
+        reference.model.denoising_class_embed,
+        DENOISING,
+        label_noise_ratio=0.5,
+        box_noise_scale=1.0,
     )
     assert queries.num_groups == meta["dn_num_group"] and torch.equal(queries.attn_mask, mask == -torch.inf)
     valid = queries.content.abs().sum(-1) > 0
@@ -313,8 +362,17 @@ def test_box_refinement_refines_the_last_layers_detached_boxes_from_the_finest_m
     the last auxiliary output, and its logits score both; the denoising queries' last boxes are repeated."""
     torch.manual_seed(0)
     ours = RTDETR.build(
-        MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4, encoder_feedforward=48,
-        num_decoder_layers=LAYERS, dim_feedforward=40, num_points=3, num_denoising=DENOISING, box_refinement=True,
+        MapsBackbone(backbone_maps()),
+        NUM_CLASSES,
+        num_queries=QUERIES,
+        hidden_dim=DIM,
+        num_heads=4,
+        encoder_feedforward=48,
+        num_decoder_layers=LAYERS,
+        dim_feedforward=40,
+        num_points=3,
+        num_denoising=DENOISING,
+        box_refinement=True,
     )
     perturb_(ours)
     images, pixel_mask = images_and_mask()
@@ -328,7 +386,9 @@ def test_box_refinement_refines_the_last_layers_detached_boxes_from_the_finest_m
     torch.testing.assert_close(boxes, last["pred_boxes"], rtol=0, atol=0)
     torch.testing.assert_close(outputs["pred_boxes"], seen["output"], rtol=0, atol=0)
     assert split > 0
-    torch.testing.assert_close(outputs["dn_outputs"]["pred_boxes"][-1], outputs["dn_outputs"]["pred_boxes"][-2], rtol=0, atol=0)
+    torch.testing.assert_close(
+        outputs["dn_outputs"]["pred_boxes"][-1], outputs["dn_outputs"]["pred_boxes"][-2], rtol=0, atol=0
+    )
     torch.testing.assert_close(outputs["pred_logits"], last["pred_logits"], rtol=0, atol=0)
     assert (outputs["pred_boxes"] - last["pred_boxes"]).abs().min() > 0
     levels = ours.memory(ours.encoder(backbone_maps(), pixel_mask), pixel_mask)
@@ -344,8 +404,17 @@ def test_memory_levels_and_proposal_anchors_name_each_tokens_pixel() -> None:
     valid ratio is the image's share of the pixels its cells cover (the backbone's strides, doubled per extra level),
     and each valid token's proposal anchor is centred on its pixel, ``(i + 0.5) * stride`` over the image's side."""
     torch.manual_seed(0)
-    ours = RTDETR.build(MapsBackbone(backbone_maps()), NUM_CLASSES, num_queries=QUERIES, hidden_dim=DIM, num_heads=4,
-                  encoder_feedforward=48, num_decoder_layers=LAYERS, dim_feedforward=40, num_levels=4).eval()
+    ours = RTDETR.build(
+        MapsBackbone(backbone_maps()),
+        NUM_CLASSES,
+        num_queries=QUERIES,
+        hidden_dim=DIM,
+        num_heads=4,
+        encoder_feedforward=48,
+        num_decoder_layers=LAYERS,
+        dim_feedforward=40,
+        num_levels=4,
+    ).eval()
     images, pixel_mask = images_and_mask()
     pixel_mask[1, 40:] = True
     pixel_mask[1, :, 72:] = True
@@ -354,7 +423,9 @@ def test_memory_levels_and_proposal_anchors_name_each_tokens_pixel() -> None:
     assert levels.shapes == [(8, 12), (4, 6), (2, 3), (1, 2)]
     image = torch.tensor([[96.0, 64.0], [72.0, 40.0]])  # (w, h)
     for level, ((height, width), stride) in enumerate(zip(levels.shapes, (8, 16, 32, 64))):
-        torch.testing.assert_close(levels.valid_ratios[:, level], image / torch.tensor([width * stride, height * stride]))
+        torch.testing.assert_close(
+            levels.valid_ratios[:, level], image / torch.tensor([width * stride, height * stride])
+        )
     logits, valid = proposal_anchors(levels)
     start = 0
     for (height, width), stride in zip(levels.shapes, (8, 16, 32, 64)):

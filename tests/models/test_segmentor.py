@@ -16,7 +16,9 @@ from vision_tx.models.segmentor import UperNetSegmentor
 class TinyBackbone(Backbone):
     """A four-stage conv backbone (strides 4, 8, 16, 32) standing in for Swin/NAT in fast tests."""
 
-    def __init__(self, channels: tuple[int, ...] = (8, 16, 24, 32), out_indices: tuple[int, ...] = (0, 1, 2, 3)) -> None:
+    def __init__(
+        self, channels: tuple[int, ...] = (8, 16, 24, 32), out_indices: tuple[int, ...] = (0, 1, 2, 3)
+    ) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, channels[0], 4, stride=4), nn.GELU())
         self.stages = nn.ModuleList(
@@ -99,7 +101,9 @@ def test_slide_covers_every_pixel_and_averages_overlaps() -> None:
     total, count = torch.zeros_like(slide), torch.zeros(96, 136)
     for top in (0, 32):
         for left in (0, 43, 72):
-            total[..., top : top + 64, left : left + 64] += model.inference(images[..., top : top + 64, left : left + 64])
+            total[..., top : top + 64, left : left + 64] += model.inference(
+                images[..., top : top + 64, left : left + 64]
+            )
             count[top : top + 64, left : left + 64] += 1
     assert count.min() >= 1  # every pixel is covered
     torch.testing.assert_close(slide, total / count)

@@ -4,7 +4,11 @@ package, each naming the tests that must fail with it. ``python scripts/mutants.
 time in a copy of the checkout; ``tests/scripts/test_mutants.py`` checks in the suite that each one's line
 still occurs exactly once in its file and that its tests exist."""
 
-from tests.mutants import backbones, ops, detection, segmentation, metrics, data, lightning, export, tools, scripts
+from tests.mutants import backbones, data, detection, export, lightning, metrics, ops, scripts, segmentation, tools
 from tests.mutants.mutant import Mutant
 
-MUTANTS: list[Mutant] = [mutant for area in (backbones, ops, detection, segmentation, metrics, data, lightning, export, tools, scripts) for mutant in area.MUTANTS]
+MUTANTS: list[Mutant] = [
+    mutant
+    for area in (backbones, ops, detection, segmentation, metrics, data, lightning, export, tools, scripts)
+    for mutant in area.MUTANTS
+]

@@ -31,7 +31,9 @@ DN_RT_DETR = "tests/heads/test_dino_denoising.py::test_queries_are_transformers_
 DN_MASK_BOTH = "tests/heads/test_dino_denoising.py::test_attention_mask_in_both_directions"
 DINO_DEFAULTS = "tests/models/test_dino.py::test_defaults_are_the_official_dino_4scale_config"
 DINO_LEVEL_PIXELS = "tests/models/test_dino.py::test_exact_valid_ratios_place_every_level_on_the_pixels_its_cells_cover"
-COPY_PASTE_DATA = "tests/data/test_detection.py::test_copy_paste_reads_the_masks_and_cuts_along_the_boxes_when_an_object_has_none"
+COPY_PASTE_DATA = (
+    "tests/data/test_detection.py::test_copy_paste_reads_the_masks_and_cuts_along_the_boxes_when_an_object_has_none"
+)
 DINO_ALL_LOSSES = "tests/models/test_dino.py::test_every_loss_term_of_mixed_selection_by_hand"
 FINETUNE_DETR = "tests/lightning/test_finetuning.py::test_detr_weights_of_another_class_count"
 FINETUNE_DINO = "tests/lightning/test_finetuning.py::test_dino_weights_of_another_class_count"
@@ -68,14 +70,20 @@ PYRAMID = "tests/backbones/test_vit.py::test_pyramid_is_the_vitdet_simple_featur
 CONVNEXT = "tests/backbones/test_convnext.py::test_timm_weights_give_timm_logits"
 CONVNEXT_DENSE = "tests/backbones/test_convnext.py::test_dense_outputs_are_timms_stage_outputs_through_the_output_norms"
 CONVNEXT_SMALL_DATA = "tests/backbones/test_convnext.py::test_small_data_variant_is_its_description"
-CONVNEXT_SMALL_DATA_DENSE = "tests/backbones/test_convnext.py::test_small_data_dense_outputs_are_its_stage_maps_through_batchnorm"
+CONVNEXT_SMALL_DATA_DENSE = (
+    "tests/backbones/test_convnext.py::test_small_data_dense_outputs_are_its_stage_maps_through_batchnorm"
+)
 CONVNEXT_SYNC_BN = "tests/backbones/test_convnext.py::test_small_data_variant_survives_sync_batchnorm_conversion"
-CONVNEXT_RUNNING_STATISTICS = "tests/backbones/test_convnext.py::test_small_data_running_statistics_after_training_steps_are_the_by_hand_update"
+CONVNEXT_RUNNING_STATISTICS = (
+    "tests/backbones/test_convnext.py::test_small_data_running_statistics_after_training_steps_are_the_by_hand_update"
+)
 MIXER = "tests/backbones/test_mixer.py::test_timm_weights_give_timm_logits"
 SAM = "tests/optim/test_sam.py"
 SAM_DDP = "tests/lightning/test_ddp.py::test_sam_classification_trains_the_same_on_two_processes"
 DISTILLATION = "tests/lightning/test_classification.py::test_hard_distillation_is_half_ce_on_the_labels_and_half_ce_on_the_teachers_argmax"
-TORCHVISION_TEACHER = "tests/lightning/test_classification.py::test_torchvision_teacher_is_read_from_its_path_frozen_in_eval_mode"
+TORCHVISION_TEACHER = (
+    "tests/lightning/test_classification.py::test_torchvision_teacher_is_read_from_its_path_frozen_in_eval_mode"
+)
 ROLLOUT = "tests/test_attention.py::test_rollout_of_a_two_layer_two_head_model_is_the_computation_by_hand"
 ATTN_WEIGHTS = "tests/test_attention.py::test_attention_weights_follow_the_masks_of_sdpa"
 DETR_ATTN = "tests/test_attention.py::test_detr_cross_attention_is_torchs_head_averaged_attention"
@@ -83,24 +91,32 @@ SPLAT = "tests/test_attention.py::test_splat_is_the_adjoint_of_grid_sample"
 DINO_ATTN = "tests/test_attention.py::test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query"
 DINO_POSTPROCESS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detections_match_transformers_deformable_detr"
 DINO_NMS = "tests/heads/test_detr_postprocess.py::test_sigmoid_detections_nms_drops_same_class_duplicates_above_the_threshold_only"
-SHARED_SCORES = "tests/heads/test_detr_postprocess.py::test_shared_scores_are_each_class_probability_times_its_share_of_the_query"
+SHARED_SCORES = (
+    "tests/heads/test_detr_postprocess.py::test_shared_scores_are_each_class_probability_times_its_share_of_the_query"
+)
 SHARED_TORN = "tests/heads/test_detr_postprocess.py::test_shared_scores_keep_a_confident_query_and_lower_a_torn_one"
 CLASSWISE = "tests/metrics/test_coco_eval.py::test_per_category_ap_is_pycocotools_precision_per_category"
 IMAGEFOLDER = "tests/data/test_imagefolder.py"
 STEP_SCHEDULE = "tests/lightning/test_detection.py::test_step_schedule_drops_tenfold_once_after_lr_drop_steps"
-SHARE_FROM_EPOCH = "tests/lightning/test_detection.py::test_scores_are_shared_once_the_run_has_trained_share_scores_from_epoch"
+SHARE_FROM_EPOCH = (
+    "tests/lightning/test_detection.py::test_scores_are_shared_once_the_run_has_trained_share_scores_from_epoch"
+)
 CLI_OVER_CHECKPOINT = "tests/lightning/test_cli.py::test_model_options_on_the_command_line_win_over_the_checkpoints"
 CLI_MODEL_OPTIONS = "tests/lightning/test_cli.py::test_model_options_are_read_in_every_form_the_parser_takes"
 CLI_WITHOUT_ARGS = "tests/lightning/test_cli.py::test_model_options_are_read_from_the_command_line_lightning_parses"
 LAST_CKPT = "tests/lightning/test_configs.py::test_last_ckpt_holds_the_latest_weights_when_the_metric_falls_and_a_run_resumes_from_them"
 LAST_CKPT_AT_END = "tests/lightning/test_configs.py::test_last_ckpt_holds_the_final_weights_of_a_run_that_ends_between_validations_or_has_none"
-EVERY_LAST_CKPT = "tests/lightning/test_configs.py::test_every_config_keeps_its_best_checkpoint_and_the_latest_as_last_ckpt"
+EVERY_LAST_CKPT = (
+    "tests/lightning/test_configs.py::test_every_config_keeps_its_best_checkpoint_and_the_latest_as_last_ckpt"
+)
 EXPORT = "tests/test_export.py::test_exported_model_in_onnxruntime_gives_the_eager_outputs"
 EXPORT_NMS = "tests/test_export.py::test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class"
 EXPORT_EVERY = "tests/scripts/test_export_every_config.py"
 EXPORT_NO_OBJECT = "tests/test_export.py::test_exported_detr_never_labels_a_query_no_object"
 EXPORT_SHARED = "tests/test_export.py::test_exported_shared_scores_are_the_eager_ones"
-EXPORT_TOOL_PANOPTIC = "tests/lightning/test_panoptic.py::test_export_tool_writes_the_trained_panoptic_model_with_the_datamodules_things"
+EXPORT_TOOL_PANOPTIC = (
+    "tests/lightning/test_panoptic.py::test_export_tool_writes_the_trained_panoptic_model_with_the_datamodules_things"
+)
 EXPORT_DETR_PANOPTIC = "tests/test_export.py::test_exported_detr_panoptic_drops_small_segments_as_the_eager_loop"
 DETR_POSTPROCESS = "tests/heads/test_detr_postprocess.py"
 DETR_PIXELS = f"{DETR_POSTPROCESS}::test_boxes_in_original_pixels_and_best_real_class"
@@ -130,8 +146,10 @@ LONG_RUN_AUGMENTATION = "tests/lightning/test_augmentation.py"
 SHAPES_CLASSIFICATION = "tests/scripts/test_make_shapes_classification.py"
 TRAINING_BUDGET = "tests/lightning/test_budget.py"
 BUDGET_CLI = "tests/lightning/test_budget.py::test_tools_train_moves_the_step_limit_into_the_budgets_plan"
-BUDGET_RESUME = ("tests/lightning/test_budget.py::"
-                 "test_the_time_spent_is_kept_in_checkpoints_and_a_resumed_schedule_starts_where_it_was")
+BUDGET_RESUME = (
+    "tests/lightning/test_budget.py::"
+    "test_the_time_spent_is_kept_in_checkpoints_and_a_resumed_schedule_starts_where_it_was"
+)
 BUDGET_STEPS = "tests/lightning/test_budget.py::test_without_minutes_it_counts_and_the_run_is_the_configs"
 BUDGET_KEPT_LIMIT = "tests/lightning/test_budget.py::test_a_kept_step_limit_ends_the_run_first_with_a_warning"
 AUGMENTATION_SCHEDULE = (
@@ -141,14 +159,22 @@ AUGMENTATION_SCHEDULE = (
 SCHEDULE_REFUSED = "tests/data/test_detection.py::test_a_schedule_of_an_unknown_augmentation_is_refused"
 MAL = "tests/heads/test_rtdetr_criterion.py"
 BOX_REFINEMENT = "tests/heads/test_rtdetr_box_refinement.py"
-RT_REFINEMENT = "tests/models/test_rtdetr.py::test_box_refinement_refines_the_last_layers_detached_boxes_from_the_finest_memory"
+RT_REFINEMENT = (
+    "tests/models/test_rtdetr.py::test_box_refinement_refines_the_last_layers_detached_boxes_from_the_finest_memory"
+)
 LEVEL_PIXELS = "tests/necks/test_multiscale.py"
 RT_LEVEL_PIXELS = "tests/models/test_rtdetr.py::test_memory_levels_and_proposal_anchors_name_each_tokens_pixel"
 CROP_PROBABILITY = "tests/data/test_transforms.py::test_crop_probability_is_the_share_of_cropped_images"
 AFFINE = "tests/data/test_transforms.py"
-CHANNEL_PERMUTATION = "tests/data/test_transforms.py::test_channel_permutation_reorders_the_colours_and_leaves_the_boxes"
-VERTICAL_FLIP = "tests/data/test_transforms.py::test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together[vertical_flip]"
-QUARTER_TURN = "tests/data/test_transforms.py::test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together[quarter_turn]"
+CHANNEL_PERMUTATION = (
+    "tests/data/test_transforms.py::test_channel_permutation_reorders_the_colours_and_leaves_the_boxes"
+)
+VERTICAL_FLIP = (
+    "tests/data/test_transforms.py::test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together[vertical_flip]"
+)
+QUARTER_TURN = (
+    "tests/data/test_transforms.py::test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together[quarter_turn]"
+)
 BENCHMARK_PEAKS = "tests/test_benchmark_gpu_paths.py"
 LAYOUTS = "tests/data/test_yolo_voc.py"
 DEPLOY = "tests/test_deploy.py"

@@ -27,7 +27,10 @@ def test_torchvision_faster_rcnn_trains_one_step_on_swin_t() -> None:
     images = [torch.rand(3, 200, 260), torch.rand(3, 240, 220)]
     targets = [
         {"boxes": torch.tensor([[10.0, 20.0, 120.0, 150.0]]), "labels": torch.tensor([1])},
-        {"boxes": torch.tensor([[30.0, 30.0, 90.0, 200.0], [100.0, 50.0, 200.0, 120.0]]), "labels": torch.tensor([2, 1])},
+        {
+            "boxes": torch.tensor([[30.0, 30.0, 90.0, 200.0], [100.0, 50.0, 200.0, 120.0]]),
+            "labels": torch.tensor([2, 1]),
+        },
     ]
     losses = model(images, targets)
     total = sum(losses.values())

@@ -15,7 +15,11 @@ def pixel_centre_maps(batch: int, height: int, width: int) -> list[torch.Tensor]
     maps = []
     for stride in STRIDES:
         h, w = -(-height // stride), -(-width // stride)
-        y, x = torch.meshgrid((torch.arange(h, dtype=torch.float64) + 0.5) * stride, (torch.arange(w, dtype=torch.float64) + 0.5) * stride, indexing="ij")
+        y, x = torch.meshgrid(
+            (torch.arange(h, dtype=torch.float64) + 0.5) * stride,
+            (torch.arange(w, dtype=torch.float64) + 0.5) * stride,
+            indexing="ij",
+        )
         maps.append(torch.stack([x, y])[None].expand(batch, -1, -1, -1))
     return maps
 
@@ -44,4 +48,6 @@ def test_with_strides_every_level_reads_the_pixel_a_point_names() -> None:
         torch.testing.assert_close(read_at(exact, points, level), expected)
     cells = flatten_levels(maps, pixel_mask)
     right_edge_error = [read_at(cells, points, level)[1, -1, 0] - expected[1, -1, 0] for level in range(3)]
-    torch.testing.assert_close(torch.stack(right_edge_error), torch.tensor([0.0, 8.0, 24.0], dtype=torch.float64) * 0.85)
+    torch.testing.assert_close(
+        torch.stack(right_edge_error), torch.tensor([0.0, 8.0, 24.0], dtype=torch.float64) * 0.85
+    )

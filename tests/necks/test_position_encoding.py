@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from vision_tx.necks import SinePositionEncoding
-
 from tests.conftest import require_reference
+from vision_tx.necks import SinePositionEncoding
 
 detr = require_reference("transformers.models.detr.modeling_detr")
 
@@ -15,7 +14,9 @@ def test_matches_transformers() -> None:
     mask = torch.zeros(2, 9, 13, dtype=torch.bool)
     mask[1, 6:] = True
     mask[1, :, 10:] = True
-    reference = detr.DetrSinePositionEmbedding(64, normalize=True)(mask.shape[:1] + (1,) + mask.shape[1:], "cpu", torch.float32, ~mask)
+    reference = detr.DetrSinePositionEmbedding(64, normalize=True)(
+        mask.shape[:1] + (1,) + mask.shape[1:], "cpu", torch.float32, ~mask
+    )
     ours = SinePositionEncoding(64)(mask)
     assert ours.shape == (2, 9, 13, 128)
     torch.testing.assert_close(ours.permute(0, 3, 1, 2), reference, rtol=0, atol=1e-5)

@@ -32,12 +32,19 @@ def onednn_training(request: pytest.FixtureRequest) -> Iterator[bool]:
 
 # float64 runs the portable path, float32 on the CPU oneDNN's fused kernel (a different summation order).
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-def test_output_and_gradients_equal_autograd_through_the_plain_layers(dtype: torch.dtype, tolerance: float,
-                                                                      onednn_training: bool) -> None:
+def test_output_and_gradients_equal_autograd_through_the_plain_layers(
+    dtype: torch.dtype, tolerance: float, onednn_training: bool
+) -> None:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 5, 6, dtype=dtype, generator=generator)
-    weight1, bias1 = torch.randn(9, 6, dtype=dtype, generator=generator), torch.randn(9, dtype=dtype, generator=generator)
-    weight2, bias2 = torch.randn(6, 9, dtype=dtype, generator=generator), torch.randn(6, dtype=dtype, generator=generator)
+    weight1, bias1 = (
+        torch.randn(9, 6, dtype=dtype, generator=generator),
+        torch.randn(9, dtype=dtype, generator=generator),
+    )
+    weight2, bias2 = (
+        torch.randn(6, 9, dtype=dtype, generator=generator),
+        torch.randn(6, dtype=dtype, generator=generator),
+    )
     if dtype == torch.float64:
         # A pre-activation exactly 0 (ReLU's gradient there is 0) whatever the BLAS's order of summation:
         # quarter-integer inputs and weights make every product and partial sum exact in float64.
@@ -58,7 +65,9 @@ def test_output_and_gradients_equal_autograd_through_the_plain_layers(dtype: tor
 def test_runs_under_cpu_bf16_autocast_as_the_plain_layers_do() -> None:
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(3, 6, generator=generator, requires_grad=True)
-    weight1, bias1, weight2, bias2 = (torch.randn(*shape, generator=generator) for shape in ((9, 6), (9,), (6, 9), (6,)))
+    weight1, bias1, weight2, bias2 = (
+        torch.randn(*shape, generator=generator) for shape in ((9, 6), (9,), (6, 9), (6,))
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16):
         output = residual_feed_forward(x, weight1, bias1, weight2, bias2)
         expected = plain_layers(x, weight1, bias1, weight2, bias2)

@@ -7,13 +7,12 @@ import pickle
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 from torch import nn
-
-from vision_tx.ops import Linear, set_weight_packing
-from vision_tx.ops.linear import _ONEDNN_DTYPES, _ONEDNN_LINEAR, _PACKED, _onednn_dtype
+from torch.utils.flop_counter import FlopCounterMode
 
 from tests.conftest import unavailable
+from vision_tx.ops import Linear, set_weight_packing
+from vision_tx.ops.linear import _ONEDNN_DTYPES, _ONEDNN_LINEAR, _PACKED, _onednn_dtype
 
 
 @pytest.fixture
@@ -36,7 +35,9 @@ def _pair(bias: bool, activation: str | None) -> tuple[Linear, nn.Module]:
 @pytest.mark.parametrize("activation", [None, "gelu"])
 @pytest.mark.parametrize("shape", [(5, 48), (2, 3, 7, 48), (2100, 48)])
 @pytest.mark.parametrize("eval_mode", [False, True], ids=["train-mode", "eval-mode"])  # eval: packed weight
-def test_inference_equals_nn_linear(bias: bool, activation: str | None, shape: tuple[int, ...], eval_mode: bool) -> None:
+def test_inference_equals_nn_linear(
+    bias: bool, activation: str | None, shape: tuple[int, ...], eval_mode: bool
+) -> None:
     ours, reference = _pair(bias, activation)
     ours.train(not eval_mode)
     x = torch.randn(shape) * 3
@@ -83,7 +84,7 @@ def test_bf16_inference_equals_nn_linear(eval_mode: bool, bf16_model: bool) -> N
     exact = nn.functional.gelu(x.double() @ ours.weight.double().T + ours.bias.double())
     # oneDNN applies GELU before rounding to bf16, F.linear after: both within bf16's rounding of the exact value
     for result in (actual, expected):
-        torch.testing.assert_close(result.double(), exact, rtol=2 ** -7, atol=0.02)
+        torch.testing.assert_close(result.double(), exact, rtol=2**-7, atol=0.02)
 
 
 @pytest.mark.parametrize("frozen", [False, True])

@@ -10,12 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from tests.conftest import unavailable
+from tests.parity import perturb_
 from vision_tx.ops import Linear, linear_autograd
 from vision_tx.ops.linear_autograd import linear, onednn_trains
 from vision_tx.ops.onednn import _ONEDNN_LINEAR, onednn_training_enabled, set_onednn_training
-
-from tests.conftest import unavailable
-from tests.parity import perturb_
 
 
 @pytest.fixture
@@ -37,8 +36,9 @@ def _fast_path_ran(out: torch.Tensor) -> bool:
 @pytest.mark.parametrize("activation", [None, "gelu"])
 @pytest.mark.parametrize("in_out", [(48, 80), (96, 24)], ids=["wide", "narrow"])  # both weight-gradient orientations
 @pytest.mark.parametrize("shape", [(5,), (2, 3, 7)])
-def test_gradients_equal_float64_reference(onednn_linear: None, bias: bool, activation: str | None,
-                                           in_out: tuple[int, int], shape: tuple[int, ...]) -> None:
+def test_gradients_equal_float64_reference(
+    onednn_linear: None, bias: bool, activation: str | None, in_out: tuple[int, int], shape: tuple[int, ...]
+) -> None:
     layer = perturb_(Linear(*in_out, bias=bias, activation=activation))
     x = torch.randn(*shape, in_out[0], requires_grad=True)
     out = layer(x)
@@ -135,6 +135,8 @@ def test_broadcast_gradients_reach_onednn_dense(onednn_linear: None, monkeypatch
     out.sum().backward()
     assert len(strides) == 6  # the forward, the input gradient, the weight gradient
     assert all(0 not in s for s in strides), strides
-    expected = torch.autograd.grad(F.linear(x.double(), layer.weight.double(), layer.bias.double()).sum(), [x, layer.weight])
+    expected = torch.autograd.grad(
+        F.linear(x.double(), layer.weight.double(), layer.bias.double()).sum(), [x, layer.weight]
+    )
     torch.testing.assert_close(x.grad, expected[0].float())
     torch.testing.assert_close(layer.weight.grad, expected[1].float())

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import require_reference
 from vision_tx.ops import ms_deform_attn
 
-from tests.conftest import require_reference
-
-MultiScaleDeformableAttention = require_reference("transformers.models.deformable_detr.modeling_deformable_detr").MultiScaleDeformableAttention
+MultiScaleDeformableAttention = require_reference(
+    "transformers.models.deformable_detr.modeling_deformable_detr"
+).MultiScaleDeformableAttention
 
 SHAPES = [(13, 17), (7, 9), (4, 5), (2, 3)]
 HEADS, HEAD_DIM, POINTS = 2, 4, 3
@@ -28,19 +29,27 @@ def make_inputs(batch: int, queries: int = 23, dtype=torch.float64, seed: int = 
     generator = torch.Generator().manual_seed(seed)
     levels = len(SHAPES)
     value = torch.randn(batch, sum(h * w for h, w in SHAPES), HEADS, HEAD_DIM, generator=generator, dtype=torch.float64)
-    locations = torch.rand(batch, queries, HEADS, levels, POINTS, 2, generator=generator, dtype=torch.float64) * 1.6 - 0.3
+    locations = (
+        torch.rand(batch, queries, HEADS, levels, POINTS, 2, generator=generator, dtype=torch.float64) * 1.6 - 0.3
+    )
     for level, (h, w) in enumerate(SHAPES):
         size = torch.tensor([w, h], dtype=torch.float64)
-        special = torch.stack([
-            torch.zeros(2), torch.ones(2), torch.tensor([0.0, 1.0]), torch.tensor([-0.2, 0.5]), torch.tensor([1.1, 0.5]),
-            torch.tensor([0.5, 1.0 + 0.5 / h]),  # half a pixel below the map: reads the last row with weight 1/2
-            (torch.tensor([2.0, 1.0]) + 0.5) / size,  # pixel centres
-            (size - 0.5) / size,  # the last pixel's centre
-            torch.tensor([3.0, 2.0]) / size,  # pixel edges
-            torch.tensor([-0.5, 0.5]) / size,  # half a pixel outside, left
-        ]).to(torch.float64)
+        special = torch.stack(
+            [
+                torch.zeros(2),
+                torch.ones(2),
+                torch.tensor([0.0, 1.0]),
+                torch.tensor([-0.2, 0.5]),
+                torch.tensor([1.1, 0.5]),
+                torch.tensor([0.5, 1.0 + 0.5 / h]),  # half a pixel below the map: reads the last row with weight 1/2
+                (torch.tensor([2.0, 1.0]) + 0.5) / size,  # pixel centres
+                (size - 0.5) / size,  # the last pixel's centre
+                torch.tensor([3.0, 2.0]) / size,  # pixel edges
+                torch.tensor([-0.5, 0.5]) / size,  # half a pixel outside, left
+            ]
+        ).to(torch.float64)
         locations[:, : len(special), :, level, 0] = special[None, :, None]
-        locations[:, len(special): 2 * len(special), :, level, 1, 0] = special[None, :, None, 0]  # x only
+        locations[:, len(special) : 2 * len(special), :, level, 1, 0] = special[None, :, None, 0]  # x only
     weights = torch.rand(batch, queries, HEADS, levels, POINTS, generator=generator, dtype=torch.float64)
     return value.to(dtype), locations.to(dtype), weights.to(dtype)
 
@@ -85,7 +94,7 @@ def test_zero_outside_and_exact_on_pixel_centres() -> None:
     h, w = SHAPES[1]
     row, col = 4, 6
     locations[0, 0, :, 1, 2] = torch.tensor([(col + 0.5) / w, (row + 0.5) / h], dtype=torch.float64)
-    level_value = value[0, 13 * 17: 13 * 17 + h * w].view(h, w, HEADS, HEAD_DIM)
+    level_value = value[0, 13 * 17 : 13 * 17 + h * w].view(h, w, HEADS, HEAD_DIM)
     torch.testing.assert_close(ms_deform_attn(value, SHAPES, locations, weights)[0, 0], level_value[row, col].flatten())
     locations[0, 0, :, 1, 2] = torch.tensor([1 + 1.01 / w, 0.5], dtype=torch.float64)
     assert ms_deform_attn(value, SHAPES, locations, weights).abs().max() == 0
@@ -98,8 +107,9 @@ def test_half_precision_within_rounding(dtype: torch.dtype) -> None:
     gradient is off by more than its size, as its pixel positions are rounded to bf16.)"""
     value, locations, weights = make_inputs(2, dtype=dtype)
     grad_output = torch.randn(2, 23, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    expected = forward_and_grads(reference, value.double(), SHAPES, locations.double(), weights.double(),
-                                 grad_output.to(dtype).double())
+    expected = forward_and_grads(
+        reference, value.double(), SHAPES, locations.double(), weights.double(), grad_output.to(dtype).double()
+    )
     actual = forward_and_grads(ms_deform_attn, value, SHAPES, locations, weights, grad_output.to(dtype))
     eps = torch.finfo(dtype).eps
     for name, a, e in zip(NAMES, actual, expected):
@@ -119,14 +129,17 @@ def test_gradients_only_where_asked() -> None:
     assert locations.grad is not None and locations.grad.abs().max() > 0
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda v, s, l, w: (v, s[:3], l, w), "value has 310 tokens but spatial_shapes"),
-    (lambda v, s, l, w: (v[:, :-1], s, l, w), "value has 309 tokens"),
-    (lambda v, s, l, w: (v, s, l[:, :, :, :3], w[:, :, :, :3]), "3 levels but spatial_shapes has 4"),
-    (lambda v, s, l, w: (v, s, l, w[..., :2]), "attention_weights must have"),
-    (lambda v, s, l, w: (v, s, l[..., :1], w), "expected value"),
-    (lambda v, s, l, w: (v[:1], s, l, w), "batch size or heads"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda v, s, l, w: (v, s[:3], l, w), "value has 310 tokens but spatial_shapes"),
+        (lambda v, s, l, w: (v[:, :-1], s, l, w), "value has 309 tokens"),
+        (lambda v, s, l, w: (v, s, l[:, :, :, :3], w[:, :, :, :3]), "3 levels but spatial_shapes has 4"),
+        (lambda v, s, l, w: (v, s, l, w[..., :2]), "attention_weights must have"),
+        (lambda v, s, l, w: (v, s, l[..., :1], w), "expected value"),
+        (lambda v, s, l, w: (v[:1], s, l, w), "batch size or heads"),
+    ],
+)
 def test_mismatched_shapes_raise(change, message: str) -> None:
     value, locations, weights = make_inputs(2)
     with pytest.raises(ValueError, match=message):

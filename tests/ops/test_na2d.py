@@ -7,9 +7,8 @@ import warnings
 import pytest
 import torch
 
-from vision_tx.ops import na2d
-
 from tests.conftest import require_reference, unavailable
+from vision_tx.ops import na2d
 
 
 def _natten_na2d():

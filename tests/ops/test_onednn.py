@@ -10,13 +10,16 @@ INTEL = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(
 AMD = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n"
 
 
-@pytest.mark.parametrize("cpuinfo, mkl, keeps_up", [
-    (INTEL, True, True),
-    (INTEL, False, False),  # a torch build without MKL: its products are another BLAS's
-    (AMD, True, False),
-    ("Intel64 Family 6 Model 143 Stepping 8, GenuineIntel", True, True),  # Windows' platform.processor()
-    ("", True, False),  # unknown: oneDNN, which picks its kernels from the CPU's features
-])
+@pytest.mark.parametrize(
+    "cpuinfo, mkl, keeps_up",
+    [
+        (INTEL, True, True),
+        (INTEL, False, False),  # a torch build without MKL: its products are another BLAS's
+        (AMD, True, False),
+        ("Intel64 Family 6 Model 143 Stepping 8, GenuineIntel", True, True),  # Windows' platform.processor()
+        ("", True, False),  # unknown: oneDNN, which picks its kernels from the CPU's features
+    ],
+)
 def test_mkl_keeps_up_only_on_intel_cpus_with_mkl(cpuinfo: str, mkl: bool, keeps_up: bool) -> None:
     assert onednn.mkl_products_keep_up(cpuinfo, mkl) is keeps_up
 

@@ -10,7 +10,10 @@ from vision_tx.ops.resize_concat_conv import resize_concat_conv2d
 
 
 def dense(maps: list[torch.Tensor], weight: torch.Tensor, size: tuple[int, int], align_corners: bool) -> torch.Tensor:
-    resized = [m if tuple(m.shape[-2:]) == size else F.interpolate(m, size, mode="bilinear", align_corners=align_corners) for m in maps]
+    resized = [
+        m if tuple(m.shape[-2:]) == size else F.interpolate(m, size, mode="bilinear", align_corners=align_corners)
+        for m in maps
+    ]
     return F.conv2d(torch.cat(resized, dim=1), weight, padding=weight.shape[-1] // 2)
 
 

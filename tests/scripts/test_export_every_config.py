@@ -37,13 +37,18 @@ def test_each_task_gets_its_datasets_class_count_and_size() -> None:
     assert task_setting("rtdetr_convnext_toy")[0] == 4
 
 
-def test_a_config_exports_and_a_failure_is_reported_with_exit_status_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_config_exports_and_a_failure_is_reported_with_exit_status_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     broken = tmp_path / "broken_toy.yaml"  # a config whose model cannot be built: reported, the others still run
-    broken.write_text("model:\n  class_path: vision_tx.lightning.classification.ClassificationModule\n"
-                      "  init_args:\n    backbone: no_such_backbone\n")
+    broken.write_text(
+        "model:\n  class_path: vision_tx.lightning.classification.ClassificationModule\n"
+        "  init_args:\n    backbone: no_such_backbone\n"
+    )
     out = tmp_path / "results.json"
-    monkeypatch.setattr(sys, "argv", ["export_every_config.py", "--only", str(broken), "classification_toy", "--out", str(out)])
+    monkeypatch.setattr(
+        sys, "argv", ["export_every_config.py", "--only", str(broken), "classification_toy", "--out", str(out)]
+    )
     with pytest.raises(SystemExit) as exited:
         runpy.run_path(str(SCRIPTS / "export_every_config.py"), run_name="__main__")
     assert exited.value.code == 1
@@ -57,7 +62,9 @@ def test_a_config_exports_and_a_failure_is_reported_with_exit_status_1(tmp_path:
     assert not failed["ok"] and "no_such_backbone" in failed["error"]
 
 
-def test_an_unknown_config_name_is_refused_before_any_export(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unknown_config_name_is_refused_before_any_export(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(sys, "argv", ["export_every_config.py", "--only", "classification_toy", "no_such_config"])
     with pytest.raises(SystemExit) as exited:
         runpy.run_path(str(SCRIPTS / "export_every_config.py"), run_name="__main__")
@@ -80,7 +87,10 @@ def test_agreement_counts_detections_found_anywhere_and_equal_pixels() -> None:
     scores, labels = torch.tensor([[0.9, 0.5]]), torch.tensor([[1, 2]])
     moved = boxes.flip(1).clone()
     moved[0, 0, 0] += 1e-3  # the second eager box, now first
-    assert names["outputs_agreement"](detector, [boxes.flip(1), scores.flip(1), labels.flip(1)], (boxes, scores, labels)) == 1.0
+    assert (
+        names["outputs_agreement"](detector, [boxes.flip(1), scores.flip(1), labels.flip(1)], (boxes, scores, labels))
+        == 1.0
+    )
     assert names["outputs_agreement"](detector, [moved, scores.flip(1), labels.flip(1)], (boxes, scores, labels)) == 0.5
     within_rtol = boxes.clone()
     within_rtol[0, 1, 0] += 4e-4  # 500 px: within 1e-4 + 1e-6 * 500
@@ -95,7 +105,9 @@ def test_agreement_counts_detections_found_anywhere_and_equal_pixels() -> None:
     assert names["outputs_agreement"](panoptic, got, (segments, segment_labels, segment_scores)) == pytest.approx(0.995)
 
 
-def test_a_config_whose_onnx_outputs_disagree_fails_unless_its_network_outputs_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_config_whose_onnx_outputs_disagree_fails_unless_its_network_outputs_agree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """onnxruntime's top labels shifted by one: 0% agree; the network's own outputs (logits) still agree, so the config
     passes as post-processed at near-ties. Its logits shifted too: it fails, with both figures."""
     module = script_module()
@@ -108,15 +120,21 @@ def test_a_config_whose_onnx_outputs_disagree_fails_unless_its_network_outputs_a
                 return [outputs[0] + 1] if logits_too else outputs
             probabilities, top_labels, top_scores = outputs
             return [probabilities, top_labels + 1, top_scores]
+
         return run
 
     monkeypatch.setattr(module, "run_onnx", shifted(logits_too=False))
     result = module.check_config("classification_toy", tmp_path)
     assert result["ok"] and not result["strict"] and result["agreement"] == 0.0 and result["network_difference"] < 1e-4
-    assert module.outcome(result).startswith("network outputs (output) within") and "(agrees on 0.00%)" in module.outcome(result)
+    assert module.outcome(result).startswith(
+        "network outputs (output) within"
+    ) and "(agrees on 0.00%)" in module.outcome(result)
     monkeypatch.setattr(module, "run_onnx", shifted(logits_too=True))
-    with pytest.raises(AssertionError, match=r"agrees with eager on 0.00% of the outputs \(at least 99% needed\), and the "
-                                             r"network's own outputs \(output\) differ by 1.0e\+00"):
+    with pytest.raises(
+        AssertionError,
+        match=r"agrees with eager on 0.00% of the outputs \(at least 99% needed\), and the "
+        r"network's own outputs \(output\) differ by 1.0e\+00",
+    ):
         module.check_config("classification_toy", tmp_path)
 
 
@@ -135,4 +153,6 @@ def test_panoptic_agreement_pairs_segments_whatever_their_numbers() -> None:
     renumbered = torch.where(ids == 1, 2, torch.where(ids == 2, 1, ids))
     agreement = script()["outputs_agreement"]
     assert agreement(panoptic, [renumbered, torch.tensor([[7, 5, -1]]), scores], (ids, labels, scores)) == 1.0
-    assert agreement(panoptic, [ids, torch.tensor([[7, 5, -1]]), scores], (ids, labels, scores)) == pytest.approx(4 / 20)
+    assert agreement(panoptic, [ids, torch.tensor([[7, 5, -1]]), scores], (ids, labels, scores)) == pytest.approx(
+        4 / 20
+    )

@@ -30,7 +30,9 @@ def run_script(name: str) -> dict[str, Any]:
 
 def make(root: Path, seed: int) -> Path:
     script = run_script("make_shapes_classification.py")
-    args = script["parser"]().parse_args([str(root), "--num-train", "3", "--num-val", "2", "--size", "40", "--seed", str(seed)])
+    args = script["parser"]().parse_args(
+        [str(root), "--num-train", "3", "--num-val", "2", "--size", "40", "--seed", str(seed)]
+    )
     return script["make_dataset"](args)
 
 
@@ -60,13 +62,30 @@ def test_same_seed_same_files_other_seed_other_files(tmp_path: Path) -> None:
     assert other.keys() == first.keys() and all(other[k] != first[k] for k in first)
 
 
-@pytest.mark.parametrize(("name", "low", "high"), [("ellipse", 0.65, 0.85), ("triangle", 0.2, 0.55), ("four_point_star", 0.1, 0.3)])
+@pytest.mark.parametrize(
+    ("name", "low", "high"), [("ellipse", 0.65, 0.85), ("triangle", 0.2, 0.55), ("four_point_star", 0.1, 0.3)]
+)
 def test_classes_hold_their_shape(tmp_path: Path, name: str, low: float, high: float) -> None:
     # The share of its bounding box a shape fills (median of 5: measured 0.78, 0.34, 0.15): an ellipse pi/4,
     # a triangle at most 1/2, a four-pointed star far less.
     script = run_script("make_shapes_classification.py")
-    args = script["parser"]().parse_args([str(tmp_path / "set"), "--num-train", "5", "--num-val", "0", "--size", "96",
-                                          "--background", "plain", "--min-object", "0.6", "--seed", "4"])
+    args = script["parser"]().parse_args(
+        [
+            str(tmp_path / "set"),
+            "--num-train",
+            "5",
+            "--num-val",
+            "0",
+            "--size",
+            "96",
+            "--background",
+            "plain",
+            "--min-object",
+            "0.6",
+            "--seed",
+            "4",
+        ]
+    )
     root = script["make_dataset"](args)
     fills = []
     for path in sorted((root / "train" / name).glob("*.jpg")):
@@ -80,9 +99,13 @@ def test_classes_hold_their_shape(tmp_path: Path, name: str, low: float, high: f
 
 def test_top_k_counts_the_labels_among_the_k_best_logits() -> None:
     script = run_script("compare_classification.py")
-    logits = torch.tensor([[0.0, 5.0, 4.0, 3.0, 2.0, 1.0, -1.0],   # label 1: top-1
-                           [6.0, 5.0, 4.0, 3.0, 2.0, 1.0, -1.0],   # label 5: 6th best, not in the top 5
-                           [1.0, 5.0, 4.0, 3.0, 2.0, 0.0, -1.0]])  # label 0: 5th best
+    logits = torch.tensor(
+        [
+            [0.0, 5.0, 4.0, 3.0, 2.0, 1.0, -1.0],  # label 1: top-1
+            [6.0, 5.0, 4.0, 3.0, 2.0, 1.0, -1.0],  # label 5: 6th best, not in the top 5
+            [1.0, 5.0, 4.0, 3.0, 2.0, 0.0, -1.0],
+        ]
+    )  # label 0: 5th best
     labels = torch.tensor([1, 5, 0])
     found = script["top_k"]([(logits[:2], labels[:2]), (logits[2:], labels[2:])], torch.nn.Identity())
     assert found == pytest.approx({"top1": 1 / 3, "top5": 2 / 3})

@@ -19,10 +19,25 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_shapes_dataset.
 @pytest.fixture(scope="module")
 def shapes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     script = runpy.run_path(str(SCRIPT))
-    args = script["parser"]().parse_args([
-        str(tmp_path_factory.mktemp("shapes") / "set"), "--num-train", "10", "--num-val", "4",
-        "--min-side", "64", "--max-side", "96", "--max-objects", "3", "--empty", "0.3", "--crowd", "0.5",
-    ])
+    args = script["parser"]().parse_args(
+        [
+            str(tmp_path_factory.mktemp("shapes") / "set"),
+            "--num-train",
+            "10",
+            "--num-val",
+            "4",
+            "--min-side",
+            "64",
+            "--max-side",
+            "96",
+            "--max-objects",
+            "3",
+            "--empty",
+            "0.3",
+            "--crowd",
+            "0.5",
+        ]
+    )
     return script["make_dataset"](args)
 
 
@@ -60,10 +75,23 @@ def test_vision_tx_reads_it_without_the_crowds(shapes_root: Path) -> None:
 @pytest.mark.parametrize("background", ["plain", "textured"])
 def test_plain_backgrounds_are_one_colour_and_textured_ones_are_not(tmp_path: Path, background: str) -> None:
     script = runpy.run_path(str(SCRIPT))
-    args = script["parser"]().parse_args([
-        str(tmp_path / "set"), "--num-train", "6", "--num-val", "0", "--min-side", "64", "--max-side", "64",
-        "--empty", "1.0", "--background", background,
-    ])
+    args = script["parser"]().parse_args(
+        [
+            str(tmp_path / "set"),
+            "--num-train",
+            "6",
+            "--num-val",
+            "0",
+            "--min-side",
+            "64",
+            "--max-side",
+            "64",
+            "--empty",
+            "1.0",
+            "--background",
+            background,
+        ]
+    )
     root = script["make_dataset"](args)
     spreads = []
     for path in sorted((root / "train2017").glob("*.jpg")):

@@ -31,7 +31,11 @@ def test_mutant_names_are_unique_and_their_tests_exist() -> None:
         for test in mutant.tests:
             path, _, name = test.partition("::")
             function = re.sub(r"\[.*\]$", "", name.split("::")[-1])
-            if not (ROOT / path).is_file() or function and not re.search(rf"def {function}\b", (ROOT / path).read_text()):
+            if (
+                not (ROOT / path).is_file()
+                or function
+                and not re.search(rf"def {function}\b", (ROOT / path).read_text())
+            ):
                 missing.add(test)
     assert not missing, sorted(missing)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import nn
 
@@ -31,7 +31,11 @@ class Backbone(nn.Module):
     stages: nn.ModuleList
 
     def _init_outputs(
-        self, stage_channels: Sequence[int], stage_strides: Sequence[int], out_indices: Sequence[int], frozen_stages: int
+        self,
+        stage_channels: Sequence[int],
+        stage_strides: Sequence[int],
+        out_indices: Sequence[int],
+        frozen_stages: int,
     ) -> None:
         num = len(stage_channels)
         bad = [i for i in out_indices if not 0 <= i < num]
@@ -63,7 +67,7 @@ class Backbone(nn.Module):
                 p.requires_grad_(not frozen)
             module.train(self.training and not frozen)
 
-    def train(self, mode: bool = True) -> "Backbone":
+    def train(self, mode: bool = True) -> Backbone:
         super().train(mode)
         for module in self.freezable_parts()[: self.frozen_stages + 1]:
             module.eval()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,9 @@ VARIANTS: dict[str, dict] = {
     "convnext_small": dict(depths=(3, 3, 27, 3), dims=(96, 192, 384, 768), drop_path_rate=0.4),
     "convnext_base": dict(depths=(3, 3, 27, 3), dims=(128, 256, 512, 1024), drop_path_rate=0.5),
     "convnext_large": dict(depths=(3, 3, 27, 3), dims=(192, 384, 768, 1536), drop_path_rate=0.5),
-    "convnext_toy": dict(depths=(1, 1, 2, 1), dims=(32, 64, 128, 256), drop_path_rate=0.0, norm="batchnorm", downsample="maxpool"),
+    "convnext_toy": dict(
+        depths=(1, 1, 2, 1), dims=(32, 64, 128, 256), drop_path_rate=0.0, norm="batchnorm", downsample="maxpool"
+    ),
 }
 
 
@@ -94,7 +96,9 @@ class MaxPoolDownsample(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(x.permute(0, 3, 1, 2), kernel_size=2, ceil_mode=True).permute(0, 2, 3, 1)
-        return self.conv(self.norm(x).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)
+        return self.conv(self.norm(x).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)).permute(
+            0, 2, 3, 1
+        )
 
 
 class ConvNeXtBlock(nn.Module):
@@ -165,7 +169,10 @@ class ConvNeXt(StagedBackbone):
         self.stages = nn.ModuleList(
             Stage(
                 entry(dims[i - 1], dims[i], norm) if i > 0 else None,
-                [ConvNeXtBlock(dims[i], layer_scale, rate, norm) for rate in rates[sum(depths[:i]): sum(depths[: i + 1])]],
+                [
+                    ConvNeXtBlock(dims[i], layer_scale, rate, norm)
+                    for rate in rates[sum(depths[:i]) : sum(depths[: i + 1])]
+                ],
                 channel_norm(norm, dims[i]) if output_norm and i in out_indices else None,
             )
             for i in range(num_built)
@@ -185,18 +192,26 @@ class ConvNeXt(StagedBackbone):
         Native keys pass unchanged.
         """
         if any(key.startswith("backbone.") for key in state_dict):
-            state_dict = {key[len("backbone."):]: value for key, value in state_dict.items() if key.startswith("backbone.")}
+            state_dict = {
+                key[len("backbone.") :]: value for key, value in state_dict.items() if key.startswith("backbone.")
+            }
         return {_native_key(key): value for key, value in state_dict.items()}
 
 
 _RENAMES = [
-    (r"^stem\.0\.", "stem.proj."), (r"^stem\.1\.", "stem.norm."),
-    (r"^downsample_layers\.0\.0\.", "stem.proj."), (r"^downsample_layers\.0\.1\.", "stem.norm."),
+    (r"^stem\.0\.", "stem.proj."),
+    (r"^stem\.1\.", "stem.norm."),
+    (r"^downsample_layers\.0\.0\.", "stem.proj."),
+    (r"^downsample_layers\.0\.1\.", "stem.norm."),
     (r"^downsample_layers\.(\d+)\.", r"stages.\1.downsample."),
-    (r"^(stages\.\d+\.downsample)\.0\.", r"\1.norm."), (r"^(stages\.\d+\.downsample)\.1\.", r"\1.conv."),
+    (r"^(stages\.\d+\.downsample)\.0\.", r"\1.norm."),
+    (r"^(stages\.\d+\.downsample)\.1\.", r"\1.conv."),
     (r"^stages\.(\d+)\.(\d+)\.", r"stages.\1.blocks.\2."),
-    (r"\.dwconv\.", ".conv_dw."), (r"\.pwconv1\.", ".mlp.fc1."), (r"\.pwconv2\.", ".mlp.fc2."),
-    (r"^norm\.", "head.norm."), (r"^head\.(weight|bias)$", r"head.fc.\1"),
+    (r"\.dwconv\.", ".conv_dw."),
+    (r"\.pwconv1\.", ".mlp.fc1."),
+    (r"\.pwconv2\.", ".mlp.fc2."),
+    (r"^norm\.", "head.norm."),
+    (r"^head\.(weight|bias)$", r"head.fc.\1"),
     (r"^norm(\d+)\.", r"stages.\1.out_norm."),
 ]
 
@@ -228,4 +243,3 @@ class ConvNeXtClassifier(ConvNeXt):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.forward_features(images).mean((2, 3)))
-

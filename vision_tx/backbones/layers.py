@@ -8,7 +8,7 @@ classes here hold that common part and keep the modules' attribute (state-dict k
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -47,8 +47,9 @@ def init_weights(module: nn.Module) -> None:
 INFERENCE_CHUNK_TOKENS = 2048
 
 
-def add_chunked(x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor], training: bool,
-                per_sample: bool = False) -> torch.Tensor:
+def add_chunked(
+    x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor], training: bool, per_sample: bool = False
+) -> torch.Tensor:
     """``x + branch(x)`` for a residual ``branch`` that maps each token (``per_sample=False``, e.g. norm +
     MLP) or each sample (``per_sample=True``, e.g. attention) on its own; ``x`` is ``[N, ..., C]``.
 
@@ -58,8 +59,15 @@ def add_chunked(x: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tensor],
     autocast, chunks measured slower: Swin-T 8x224x224 320 ms against 297 ms in one piece.)
     """
     tokens = x.numel() // max(x.shape[-1], 1)
-    if (training or torch.is_grad_enabled() or x.device.type != "cpu" or torch.compiler.is_compiling() or torch.compiler.is_exporting()
-            or tokens <= INFERENCE_CHUNK_TOKENS or torch.is_autocast_enabled("cpu")):  # traced: no guard on the batch's size
+    if (
+        training
+        or torch.is_grad_enabled()
+        or x.device.type != "cpu"
+        or torch.compiler.is_compiling()
+        or torch.compiler.is_exporting()
+        or tokens <= INFERENCE_CHUNK_TOKENS
+        or torch.is_autocast_enabled("cpu")
+    ):  # traced: no guard on the batch's size
         return x + branch(x)
     if per_sample:
         pieces, size = x, max(1, INFERENCE_CHUNK_TOKENS * x.shape[0] // tokens)
@@ -132,7 +140,9 @@ class StagedBackbone(Backbone):
     stages: nn.ModuleList
 
     @staticmethod
-    def stages_to_build(source: str, depths: Sequence[int], num_heads: Sequence[int], out_indices: Sequence[int]) -> int:
+    def stages_to_build(
+        source: str, depths: Sequence[int], num_heads: Sequence[int], out_indices: Sequence[int]
+    ) -> int:
         """Checks that ``depths`` and ``num_heads`` agree; returns how many stages to build: those up to
         the last of ``out_indices`` (later ones would hold parameters without gradients, which DDP rejects)."""
         if len(depths) != len(num_heads):

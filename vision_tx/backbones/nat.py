@@ -14,7 +14,7 @@ official SHI-Labs classification and detection/segmentation layouts onto it.
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -31,10 +31,22 @@ from vision_tx.ops import Linear, na2d
 VARIANTS: dict[str, dict] = {
     "nat_mini": dict(embed_dim=64, depths=(3, 4, 6, 5), num_heads=(2, 4, 8, 16), mlp_ratio=3.0, drop_path_rate=0.2),
     "nat_tiny": dict(embed_dim=64, depths=(3, 4, 18, 5), num_heads=(2, 4, 8, 16), mlp_ratio=3.0, drop_path_rate=0.2),
-    "nat_small": dict(embed_dim=96, depths=(3, 4, 18, 5), num_heads=(3, 6, 12, 24), mlp_ratio=2.0,
-                      drop_path_rate=0.3, layer_scale=1e-5),
-    "nat_base": dict(embed_dim=128, depths=(3, 4, 18, 5), num_heads=(4, 8, 16, 32), mlp_ratio=2.0,
-                     drop_path_rate=0.5, layer_scale=1e-5),
+    "nat_small": dict(
+        embed_dim=96,
+        depths=(3, 4, 18, 5),
+        num_heads=(3, 6, 12, 24),
+        mlp_ratio=2.0,
+        drop_path_rate=0.3,
+        layer_scale=1e-5,
+    ),
+    "nat_base": dict(
+        embed_dim=128,
+        depths=(3, 4, 18, 5),
+        num_heads=(4, 8, 16, 32),
+        mlp_ratio=2.0,
+        drop_path_rate=0.5,
+        layer_scale=1e-5,
+    ),
 }
 
 
@@ -97,8 +109,17 @@ class NeighborhoodAttention(nn.Module):
 class NATBlock(nn.Module):
     """Pre-norm neighborhood attention and MLP, each a residual branch with optional layer scale and stochastic depth."""
 
-    def __init__(self, dim: int, num_heads: int, kernel_size: int, dilation: int, mlp_ratio: float, qkv_bias: bool,
-                 drop_path_rate: float, layer_scale: float | None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        kernel_size: int,
+        dilation: int,
+        mlp_ratio: float,
+        qkv_bias: bool,
+        drop_path_rate: float,
+        layer_scale: float | None,
+    ) -> None:
         super().__init__()
         self.drop_path_rate = drop_path_rate
         self.norm1 = nn.LayerNorm(dim)
@@ -118,20 +139,38 @@ class NATBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, H, W, C] -> [N, H, W, C]``."""
-        x = add_chunked(x, lambda t: self._residual(self.attn(self.norm1(t)), self.gamma1), self.training, per_sample=True)
+        x = add_chunked(
+            x, lambda t: self._residual(self.attn(self.norm1(t)), self.gamma1), self.training, per_sample=True
+        )
         return add_chunked(x, lambda t: self._residual(self.mlp(self.norm2(t)), self.gamma2), self.training)
 
 
 class NATStage(Stage):
     """Downsampler (all but the first stage), then ``depth`` blocks; ``out_norm`` only on returned stages."""
 
-    def __init__(self, in_dim: int, dim: int, depth: int, num_heads: int, kernel_size: int, dilations: Sequence[int],
-                 mlp_ratio: float, qkv_bias: bool, drop_path_rates: Sequence[float], layer_scale: float | None,
-                 downsample: bool, output: bool) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        kernel_size: int,
+        dilations: Sequence[int],
+        mlp_ratio: float,
+        qkv_bias: bool,
+        drop_path_rates: Sequence[float],
+        layer_scale: float | None,
+        downsample: bool,
+        output: bool,
+    ) -> None:
         super().__init__(
             ConvDownsampler(in_dim) if downsample else None,
-            [NATBlock(dim, num_heads, kernel_size, dilations[j], mlp_ratio, qkv_bias, drop_path_rates[j], layer_scale)
-             for j in range(depth)],
+            [
+                NATBlock(
+                    dim, num_heads, kernel_size, dilations[j], mlp_ratio, qkv_bias, drop_path_rates[j], layer_scale
+                )
+                for j in range(depth)
+            ],
             nn.LayerNorm(dim) if output else None,
         )
 
@@ -176,8 +215,18 @@ class NAT(StagedBackbone):
         self.stem = ConvTokenizer(in_chans, embed_dim)
         self.stages = nn.ModuleList(
             NATStage(
-                dims[max(i - 1, 0)], dims[i], depths[i], num_heads[i], kernel_size, dilations[i], mlp_ratio, qkv_bias,
-                rates[sum(depths[:i]): sum(depths[: i + 1])], layer_scale, downsample=i > 0, output=i in out_indices,
+                dims[max(i - 1, 0)],
+                dims[i],
+                depths[i],
+                num_heads[i],
+                kernel_size,
+                dilations[i],
+                mlp_ratio,
+                qkv_bias,
+                rates[sum(depths[:i]) : sum(depths[: i + 1])],
+                layer_scale,
+                downsample=i > 0,
+                output=i in out_indices,
             )
             for i in range(num_built)
         )
@@ -200,7 +249,9 @@ class NAT(StagedBackbone):
         Bias tables of another kernel size are resized bicubically. Native keys pass unchanged.
         """
         if any(key.startswith("backbone.") for key in state_dict):
-            state_dict = {key[len("backbone."):]: value for key, value in state_dict.items() if key.startswith("backbone.")}
+            state_dict = {
+                key[len("backbone.") :]: value for key, value in state_dict.items() if key.startswith("backbone.")
+            }
         expected = self.state_dict()
         converted: dict[str, torch.Tensor] = {}
         for key, value in state_dict.items():
@@ -217,7 +268,7 @@ def _native_key(key: str, final_stage: int) -> str:
     key = re.sub(r"^norm(\d+)\.", r"stages.\1.out_norm.", key)
     match = re.match(r"^levels\.(\d+)\.downsample\.", key)
     if match:
-        return f"stages.{int(match.group(1)) + 1}.downsample." + key[match.end():]
+        return f"stages.{int(match.group(1)) + 1}.downsample." + key[match.end() :]
     return re.sub(r"^levels\.", "stages.", key)
 
 
@@ -233,4 +284,3 @@ def resize_rpb(rpb: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 @register_classifier(VARIANTS)
 class NATClassifier(ClassifierMixin, NAT):
     """The ImageNet form: ``images [N,3,H,W] -> logits [N,num_classes]`` (last stage, its norm, average pool, ``head``)."""
-

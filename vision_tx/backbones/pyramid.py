@@ -18,7 +18,9 @@ class LayerNorm2d(nn.LayerNorm):
     """LayerNorm over the channels of ``[N, C, H, W]`` maps."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps).permute(0, 3, 1, 2)
+        return F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps).permute(
+            0, 3, 1, 2
+        )
 
 
 class PyramidLevel(nn.Module):
@@ -30,8 +32,12 @@ class PyramidLevel(nn.Module):
             raise ValueError(f"{__name__}: stride must be one of {PYRAMID_STRIDES}, got {stride}")
         self.stride = stride
         if stride == 4:
-            layers: list[nn.Module] = [nn.ConvTranspose2d(dim, dim // 2, 2, stride=2), LayerNorm2d(dim // 2, eps=1e-6),
-                                       nn.GELU(), nn.ConvTranspose2d(dim // 2, dim // 4, 2, stride=2)]
+            layers: list[nn.Module] = [
+                nn.ConvTranspose2d(dim, dim // 2, 2, stride=2),
+                LayerNorm2d(dim // 2, eps=1e-6),
+                nn.GELU(),
+                nn.ConvTranspose2d(dim // 2, dim // 4, 2, stride=2),
+            ]
             channels = dim // 4
         elif stride == 8:
             layers, channels = [nn.ConvTranspose2d(dim, dim // 2, 2, stride=2)], dim // 2
@@ -41,8 +47,10 @@ class PyramidLevel(nn.Module):
             layers, channels = [nn.MaxPool2d(2, ceil_mode=True)], dim
         self.resample = nn.Sequential(*layers)
         self.project = nn.Sequential(
-            nn.Conv2d(channels, out_channels, 1, bias=False), LayerNorm2d(out_channels, eps=1e-6),
-            nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False), LayerNorm2d(out_channels, eps=1e-6),
+            nn.Conv2d(channels, out_channels, 1, bias=False),
+            LayerNorm2d(out_channels, eps=1e-6),
+            nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
+            LayerNorm2d(out_channels, eps=1e-6),
         )
 
     def forward(self, x: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:

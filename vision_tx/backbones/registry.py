@@ -16,7 +16,8 @@ this module imports none of them.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from torch import nn
 
@@ -71,7 +72,9 @@ def build_backbone(name: str, out_indices: Sequence[int] = (0, 1, 2, 3), **kwarg
     """
     if name in _CLASSIFIERS and name not in _BACKBONES:
         reason = getattr(_CLASSIFIERS[name].func, "no_dense_form", "it has no dense-prediction form")
-        raise ValueError(f"{name} is a classifier only: {reason}; use build_classifier({name!r}) or a backbone such as vit_base or convnext_tiny")
+        raise ValueError(
+            f"{name} is a classifier only: {reason}; use build_classifier({name!r}) or a backbone such as vit_base or convnext_tiny"
+        )
     return _lookup(_BACKBONES, name, "backbone")(out_indices=tuple(out_indices), **kwargs)
 
 

@@ -8,7 +8,7 @@ come only from a file through ``load_weights``, which reads torchvision's ResNet
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,9 @@ class ResNet(Backbone):
         super().__init__()
         if depth not in _BLOCKS_PER_STAGE:
             raise ValueError(f"{__name__}: depth must be one of {sorted(_BLOCKS_PER_STAGE)}, got {depth}")
-        net = resnet.ResNet(resnet.Bottleneck, _BLOCKS_PER_STAGE[depth], norm_layer=FrozenBatchNorm2d if frozen_bn else None)
+        net = resnet.ResNet(
+            resnet.Bottleneck, _BLOCKS_PER_STAGE[depth], norm_layer=FrozenBatchNorm2d if frozen_bn else None
+        )
         self.stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
         self.stages = nn.ModuleList([net.layer1, net.layer2, net.layer3, net.layer4])
         self._init_outputs([256, 512, 1024, 2048], [4, 8, 16, 32], out_indices, frozen_stages)
@@ -71,7 +73,7 @@ class ResNet(Backbone):
         for key, value in state_dict.items():
             for old, new in _TORCHVISION_PREFIXES.items():
                 if key.startswith(old):
-                    key = new + key[len(old):]
+                    key = new + key[len(old) :]
                     break
             if key.endswith("num_batches_tracked") and key not in expected:
                 continue

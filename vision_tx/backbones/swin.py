@@ -15,14 +15,23 @@ maps timm's and Microsoft's layouts onto it.
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.backbones.base import norms_and_biases
-from vision_tx.backbones.layers import ClassifierMixin, Mlp, PatchEmbed, Stage, StagedBackbone, add_chunked, drop_path, init_weights
+from vision_tx.backbones.layers import (
+    ClassifierMixin,
+    Mlp,
+    PatchEmbed,
+    Stage,
+    StagedBackbone,
+    add_chunked,
+    drop_path,
+    init_weights,
+)
 from vision_tx.backbones.registry import register_backbone, register_classifier
 from vision_tx.ops import Linear
 from vision_tx.ops.size_tables import cached_size_table
@@ -53,7 +62,9 @@ def relative_position_index(window: tuple[int, int], table_window: int, device: 
     ``window`` may be smaller than the table's ``M`` (maps smaller than a window); it then reads the
     central part of the table.
     """
-    ys, xs = torch.meshgrid(torch.arange(window[0], device=device), torch.arange(window[1], device=device), indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(window[0], device=device), torch.arange(window[1], device=device), indexing="ij"
+    )
     ys, xs = ys.flatten(), xs.flatten()
     dy = ys[:, None] - ys[None, :] + table_window - 1
     dx = xs[:, None] - xs[None, :] + table_window - 1
@@ -62,18 +73,21 @@ def relative_position_index(window: tuple[int, int], table_window: int, device: 
 
 @cached_size_table(maxsize=32)
 @torch.inference_mode(False)
-def shift_mask(padded: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device) -> torch.Tensor:
+def shift_mask(
+    padded: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+) -> torch.Tensor:
     """``[nW, N, N]`` additive mask (0 or -100) of the rolled map: tokens attend only within their region.
 
     For a map of ``padded`` (h, w) size (multiples of ``window``), rolled by ``-shift``, on ``device``: the last
     ``shift`` rows/columns hold the wrapped-around first ones; regions are the bands ``[0, H-M)``, ``[H-M, H-s)``,
     ``[H-s, H)`` along each rolled axis.
     """
+
     def bands(size: int, win: int, s: int) -> torch.Tensor:
         band = torch.zeros(size, dtype=torch.long, device=device)
         if s:
-            band[size - win:] = 1
-            band[size - s:] = 2
+            band[size - win :] = 1
+            band[size - s :] = 2
         return band
 
     region = bands(padded[0], window[0], shift[0])[:, None] * 3 + bands(padded[1], window[1], shift[1])[None, :]
@@ -97,8 +111,9 @@ def padded_size(size: tuple[int, int], window: tuple[int, int]) -> tuple[int, in
 
 @cached_size_table(maxsize=64)
 @torch.inference_mode(False)
-def window_gather(size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def window_gather(
+    size: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token indices that roll, partition and un-partition a map in one gather each, on ``device``.
 
     For a map of ``size`` zero-padded to ``padded`` (multiples of ``window``) and rolled by ``-shift`` (``shift``:
@@ -211,8 +226,16 @@ class SwinBlock(nn.Module):
         "Reshape fails in onnxruntime"
     )
 
-    def __init__(self, dim: int, num_heads: int, window_size: int, shifted: bool, mlp_ratio: float,
-                 qkv_bias: bool, drop_path_rate: float) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window_size: int,
+        shifted: bool,
+        mlp_ratio: float,
+        qkv_bias: bool,
+        drop_path_rate: float,
+    ) -> None:
         super().__init__()
         self.window_size = window_size
         self.shift_size = window_size // 2 if shifted else 0
@@ -245,25 +268,46 @@ class SwinBlock(nn.Module):
             x = F.pad(x, (0, 0, 0, padded[1] - width, 0, padded[0] - height))
         partition, restore = window_gather((height, width), window, shift, x.device)
         windows = gather_rows(x, partition, partition.numel()).view(batch, -1, window[0] * window[1], channels)
-        return gather_rows(self.attn(windows, attn_mask), restore, partition.numel()).view(batch, height, width, channels)
+        return gather_rows(self.attn(windows, attn_mask), restore, partition.numel()).view(
+            batch, height, width, channels
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, H, W, C] -> [B, H, W, C]``."""
         attn_mask = self.attention_mask(x.shape[1], x.shape[2], x.device)
-        x = add_chunked(x, lambda t: drop_path(self._window_attention(self.norm1(t), attn_mask), self.drop_path_rate,
-                                               self.training), self.training, per_sample=True)
-        return add_chunked(x, lambda t: drop_path(self.mlp(self.norm2(t)), self.drop_path_rate, self.training), self.training)
+        x = add_chunked(
+            x,
+            lambda t: drop_path(self._window_attention(self.norm1(t), attn_mask), self.drop_path_rate, self.training),
+            self.training,
+            per_sample=True,
+        )
+        return add_chunked(
+            x, lambda t: drop_path(self.mlp(self.norm2(t)), self.drop_path_rate, self.training), self.training
+        )
 
 
 class SwinStage(Stage):
     """Patch merging (all but the first stage), then ``depth`` blocks alternating plain and shifted windows."""
 
-    def __init__(self, in_dim: int, dim: int, depth: int, num_heads: int, window_size: int, mlp_ratio: float,
-                 qkv_bias: bool, drop_path_rates: Sequence[float], downsample: bool, output: bool) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        window_size: int,
+        mlp_ratio: float,
+        qkv_bias: bool,
+        drop_path_rates: Sequence[float],
+        downsample: bool,
+        output: bool,
+    ) -> None:
         super().__init__(
             PatchMerging(in_dim) if downsample else None,
-            [SwinBlock(dim, num_heads, window_size, index % 2 == 1, mlp_ratio, qkv_bias, drop_path_rates[index])
-             for index in range(depth)],
+            [
+                SwinBlock(dim, num_heads, window_size, index % 2 == 1, mlp_ratio, qkv_bias, drop_path_rates[index])
+                for index in range(depth)
+            ],
             nn.LayerNorm(dim) if output else None,
         )
 
@@ -302,8 +346,16 @@ class SwinTransformer(StagedBackbone):
         self.stem = PatchEmbed(patch_size, in_chans, embed_dim)
         self.stages = nn.ModuleList(
             SwinStage(
-                dims[max(i - 1, 0)], dims[i], depths[i], num_heads[i], window_size, mlp_ratio, qkv_bias,
-                rates[sum(depths[:i]): sum(depths[: i + 1])], downsample=i > 0, output=i in out_indices,
+                dims[max(i - 1, 0)],
+                dims[i],
+                depths[i],
+                num_heads[i],
+                window_size,
+                mlp_ratio,
+                qkv_bias,
+                rates[sum(depths[:i]) : sum(depths[: i + 1])],
+                downsample=i > 0,
+                output=i in out_indices,
             )
             for i in range(num_built)
         )
@@ -313,7 +365,11 @@ class SwinTransformer(StagedBackbone):
 
     def no_weight_decay(self) -> set[str]:
         """Norms, biases and every block's relative position bias table."""
-        tables = {f"{name}.relative_position_bias_table" for name, module in self.named_modules() if isinstance(module, WindowAttention)}
+        tables = {
+            f"{name}.relative_position_bias_table"
+            for name, module in self.named_modules()
+            if isinstance(module, WindowAttention)
+        }
         return norms_and_biases(self) | tables
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -327,7 +383,9 @@ class SwinTransformer(StagedBackbone):
         dropped. Bias tables of another window size are resized bicubically on their ``(2M-1) x (2M-1)`` grid.
         """
         if any(key.startswith("backbone.") for key in state_dict):  # mmdetection / mmsegmentation
-            state_dict = {key[len("backbone."):]: value for key, value in state_dict.items() if key.startswith("backbone.")}
+            state_dict = {
+                key[len("backbone.") :]: value for key, value in state_dict.items() if key.startswith("backbone.")
+            }
         microsoft = any(re.match(r"layers\.0\.downsample\.", key) for key in state_dict)
         expected = self.state_dict()
         converted: dict[str, torch.Tensor] = {}
@@ -349,7 +407,7 @@ def _native_key(key: str, microsoft: bool, final_stage: int) -> str:
     match = re.match(r"^layers\.(\d+)\.downsample\.", key)
     if match:
         stage = int(match.group(1)) + (1 if microsoft else 0)
-        return f"stages.{stage}.downsample." + key[match.end():]
+        return f"stages.{stage}.downsample." + key[match.end() :]
     return re.sub(r"^layers\.", "stages.", key)
 
 
@@ -368,4 +426,3 @@ def resize_bias_table(table: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 @register_classifier(VARIANTS)
 class SwinClassifier(ClassifierMixin, SwinTransformer):
     """The ImageNet form: ``images [N,3,H,W] -> logits [N,num_classes]`` (last stage, its norm, average pool, ``head``)."""
-

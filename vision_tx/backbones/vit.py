@@ -14,7 +14,7 @@ Native layout: ``stem`` (``patch_embed.proj``, ``cls_token``, ``dist_token``, ``
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,13 +37,17 @@ _SIZES = {
 VARIANTS: dict[str, dict] = {
     **{f"vit_{size}": dict(config) for size, config in _SIZES.items()},
     **{f"deit_{size}": dict(config, drop_path_rate=0.1) for size, config in _SIZES.items() if size != "large"},
-    **{f"deit_{size}_distilled": dict(config, drop_path_rate=0.1, distilled=True)
-       for size, config in _SIZES.items() if size != "large"},
+    **{
+        f"deit_{size}_distilled": dict(config, drop_path_rate=0.1, distilled=True)
+        for size, config in _SIZES.items()
+        if size != "large"
+    },
 }
 
 
-def resize_pos_embed(pos_embed: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int],
-                     num_prefix_tokens: int) -> torch.Tensor:
+def resize_pos_embed(
+    pos_embed: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
+) -> torch.Tensor:
     """``pos_embed [1, P + h*w, C] -> [1, P + h'*w', C]``: the patch part resized bicubically from its ``grid`` (h, w)
     to ``new_grid`` (h', w') (with antialiasing, timm's choice), the ``num_prefix_tokens`` (``P``) prefix tokens'
     embeddings unchanged."""
@@ -77,7 +81,10 @@ class TokenEmbedding(nn.Module):
         batch, height, width, channels = patches.shape
         prefix = [self.cls_token] + ([self.dist_token] if self.dist_token is not None else [])
         tokens = torch.cat([t.expand(batch, -1, -1) for t in prefix] + [patches.reshape(batch, -1, channels)], dim=1)
-        return tokens + resize_pos_embed(self.pos_embed, self.grid, (height, width), self.num_prefix_tokens), (height, width)
+        return tokens + resize_pos_embed(self.pos_embed, self.grid, (height, width), self.num_prefix_tokens), (
+            height,
+            width,
+        )
 
 
 class Attention(nn.Module):
@@ -116,9 +123,15 @@ class Block(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = add_chunked(x, lambda t: drop_path(self.attn(self.norm1(t)), self.drop_path_rate, self.training),
-                        self.training, per_sample=True)
-        return add_chunked(x, lambda t: drop_path(self.mlp(self.norm2(t)), self.drop_path_rate, self.training), self.training)
+        x = add_chunked(
+            x,
+            lambda t: drop_path(self.attn(self.norm1(t)), self.drop_path_rate, self.training),
+            self.training,
+            per_sample=True,
+        )
+        return add_chunked(
+            x, lambda t: drop_path(self.mlp(self.norm2(t)), self.drop_path_rate, self.training), self.training
+        )
 
 
 class ViTEncoder(nn.Module):
@@ -227,13 +240,16 @@ class ViTBackbone(ViTEncoder, Backbone):
     ``frozen_stages = n`` freezes the stem and the first ``n`` blocks (``0``: the stem only).
     """
 
-    def __init__(self, pyramid_channels: int = 256, out_indices: Sequence[int] = (0, 1, 2, 3),
-                 frozen_stages: int = -1, **kwargs) -> None:
+    def __init__(
+        self, pyramid_channels: int = 256, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         patch_size = self.stem.patch_embed.patch_size
         if patch_size != 16:
-            raise ValueError(f"{__name__}: the dense form builds strides 4..32 from the stride-16 map, "
-                             f"so it needs patch_size 16 (got {patch_size}); other patch sizes are classifier-only")
+            raise ValueError(
+                f"{__name__}: the dense form builds strides 4..32 from the stride-16 map, "
+                f"so it needs patch_size 16 (got {patch_size}); other patch sizes are classifier-only"
+            )
         # Levels that are not returned are placeholders without parameters (DDP rejects unused ones).
         self.stages = nn.ModuleList(
             PyramidLevel(self.embed_dim, stride, pyramid_channels) if index in out_indices else nn.Identity()
@@ -247,7 +263,6 @@ class ViTBackbone(ViTEncoder, Backbone):
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         tokens, (height, width) = self.forward_tokens(images)
-        patches = tokens[:, self.stem.num_prefix_tokens:]
+        patches = tokens[:, self.stem.num_prefix_tokens :]
         grid = patches.transpose(1, 2).reshape(patches.shape[0], -1, height, width)
         return {f"res{i + 2}": self.stages[i](grid, tuple(images.shape[-2:])) for i in self.out_indices}
-

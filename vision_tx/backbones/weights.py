@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -84,7 +84,8 @@ def other_class_keys(state: Mapping[str, torch.Tensor], model: nn.Module, class_
     """The keys of ``state`` matching one of the ``class_keys`` patterns whose shape differs from ``model``'s."""
     own = model.state_dict()
     return [
-        key for key, value in state.items()
+        key
+        for key, value in state.items()
         if key in own and value.shape != own[key].shape and any(re.search(pattern, key) for pattern in class_keys)
     ]
 

@@ -4,17 +4,8 @@ The LightningDataModules live in their own modules (``vision_tx.data.detection``
 there, so that loading a dataset does not import Lightning.
 """
 
-from vision_tx.data.coco import CocoDetection, CocoFormatError, coco_split_paths, load_coco
-from vision_tx.data.collate import collate_detection
-from vision_tx.data.toy import make_toy_coco, toy_coco_root
-from vision_tx.data.transforms import (
-    DetectionTransform,
-    DetrTrainTransform,
-    DetrValTransform,
-    RandomShortestSide,
-    RandomSizeCrop,
-)
 from vision_tx.data.ade20k import ADE20K_CLASSES, ADE20KDataset
+from vision_tx.data.coco import CocoDetection, CocoFormatError, coco_split_paths, load_coco
 from vision_tx.data.coco_panoptic import (
     CocoPanoptic,
     coco_panoptic_split_paths,
@@ -24,5 +15,14 @@ from vision_tx.data.coco_panoptic import (
     write_panoptic_png,
     write_panoptic_predictions,
 )
+from vision_tx.data.collate import collate_detection
+from vision_tx.data.toy import make_toy_coco, toy_coco_root
 from vision_tx.data.toy_panoptic import toy_coco_panoptic_root
 from vision_tx.data.toy_segmentation import toy_segmentation_root
+from vision_tx.data.transforms import (
+    DetectionTransform,
+    DetrTrainTransform,
+    DetrValTransform,
+    RandomShortestSide,
+    RandomSizeCrop,
+)

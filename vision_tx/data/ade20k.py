@@ -10,8 +10,9 @@ Annotation PNGs hold 0 for "unlabelled" and 1..150 for the classes; with ``reduc
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -113,7 +114,9 @@ class ADE20KDataset(SkippingDataset[tuple[Any, Any]]):
         try:
             with Image.open(path) as png:
                 if png.mode not in ("L", "P"):
-                    raise ADE20KFormatError(f"{path}: annotation must be an 8-bit single-channel PNG, got mode {png.mode}")
+                    raise ADE20KFormatError(
+                        f"{path}: annotation must be an 8-bit single-channel PNG, got mode {png.mode}"
+                    )
                 label = np.asarray(png, dtype=np.uint8)
         except (OSError, SyntaxError) as err:
             raise ADE20KFormatError(f"{path}: unreadable annotation PNG, corrupt or truncated ({err})") from err

@@ -13,8 +13,9 @@ import io
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,13 +38,13 @@ Transforms = Callable[[tv_tensors.Image, Target], tuple[Any, Target]]
 class CocoFormatError(InvalidDataError):
     """A COCO dataset that cannot be used as it is: the message names the file and the problem."""
 
+
 def far_outside(x1: Any, y1: Any, x2: Any, y2: Any, height: Any, width: Any) -> Any:
     """Whether a pixel box (corners ``x1``, ``y1``, ``x2``, ``y2``; numbers or arrays ``[N]`` of them) lies outside its
     image of ``height`` and ``width`` by more than the readers accept and clip: ``max(2 px, OUTSIDE_TOLERANCE of the
     side)`` on each side. Numbers or bool ``[N]``."""
     slack_x, slack_y = np.maximum(2.0, OUTSIDE_TOLERANCE * width), np.maximum(2.0, OUTSIDE_TOLERANCE * height)
     return (x1 < -slack_x) | (y1 < -slack_y) | (x2 > width + slack_x) | (y2 > height + slack_y)
-
 
 
 def read_coco_json(ann_file: str | os.PathLike) -> dict[str, Any]:
@@ -59,7 +60,9 @@ def read_coco_json(ann_file: str | os.PathLike) -> dict[str, Any]:
         raise CocoFormatError(
             f"{ann_file}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno} (char {err.pos})"
         ) from err
-    missing = [key for key in ("images", "annotations", "categories") if not isinstance(dataset, dict) or key not in dataset]
+    missing = [
+        key for key in ("images", "annotations", "categories") if not isinstance(dataset, dict) or key not in dataset
+    ]
     if missing:
         raise CocoFormatError(f"{ann_file}: not a COCO instances file: missing top-level keys {missing}")
     return dataset
@@ -71,7 +74,9 @@ def category_names(categories: list[Any], ann_file: str | os.PathLike) -> dict[i
     try:
         return {int(c["id"]): str(c["name"]) for c in categories}
     except (KeyError, TypeError, ValueError) as err:
-        raise CocoFormatError(f"{ann_file}: every entry of 'categories' needs an integer 'id' and a 'name' ({err!r})") from err
+        raise CocoFormatError(
+            f"{ann_file}: every entry of 'categories' needs an integer 'id' and a 'name' ({err!r})"
+        ) from err
 
 
 def load_coco(ann_file: str | os.PathLike) -> COCO:
@@ -219,21 +224,31 @@ class CocoDetection(SkippingDataset[tuple[Any, Target]]):
         checks: list[tuple[np.ndarray, Callable[[Any, int], str]]] = [
             (~well_formed, _malformed_problem),
             (rows < 0, lambda a, row: f"image_id {a['image_id']} is not in 'images'"),
-            (~np.isin(category_ids, list(self.category_names)),
-             lambda a, row: f"category_id {a['category_id']} is not in 'categories' (ids {sorted(self.category_names)})"),
+            (
+                ~np.isin(category_ids, list(self.category_names)),
+                lambda a, row: (
+                    f"category_id {a['category_id']} is not in 'categories' (ids {sorted(self.category_names)})"
+                ),
+            ),
             (~np.isfinite(bbox).all(1), lambda a, row: f"bbox {a['bbox']} is not finite"),
             ((bbox[:, 2:] < 0).any(1), lambda a, row: f"bbox {a['bbox']} has a negative size"),
-            (outside,
-             lambda a, row: f"bbox {a['bbox']} (x, y, w, h) lies far outside the image, "
-                            f"which is {self.widths[row]} wide and {self.heights[row]} high"),
+            (
+                outside,
+                lambda a, row: (
+                    f"bbox {a['bbox']} (x, y, w, h) lies far outside the image, "
+                    f"which is {self.widths[row]} wide and {self.heights[row]} high"
+                ),
+            ),
         ]
         invalid: dict[int, str] = {}
         orphans: list[str] = []  # annotations of images not in 'images': dropped, there is no image to leave out
         present = set(os.listdir(self.image_dir))
         for row, name in enumerate(self.file_names):
             if name not in present and not (self.image_dir / name).is_file():
-                invalid[row] = (f"{self.image_dir / name}: image file not found "
-                                f"(image id {self.image_ids[row]}, file_name {str(name)!r} in {self.ann_file})")
+                invalid[row] = (
+                    f"{self.image_dir / name}: image file not found "
+                    f"(image id {self.image_ids[row]}, file_name {str(name)!r} in {self.ann_file})"
+                )
                 if not self.skip_invalid:
                     raise CocoFormatError(invalid[row])
         unreported = np.ones(len(anns), dtype=bool)  # each annotation is reported with its first problem
@@ -282,7 +297,12 @@ class CocoDetection(SkippingDataset[tuple[Any, Target]]):
         logger.info(
             "%s: %d boxes on %d images; left out of the training targets: %d crowd boxes, %d degenerate "
             "(zero width or height); %d clipped to the image",
-            self.ann_file, len(bbox), len(self.image_ids), int(crowd.sum()), int(degenerate.sum()), int(clipped.sum()),
+            self.ann_file,
+            len(bbox),
+            len(self.image_ids),
+            int(crowd.sum()),
+            int(degenerate.sum()),
+            int(clipped.sum()),
         )
         order = np.argsort(rows[keep], kind="stable")
         self.annotation_index = np.flatnonzero(valid)[keep][order]
@@ -299,8 +319,11 @@ def _is_well_formed(ann: Any) -> bool:
     return (
         isinstance(ann, dict)
         and all(key in ann for key in ("image_id", "bbox", "category_id"))
-        and isinstance(ann["bbox"], list) and len(ann["bbox"]) == 4 and all(_is_number(v) for v in ann["bbox"])
-        and isinstance(ann["category_id"], int) and isinstance(ann["image_id"], int)
+        and isinstance(ann["bbox"], list)
+        and len(ann["bbox"]) == 4
+        and all(_is_number(v) for v in ann["bbox"])
+        and isinstance(ann["category_id"], int)
+        and isinstance(ann["image_id"], int)
     )
 
 

@@ -39,8 +39,14 @@ class CocoInstances(CocoDetection):
     mask is decoded. ``masks_in_targets=False`` yields :class:`CocoDetection`'s targets alone and decodes an
     item's masks only when :meth:`instance_masks` asks for them (copy-paste's source images)."""
 
-    def __init__(self, image_dir: str | os.PathLike, ann_file: str | os.PathLike, transforms: Any = None,
-                 skip_invalid: bool = False, masks_in_targets: bool = True) -> None:
+    def __init__(
+        self,
+        image_dir: str | os.PathLike,
+        ann_file: str | os.PathLike,
+        transforms: Any = None,
+        skip_invalid: bool = False,
+        masks_in_targets: bool = True,
+    ) -> None:
         super().__init__(image_dir, ann_file, None, skip_invalid)
         self.segmentations = [self._all_segmentations[i] for i in self.annotation_index]
         del self._all_segmentations

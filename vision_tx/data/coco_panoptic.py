@@ -20,8 +20,9 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -197,7 +198,9 @@ class CocoPanoptic(SkippingDataset[tuple[Any, Target]]):
 
     def _load(self, index: int) -> tuple[Any, Target]:
         size = (int(self.heights[index]), int(self.widths[index]))
-        image = read_coco_image(self.image_dir / self.file_names[index], int(self.image_ids[index]), size, self.ann_file)
+        image = read_coco_image(
+            self.image_dir / self.file_names[index], int(self.image_ids[index]), size, self.ann_file
+        )
         positions, present = self._read_positions(index, tuple(image.shape[-2:]))
         start, end = self.offsets[index], self.offsets[index + 1]
         keep = present & ~self.segment_crowd[start:end]

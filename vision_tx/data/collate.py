@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -30,8 +31,10 @@ def collate_detection(
         padded[i, :, :h, :w] = image
         pixel_mask[i, :h, :w] = False
     targets = [
-        {key: value.as_subclass(torch.Tensor) if isinstance(value, torch.Tensor) else value
-         for key, value in target.items()}
+        {
+            key: value.as_subclass(torch.Tensor) if isinstance(value, torch.Tensor) else value
+            for key, value in target.items()
+        }
         for _, target in batch
     ]
     return {"images": padded, "pixel_mask": pixel_mask, "targets": targets}

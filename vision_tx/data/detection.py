@@ -80,7 +80,10 @@ class CocoDetectionDataModule(LightningDataModule):
             root = str(self.toy_root(toy_cache_dir))
             logger.info(
                 "Using the built-in toy dataset (%s); pass --data.root /path/to/coco (with %s/, %s/ and %s) to train on COCO.",
-                root, train_split, val_split, self.annotation_files,
+                root,
+                train_split,
+                val_split,
+                self.annotation_files,
             )
         self.root = Path(root)
         self.train_split = train_split
@@ -104,16 +107,22 @@ class CocoDetectionDataModule(LightningDataModule):
         self.val_dataset: Dataset | None = None
 
     def _configured_probabilities(self) -> dict[str, float]:
-        return {"mosaic": self.mosaic_probability, "mixup": self.mixup_probability,
-                "copy_paste": self.copy_paste_probability}
+        return {
+            "mosaic": self.mosaic_probability,
+            "mixup": self.mixup_probability,
+            "copy_paste": self.copy_paste_probability,
+        }
 
     def augmentation_probabilities(self) -> dict[str, float]:
         """The current probability of each augmentation that may change during training, by name: the mosaics,
         mixup and copy-paste (as configured until the training split is built) and the training transform's."""
         own = self._configured_probabilities()
         if isinstance(self.train_dataset, MosaicDetection):
-            own = {"mosaic": self.train_dataset.probability, "mixup": self.train_dataset.mixup_probability,
-                   "copy_paste": self.train_dataset.copy_paste_probability}
+            own = {
+                "mosaic": self.train_dataset.probability,
+                "mixup": self.train_dataset.mixup_probability,
+                "copy_paste": self.train_dataset.copy_paste_probability,
+            }
         return {**own, **self.train_transform.augmentation_probabilities()}
 
     def set_augmentation_probabilities(self, probabilities: Mapping[str, float]) -> None:
@@ -121,8 +130,10 @@ class CocoDetectionDataModule(LightningDataModule):
         workers, persistent ones too, read them at their next sample)."""
         own = {name: p for name, p in probabilities.items() if name in self._configured_probabilities()}
         if own and not isinstance(self.train_dataset, MosaicDetection):
-            raise RuntimeError(f"{type(self).__name__}: {sorted(own)} can be set once setup() has built a training "
-                               "split of mosaics, mixup or copy-paste")
+            raise RuntimeError(
+                f"{type(self).__name__}: {sorted(own)} can be set once setup() has built a training "
+                "split of mosaics, mixup or copy-paste"
+            )
         for name, probability in own.items():
             setattr(self.train_dataset, "probability" if name == "mosaic" else f"{name}_probability", probability)
         self.train_transform.set_augmentation_probabilities({k: v for k, v in probabilities.items() if k not in own})
@@ -137,7 +148,9 @@ class CocoDetectionDataModule(LightningDataModule):
         """The YOLO or VOC layout at ``root``; None for COCO. Said in one log line."""
         layout = find_layout(self.root, self.train_split)
         if self.given_root:
-            logger.info("%s: %s", self.root, layout.description if layout else "a COCO layout (annotations/instances_*.json)")
+            logger.info(
+                "%s: %s", self.root, layout.description if layout else "a COCO layout (annotations/instances_*.json)"
+            )
         return layout
 
     def split_paths(self, split: str) -> tuple[Path, ...]:
@@ -147,8 +160,10 @@ class CocoDetectionDataModule(LightningDataModule):
             try:
                 return coco_split_paths(self.root, split)
             except CocoFormatError as err:
-                raise CocoFormatError(f"{err}\n  or a YOLO layout: {self.root}/data.yaml\n  or a Pascal VOC layout: "
-                                      f"{self.root}/{{Annotations,JPEGImages,ImageSets/Main}}/") from err
+                raise CocoFormatError(
+                    f"{err}\n  or a YOLO layout: {self.root}/data.yaml\n  or a Pascal VOC layout: "
+                    f"{self.root}/{{Annotations,JPEGImages,ImageSets/Main}}/"
+                ) from err
         if split not in self._converted:
             image_dir, dataset = self.layout.coco_dataset(split, self.skip_invalid)
             ann_file = self._converted_dir / f"instances_{split}.json"
@@ -192,8 +207,13 @@ class CocoDetectionDataModule(LightningDataModule):
         else:
             dataset, masks = self.make_dataset(paths, None), None
         return MosaicDetection(
-            dataset, self.train_transform, self.mosaic_size, self.mosaic_probability,
-            mixup_probability=self.mixup_probability, copy_paste_probability=self.copy_paste_probability, masks=masks,
+            dataset,
+            self.train_transform,
+            self.mosaic_size,
+            self.mosaic_probability,
+            mixup_probability=self.mixup_probability,
+            copy_paste_probability=self.copy_paste_probability,
+            masks=masks,
         )
 
     def copy_paste_source(self, paths: tuple[Path, ...]) -> tuple[Dataset, Callable[[int], torch.Tensor] | None]:
@@ -201,13 +221,19 @@ class CocoDetectionDataModule(LightningDataModule):
         masks for copy-paste to cut the objects along; None when an annotation has no ``segmentation`` (copy-paste
         then cuts the objects along their boxes)."""
         if type(self).make_dataset is not CocoDetectionDataModule.make_dataset:
-            raise ValueError(f"{type(self).__name__}: copy-paste yields detection targets and reads COCO instance "
-                             "masks; it is not supported for this data (set copy_paste_probability to 0)")
+            raise ValueError(
+                f"{type(self).__name__}: copy-paste yields detection targets and reads COCO instance "
+                "masks; it is not supported for this data (set copy_paste_probability to 0)"
+            )
         instances = CocoInstances(*paths, skip_invalid=self.skip_invalid, masks_in_targets=False)
         missing = instances.objects_without_masks
         if missing:
-            logger.info("%s: %d of %d objects have no 'segmentation': copy-paste cuts the objects along their boxes",
-                        instances.ann_file, missing, len(instances.segmentations))
+            logger.info(
+                "%s: %d of %d objects have no 'segmentation': copy-paste cuts the objects along their boxes",
+                instances.ann_file,
+                missing,
+                len(instances.segmentations),
+            )
             return instances, None
         return instances, instances.instance_masks
 

@@ -43,8 +43,10 @@ def orientation_note(path: str | os.PathLike) -> str:
         return ""
     if orientation == 1:
         return ""
-    return (f" (the file is stored {stored[1]}x{stored[0]} (h x w) with EXIF orientation {orientation}, which turns it "
-            "for display: were the annotations made on the stored pixels? Then rotate the file to match them)")
+    return (
+        f" (the file is stored {stored[1]}x{stored[0]} (h x w) with EXIF orientation {orientation}, which turns it "
+        "for display: were the annotations made on the stored pixels? Then rotate the file to match them)"
+    )
 
 
 def _to_rgb(image: Image.Image, path: Path) -> np.ndarray:
@@ -57,7 +59,9 @@ def _to_rgb(image: Image.Image, path: Path) -> np.ndarray:
             )
         return np.repeat((values >> 8).astype(np.uint8)[..., None], 3, axis=2)
     if image.mode == "F":
-        raise ImageReadError(f"{path}: a floating-point image (mode F) has no standard 8-bit scale; convert it to 8-bit")
+        raise ImageReadError(
+            f"{path}: a floating-point image (mode F) has no standard 8-bit scale; convert it to 8-bit"
+        )
     return np.array(image if image.mode == "RGB" else image.convert("RGB"))  # convert copies even an RGB image
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -32,10 +33,20 @@ class RandAugment(v2.RandAugment):
     each of the ``num_ops`` operations draws its magnitude from ``N(magnitude, magnitude_std)`` on a
     0..10 scale (clipped), 10 being torchvision's largest magnitude of that operation."""
 
-    def __init__(self, num_ops: int = 2, magnitude: float = 9.0, magnitude_std: float = 0.5,
-                 fill: Sequence[int] | None = tuple(MEAN_FILL)) -> None:
-        super().__init__(num_ops=1, magnitude=0, num_magnitude_bins=101, interpolation=v2.InterpolationMode.BILINEAR,
-                         fill=None if fill is None else list(fill))
+    def __init__(
+        self,
+        num_ops: int = 2,
+        magnitude: float = 9.0,
+        magnitude_std: float = 0.5,
+        fill: Sequence[int] | None = tuple(MEAN_FILL),
+    ) -> None:
+        super().__init__(
+            num_ops=1,
+            magnitude=0,
+            num_magnitude_bins=101,
+            interpolation=v2.InterpolationMode.BILINEAR,
+            fill=None if fill is None else list(fill),
+        )
         self.ops = num_ops
         self.mean_magnitude = magnitude
         self.magnitude_std = magnitude_std
@@ -76,12 +87,14 @@ def train_transforms(
 def val_transforms(size: int = 224, crop_fraction: float = 0.875) -> v2.Compose:
     """Resize the short side to ``size / crop_fraction`` (bicubic, ``crop_fraction`` the share kept), centre crop
     ``size``, normalise."""
-    return v2.Compose([
-        v2.Resize(int(size / crop_fraction), interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
-        v2.CenterCrop(size),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
+    return v2.Compose(
+        [
+            v2.Resize(int(size / crop_fraction), interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
+            v2.CenterCrop(size),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
 
 
 def _read_image(path: str) -> tv_tensors.Image:
@@ -95,12 +108,16 @@ class ClassificationFolder(ImageFolder):
     a class folder missing from the split is allowed, an unknown one is an error.
     """
 
-    def __init__(self, root: str | os.PathLike, split: str, transform: Any, class_names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike, split: str, transform: Any, class_names: Sequence[str] | None = None
+    ) -> None:
         self.split_dir = Path(root) / split
         if not self.split_dir.is_dir():
             raise InvalidDataError(f"{self.split_dir}: no such folder (expected ROOT/{split}/CLASS/images)")
         self._fixed_classes = None if class_names is None else list(class_names)
-        super().__init__(str(self.split_dir), transform=transform, loader=_read_image, allow_empty=class_names is not None)
+        super().__init__(
+            str(self.split_dir), transform=transform, loader=_read_image, allow_empty=class_names is not None
+        )
         if not self.samples:
             raise InvalidDataError(f"{self.split_dir}: no images ({', '.join(IMG_EXTENSIONS)}) in its class folders")
 
@@ -191,7 +208,9 @@ class ImageFolderDataModule(pl.LightningDataModule):
         return {"num_workers": workers, "persistent_workers": workers > 0, "pin_memory": torch.cuda.is_available()}
 
     def train_dataloader(self) -> DataLoader:
-        return ResumableLoader(self.train_set, self.hparams.batch_size, repeats=self.hparams.repeats, **self._loader_options())
+        return ResumableLoader(
+            self.train_set, self.hparams.batch_size, repeats=self.hparams.repeats, **self._loader_options()
+        )
 
     def val_dataloader(self) -> DataLoader:
         world_size, rank = process_share()

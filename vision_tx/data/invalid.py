@@ -10,7 +10,8 @@ it: the dataset keeps its length, so every DDP process still gets the same numbe
 from __future__ import annotations
 
 import warnings
-from typing import Generic, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 from torch.utils.data import Dataset
 

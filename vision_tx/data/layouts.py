@@ -103,8 +103,11 @@ def _gather(images: list[tuple[Any, ...]], read: Any, source: str, skip_invalid:
 
 def _coco_dict(images: list[tuple[str, tuple[int, int], list[dict[str, Any]]]], categories: dict[int, str]) -> CocoDict:
     """A COCO dict of ``(file_name, (height, width), annotations)``: images numbered from 1, annotations from 1."""
-    coco: CocoDict = {"images": [], "annotations": [],
-                      "categories": [{"id": i, "name": n} for i, n in sorted(categories.items())]}
+    coco: CocoDict = {
+        "images": [],
+        "annotations": [],
+        "categories": [{"id": i, "name": n} for i, n in sorted(categories.items())],
+    }
     for image_id, (file_name, (height, width), annotations) in enumerate(images, 1):
         coco["images"].append({"id": image_id, "file_name": file_name, "height": height, "width": width})
         for ann in annotations:
@@ -126,8 +129,10 @@ def _copy_image(source: Path, target: Path, image: dict[str, Any]) -> None:
     """Copies ``source`` to ``target`` after checking its size against the COCO ``image`` entry."""
     size = image_size(source)
     if size != (image["height"], image["width"]):
-        raise LayoutFormatError(f"{source}: the image is {size} (h, w), its annotation says "
-                                f"({image['height']}, {image['width']}) for image id {image['id']}")
+        raise LayoutFormatError(
+            f"{source}: the image is {size} (h, w), its annotation says "
+            f"({image['height']}, {image['width']}) for image id {image['id']}"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, target)
 
@@ -135,7 +140,9 @@ def _copy_image(source: Path, target: Path, image: dict[str, Any]) -> None:
 def _check_unique(key: Path | str, taken: set[Any], source: Path) -> None:
     """Two images of a written split may not share a label or annotation file: ``key`` is this one's."""
     if key in taken:
-        raise LayoutFormatError(f"{source}: a second image whose labels would go to {key} (they go by the file name's stem)")
+        raise LayoutFormatError(
+            f"{source}: a second image whose labels would go to {key} (they go by the file name's stem)"
+        )
     taken.add(key)
 
 
@@ -166,8 +173,10 @@ class YoloLayout:
         except (TypeError, ValueError):
             classes = None
         if not classes or min(classes) < 0:
-            raise LayoutFormatError(f"{self.data_yaml}: 'names' must be a list of class names or {{index: name}} "
-                                    f"with indices from 0, got {names!r}")
+            raise LayoutFormatError(
+                f"{self.data_yaml}: 'names' must be a list of class names or {{index: name}} "
+                f"with indices from 0, got {names!r}"
+            )
         return classes
 
     @property
@@ -199,10 +208,18 @@ class YoloLayout:
                 images += [(p, f"in {path}") for _, p in found]
             elif path.is_file():
                 lines = path.read_text().splitlines()
-                images += [(Path(line.strip()) if Path(line.strip()).is_absolute() else path.parent / line.strip(),
-                            f"line {number} of {path}") for number, line in enumerate(lines, 1) if line.strip()]
+                images += [
+                    (
+                        Path(line.strip()) if Path(line.strip()).is_absolute() else path.parent / line.strip(),
+                        f"line {number} of {path}",
+                    )
+                    for number, line in enumerate(lines, 1)
+                    if line.strip()
+                ]
             else:
-                raise LayoutFormatError(f"{self.data_yaml}: '{key}' names {path}, which is neither a folder nor an image list")
+                raise LayoutFormatError(
+                    f"{self.data_yaml}: '{key}' names {path}, which is neither a folder nor an image list"
+                )
         return images
 
     def coco_dataset(self, split: str, skip_invalid: bool = False) -> tuple[Path, CocoDict]:
@@ -225,8 +242,14 @@ class YoloLayout:
 
         images = _gather(paths, read, f"{self.data_yaml} ({split})", skip_invalid)
         if missing_labels:
-            logger.info("%s (%s): %d of %d images have no label file (%s, ...): no objects on them",
-                        self.data_yaml, split, len(missing_labels), len(paths), missing_labels[0])
+            logger.info(
+                "%s (%s): %d of %d images have no label file (%s, ...): no objects on them",
+                self.data_yaml,
+                split,
+                len(missing_labels),
+                len(paths),
+                missing_labels[0],
+            )
         return self.base, _coco_dict(images, self.categories)
 
     def read_labels(self, label: Path, height: int, width: int) -> list[dict[str, Any]]:
@@ -254,8 +277,10 @@ class YoloLayout:
                 raise error(f"{', '.join(out)} outside [0, 1]: a YOLO box is fractions of the image's width and height")
             x, y, w, h = (cx - w / 2) * width, (cy - h / 2) * height, w * width, h * height
             if far_outside(x, y, x + w, y + h, height, width):
-                raise error(f"the box reaches x {x:.1f} to {x + w:.1f}, y {y:.1f} to {y + h:.1f}: outside the image, "
-                            f"which is {width} wide and {height} high")
+                raise error(
+                    f"the box reaches x {x:.1f} to {x + w:.1f}, y {y:.1f} to {y + h:.1f}: outside the image, "
+                    f"which is {width} wide and {height} high"
+                )
             annotations.append({"category_id": int(values[0]) + 1, "bbox": [x, y, w, h], "iscrowd": 0})
         return annotations
 
@@ -270,8 +295,9 @@ def yolo_label_path(image: Path) -> Path:
     return Path(*parts).with_suffix(".txt")
 
 
-def write_yolo_layout(coco_json: str | os.PathLike, images_dir: str | os.PathLike, out: str | os.PathLike,
-                      split: str = "train") -> Path:
+def write_yolo_layout(
+    coco_json: str | os.PathLike, images_dir: str | os.PathLike, out: str | os.PathLike, split: str = "train"
+) -> Path:
     """Writes the ``split`` of a COCO set (``coco_json``, images under ``images_dir``) as YOLO under ``out``:
     ``out/images/SPLIT/`` (copies), ``out/labels/SPLIT/*.txt`` and the split and its names into ``out/data.yaml``
     (created, or extended: its names must agree). Category id ``c`` is class ``c - 1`` (``names: {c - 1: name}``;
@@ -281,7 +307,9 @@ def write_yolo_layout(coco_json: str | os.PathLike, images_dir: str | os.PathLik
     dataset, by_image = _coco_split(coco_json)
     categories = {int(c["id"]): str(c["name"]) for c in dataset["categories"]}
     if min(categories) < 1:
-        raise LayoutFormatError(f"{coco_json}: category id {min(categories)} has no YOLO class (class k is category id k + 1)")
+        raise LayoutFormatError(
+            f"{coco_json}: category id {min(categories)} has no YOLO class (class k is category id k + 1)"
+        )
     data_yaml = out / "data.yaml"
     config = yaml.safe_load(data_yaml.read_text()) if data_yaml.is_file() else {"path": ".", "names": {}}
     names = {c - 1: name for c, name in sorted(categories.items())}
@@ -328,20 +356,26 @@ class VocLayout:
         """Where the category names come from, and how (for messages about a label)."""
         if self.labels_file.is_file():
             return f"{self.labels_file} (line k: category id k)"
-        return (f"{self.root / 'Annotations'} (the names in the '{self.train_split}' annotations, sorted, as ids 1..K; "
-                f"no {self.labels_file.name})")
+        return (
+            f"{self.root / 'Annotations'} (the names in the '{self.train_split}' annotations, sorted, as ids 1..K; "
+            f"no {self.labels_file.name})"
+        )
 
     @property
     def description(self) -> str:
-        return (f"a Pascal VOC layout ({self.root}/Annotations: difficult objects as crowd regions; "
-                f"classes from {self.names_source})")
+        return (
+            f"a Pascal VOC layout ({self.root}/Annotations: difficult objects as crowd regions; "
+            f"classes from {self.names_source})"
+        )
 
     def ids(self, split: str) -> tuple[Path, list[str]]:
         """The image set file of ``split`` and its ids, in order."""
         image_sets = self.root / "ImageSets" / "Main"
         path = image_sets / f"{_split_name(split, {p.stem for p in image_sets.glob('*.txt')})}.txt"
         if not path.is_file():
-            raise LayoutFormatError(f"{path}: image set not found (a VOC split is ImageSets/Main/SPLIT.txt, one image id a line)")
+            raise LayoutFormatError(
+                f"{path}: image set not found (a VOC split is ImageSets/Main/SPLIT.txt, one image id a line)"
+            )
         return path, [line.split()[0] for line in path.read_text().splitlines() if line.strip()]
 
     def read_xml(self, image_id: str, listed: str) -> tuple[Path, dict[str, Any]]:
@@ -392,10 +426,14 @@ class VocLayout:
                 height, width = 0, 0
             if height <= 0 or width <= 0:  # no <size>: the image's own
                 height, width = image_size(image_dir / file_name)
-            return file_name, (height, width), [
-                self.read_object(xml, index, obj, category_of, height, width)
-                for index, obj in enumerate(_objects(annotation), 1)
-            ]
+            return (
+                file_name,
+                (height, width),
+                [
+                    self.read_object(xml, index, obj, category_of, height, width)
+                    for index, obj in enumerate(_objects(annotation), 1)
+                ],
+            )
 
         images = _gather(list(enumerate(ids, 1)), read, image_set, skip_invalid)
         return image_dir, _coco_dict(images, self.categories)
@@ -404,6 +442,7 @@ class VocLayout:
         self, xml: Path, index: int, obj: Any, category_of: dict[str, int], height: int, width: int
     ) -> dict[str, Any]:
         """The COCO annotation of the ``index``-th ``<object>`` of ``xml``."""
+
         def error(problem: str) -> LayoutFormatError:
             return LayoutFormatError(f"{xml}: object {index}: {problem}")
 
@@ -419,10 +458,14 @@ class VocLayout:
             raise error(f"class {name!r} is not one of the classes {sorted(category_of)} (from {self.names_source})")
         x, y, w, h = xmin - 1, ymin - 1, xmax - xmin + 1, ymax - ymin + 1
         if not all(map(_finite, (x, y, w, h))) or w < 0 or h < 0:
-            raise error(f"box xmin {box['xmin']}, ymin {box['ymin']}, xmax {box['xmax']}, ymax {box['ymax']} has a negative size")
+            raise error(
+                f"box xmin {box['xmin']}, ymin {box['ymin']}, xmax {box['xmax']}, ymax {box['ymax']} has a negative size"
+            )
         if far_outside(x, y, x + w, y + h, height, width):
-            raise error(f"box xmin {box['xmin']}, ymin {box['ymin']}, xmax {box['xmax']}, ymax {box['ymax']} lies outside "
-                        f"the image, which is {width} wide and {height} high")
+            raise error(
+                f"box xmin {box['xmin']}, ymin {box['ymin']}, xmax {box['xmax']}, ymax {box['ymax']} lies outside "
+                f"the image, which is {width} wide and {height} high"
+            )
         difficult = str(obj.get("difficult", "0")).strip() not in ("", "0")
         return {"category_id": category_of[name], "bbox": [x, y, w, h], "iscrowd": int(difficult)}
 
@@ -436,8 +479,9 @@ def _finite(value: float) -> bool:
     return value == value and abs(value) != float("inf")
 
 
-def write_voc_layout(coco_json: str | os.PathLike, images_dir: str | os.PathLike, out: str | os.PathLike,
-                     split: str = "train") -> Path:
+def write_voc_layout(
+    coco_json: str | os.PathLike, images_dir: str | os.PathLike, out: str | os.PathLike, split: str = "train"
+) -> Path:
     """Writes the ``split`` of a COCO set (``coco_json``, images under ``images_dir``) as Pascal VOC:
     ``out/JPEGImages/`` (copies), ``out/Annotations/ID.xml`` (ID: the file name's stem),
     ``out/ImageSets/Main/SPLIT.txt`` in the COCO file's order and ``out/labels.txt`` (line k: category id k; created,
@@ -446,7 +490,9 @@ def write_voc_layout(coco_json: str | os.PathLike, images_dir: str | os.PathLike
     dataset, by_image = _coco_split(coco_json)
     categories = {int(c["id"]): str(c["name"]) for c in dataset["categories"]}
     if min(categories) < 1:
-        raise LayoutFormatError(f"{coco_json}: category id {min(categories)} has no line in labels.txt (line k is id k)")
+        raise LayoutFormatError(
+            f"{coco_json}: category id {min(categories)} has no line in labels.txt (line k is id k)"
+        )
     labels = "".join(f"{categories.get(i, '')}\n" for i in range(1, max(categories) + 1))
     labels_file = out / "labels.txt"
     if labels_file.is_file() and labels_file.read_text() != labels:
@@ -496,4 +542,3 @@ def find_layout(root: str | os.PathLike, train_split: str) -> YoloLayout | VocLa
     if VocLayout.found_at(root):
         return VocLayout(root, train_split)
     return None
-

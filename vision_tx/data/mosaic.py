@@ -14,8 +14,8 @@ dataset items at once), so they wrap the dataset rather than being transforms.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -104,7 +104,9 @@ class MosaicDetection(Dataset):
         return image, {**target, "masks": self.masks(index)}
 
     @staticmethod
-    def copy_paste(image: tv_tensors.Image, target: Target, other: tv_tensors.Image, other_target: Target) -> tuple[tv_tensors.Image, Target]:
+    def copy_paste(
+        image: tv_tensors.Image, target: Target, other: tv_tensors.Image, other_target: Target
+    ) -> tuple[tv_tensors.Image, Target]:
         """``image`` [3,H,W] with each object of ``other`` pasted in, flipped left to right half the time, at a
         random place where its box overlaps no box of ``target`` nor of an object pasted before (the boxes
         already there stay the tight boxes of their objects). An object is its pixels under
@@ -120,21 +122,32 @@ class MosaicDetection(Dataset):
         for patch, shape, local_box, label in MosaicDetection.objects(other, other_target):
             if float(torch.rand(())) < 0.5:
                 patch, shape = patch.flip(-1), shape.flip(-1)
-                local_box = torch.stack([shape.shape[1] - local_box[2], local_box[1], shape.shape[1] - local_box[0], local_box[3]])
+                local_box = torch.stack(
+                    [shape.shape[1] - local_box[2], local_box[1], shape.shape[1] - local_box[0], local_box[3]]
+                )
             patch_h, patch_w = shape.shape
             if patch_h > height or patch_w > width:
                 continue
             # All the attempts' places drawn at once, the first free one taken: on a crowded image most are not
-            corners = torch.stack([torch.randint(width - patch_w + 1, (PASTE_ATTEMPTS,)),
-                                   torch.randint(height - patch_h + 1, (PASTE_ATTEMPTS,))], 1)  # [A, 2] left, top
+            corners = torch.stack(
+                [
+                    torch.randint(width - patch_w + 1, (PASTE_ATTEMPTS,)),
+                    torch.randint(height - patch_h + 1, (PASTE_ATTEMPTS,)),
+                ],
+                1,
+            )  # [A, 2] left, top
             boxes = local_box + corners.repeat(1, 2)  # [A, 4]
-            overlaps = ((boxes[:, None, 0] < taken[:, 2]) & (boxes[:, None, 2] > taken[:, 0])
-                        & (boxes[:, None, 1] < taken[:, 3]) & (boxes[:, None, 3] > taken[:, 1])).any(1)  # [A]
+            overlaps = (
+                (boxes[:, None, 0] < taken[:, 2])
+                & (boxes[:, None, 2] > taken[:, 0])
+                & (boxes[:, None, 1] < taken[:, 3])
+                & (boxes[:, None, 3] > taken[:, 1])
+            ).any(1)  # [A]
             free = torch.nonzero(~overlaps).flatten()
             if len(free) == 0:
                 continue
             left, top = corners[free[0]].tolist()
-            region = image[:, top:top + patch_h, left:left + patch_w]
+            region = image[:, top : top + patch_h, left : left + patch_w]
             region.copy_(torch.where(shape, patch, region))
             taken = torch.cat([taken, boxes[free[0], None]])
             pasted_boxes.append(boxes[free[0]])
@@ -149,7 +162,9 @@ class MosaicDetection(Dataset):
         }
 
     @staticmethod
-    def objects(image: tv_tensors.Image, target: Target) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
+    def objects(
+        image: tv_tensors.Image, target: Target
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
         """Each object of ``image`` as copy-paste cuts it out: its pixels ``patch [3,h,w]``, which of them are the
         object (``shape [h,w]`` bool), its box within the patch (xyxy float) and its label. With ``masks`` in
         ``target`` the patch is the mask's tight box; without, the box's whole pixels (empty or outside: left out)."""
@@ -171,7 +186,9 @@ class MosaicDetection(Dataset):
                 yield image[:, y0:y1, x0:x1], shape, box - torch.tensor([x0, y0, x0, y0], dtype=torch.float32), label
 
     @staticmethod
-    def mixup(image: tv_tensors.Image, target: Target, other: tv_tensors.Image, other_target: Target) -> tuple[tv_tensors.Image, Target]:
+    def mixup(
+        image: tv_tensors.Image, target: Target, other: tv_tensors.Image, other_target: Target
+    ) -> tuple[tv_tensors.Image, Target]:
         """``image`` [3,H,W] blended with ``other`` (scaled to fit inside it, at a random place on grey); the
         target is ``target`` with ``other_target``'s boxes (moved with their pixels) and labels added."""
         if "masks" in target or "masks" in other_target:
@@ -182,10 +199,12 @@ class MosaicDetection(Dataset):
         new_h, new_w = max(1, round(other_h * scale)), max(1, round(other_w * scale))
         canvas = torch.full((3, height, width), FILL, dtype=torch.uint8)
         top, left = int(torch.randint(height - new_h + 1, ())), int(torch.randint(width - new_w + 1, ()))
-        canvas[:, top:top + new_h, left:left + new_w] = F.resize(other, [new_h, new_w], antialias=True)
+        canvas[:, top : top + new_h, left : left + new_w] = F.resize(other, [new_h, new_w], antialias=True)
         weight = float(torch.distributions.Beta(MIXUP_BETA, MIXUP_BETA).sample())
         mixed = image.float().mul_(weight).add_(canvas.float().mul_(1 - weight)).round_().to(torch.uint8)
-        moved = other_target["boxes"].as_subclass(torch.Tensor).float() * torch.tensor([new_w / other_w, new_h / other_h] * 2)
+        moved = other_target["boxes"].as_subclass(torch.Tensor).float() * torch.tensor(
+            [new_w / other_w, new_h / other_h] * 2
+        )
         moved = moved + torch.tensor([left, top, left, top], dtype=torch.float32)
         boxes = torch.cat([target["boxes"].as_subclass(torch.Tensor).float(), moved])
         return tv_tensors.Image(mixed), {
@@ -197,7 +216,9 @@ class MosaicDetection(Dataset):
     def mosaic(self, items: list[tuple[tv_tensors.Image, Target]]) -> tuple[tv_tensors.Image, Target]:
         """Four ``(image, target)`` pairs -> one ``size x size`` mosaic and its target (``image_id`` of the first)."""
         if any("masks" in target for _, target in items):
-            raise ValueError("MosaicDetection: mosaics of instance masks are not supported; set mosaic_probability to 0")
+            raise ValueError(
+                "MosaicDetection: mosaics of instance masks are not supported; set mosaic_probability to 0"
+            )
         size = self.size
         canvas = torch.full((3, 2 * size, 2 * size), FILL, dtype=torch.uint8)
         centre_x, centre_y = (int(v) for v in torch.randint(size // 2, 3 * size // 2 + 1, (2,)))
@@ -212,8 +233,10 @@ class MosaicDetection(Dataset):
             top = centre_y - new_h if quadrant in (0, 1) else centre_y
             x0, y0 = max(left, 0), max(top, 0)
             x1, y1 = min(left + new_w, 2 * size), min(top + new_h, 2 * size)
-            canvas[:, y0:y1, x0:x1] = image[:, y0 - top:y1 - top, x0 - left:x1 - left]
-            scaled = target["boxes"].as_subclass(torch.Tensor).float() * torch.tensor([new_w / width, new_h / height] * 2)
+            canvas[:, y0:y1, x0:x1] = image[:, y0 - top : y1 - top, x0 - left : x1 - left]
+            scaled = target["boxes"].as_subclass(torch.Tensor).float() * torch.tensor(
+                [new_w / width, new_h / height] * 2
+            )
             boxes.append(scaled + torch.tensor([left, top, left, top], dtype=torch.float32))
             labels.append(target["labels"])
         offset = size // 2  # the kept window's top-left corner in the canvas
@@ -222,7 +245,7 @@ class MosaicDetection(Dataset):
         clipped = (boxes_in_canvas - offset).clamp(0, size)
         sides = clipped[:, 2:] - clipped[:, :2]
         keep = (sides >= 2).all(1) & (sides.prod(1) >= self.min_visible * full_area)
-        mosaic = tv_tensors.Image(canvas[:, offset:offset + size, offset:offset + size])
+        mosaic = tv_tensors.Image(canvas[:, offset : offset + size, offset : offset + size])
         canvas_size = (size, size)
         first = items[0][1]
         return mosaic, {

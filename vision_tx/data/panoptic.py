@@ -35,14 +35,16 @@ def panoptic_boxes_as_coco(panoptic: dict[str, Any]) -> COCO:
         for segment in ann["segments_info"]:
             if int(segment["category_id"]) not in thing_ids:
                 continue
-            annotations.append({
-                "id": len(annotations) + 1,  # COCOeval needs unique ids above 0
-                "image_id": int(ann["image_id"]),
-                "category_id": int(segment["category_id"]),
-                "bbox": [float(v) for v in segment["bbox"]],
-                "area": float(segment["area"]),
-                "iscrowd": int(segment.get("iscrowd", 0)),
-            })
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,  # COCOeval needs unique ids above 0
+                    "image_id": int(ann["image_id"]),
+                    "category_id": int(segment["category_id"]),
+                    "bbox": [float(v) for v in segment["bbox"]],
+                    "area": float(segment["area"]),
+                    "iscrowd": int(segment.get("iscrowd", 0)),
+                }
+            )
     coco = COCO()
     coco.dataset = {"images": panoptic["images"], "annotations": annotations, "categories": things}
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress lines

@@ -12,7 +12,8 @@ batches already trained on.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,8 +85,14 @@ class EpochSampler(DistributedSampler):
             raise ValueError(f"EpochSampler: repeats must be >= 1, got {repeats}")
         world_size, own_rank = process_share()
         world_size = world_size if num_replicas is None else num_replicas
-        super().__init__(dataset, num_replicas=world_size, rank=own_rank if rank is None else rank, shuffle=shuffle,
-                         seed=seed, drop_last=True)
+        super().__init__(
+            dataset,
+            num_replicas=world_size,
+            rank=own_rank if rank is None else rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=True,
+        )
         self.batch_size = batch_size
         self.repeats = repeats
         self.num_samples = len(dataset) // (batch_size * world_size) * batch_size
@@ -115,7 +122,9 @@ class ResumableLoader(DataLoader):
     ``repeats`` is the repeated augmentation of :class:`EpochSampler`. Other keyword arguments go to ``DataLoader``.
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int, seed: int | None = None, repeats: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: Dataset, batch_size: int, seed: int | None = None, repeats: int = 1, **kwargs: Any
+    ) -> None:
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
         # The loader's own generator seeds the workers, so creating an iterator draws nothing
         # from the process's generator either.

@@ -42,7 +42,8 @@ def read_schedule(
     entries: dict[str, LongRun] = {}
     for name, entry in (schedule or {}).items():
         if name not in probabilities:
-            raise ValueError(f"{owner}: augmentation_schedule names {name!r}; its augmentations are "
-                             f"{sorted(probabilities)}")
+            raise ValueError(
+                f"{owner}: augmentation_schedule names {name!r}; its augmentations are {sorted(probabilities)}"
+            )
         entries[name] = entry if isinstance(entry, LongRun) else LongRun(**entry)
     return entries

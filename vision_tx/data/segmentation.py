@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -100,7 +101,9 @@ class RandomCropCatMax(v2.Transform):
         if self.cat_max_ratio >= 1 or not masks:
             return params
         for _ in range(self.max_tries):
-            window = masks[0][params["top"] : params["top"] + params["height"], params["left"] : params["left"] + params["width"]]
+            window = masks[0][
+                params["top"] : params["top"] + params["height"], params["left"] : params["left"] + params["width"]
+            ]
             counts = torch.bincount(window[window != self.ignore_index].flatten())
             counts = counts[counts > 0]
             if len(counts) > 1 and counts.max() / counts.sum() < self.cat_max_ratio:
@@ -150,7 +153,9 @@ class PhotometricDistortion(v2.Transform):
         if not isinstance(inpt, tv_tensors.Image):
             return inpt
         if not inpt.is_floating_point():
-            raise TypeError("PhotometricDistortion needs a float image in [0, 1]; put ToDtype(float32, scale=True) first")
+            raise TypeError(
+                "PhotometricDistortion needs a float image in [0, 1]; put ToDtype(float32, scale=True) first"
+            )
         image = (inpt + params["brightness"]).clamp(0, 1)
         if params["contrast_first"]:
             image = (image * params["contrast"]).clamp(0, 1)
@@ -189,15 +194,17 @@ def train_transforms(
     """The training pipeline: random rescale (``scale`` (long, short) edge limits times a factor in ``ratio_range``),
     cat-max crop to ``crop_size`` (no class over ``cat_max_ratio`` of it, ``ignore_index`` pixels not counted),
     flip, photometric distortion, normalise, pad to ``crop_size`` (labels with ``ignore_index``)."""
-    return v2.Compose([
-        RandomRescale(scale, ratio_range),
-        RandomCropCatMax(crop_size, cat_max_ratio, ignore_index),
-        v2.RandomHorizontalFlip(),
-        v2.ToDtype(torch.float32, scale=True),
-        PhotometricDistortion(),
-        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-        PadTo(crop_size, ignore_index),
-    ])
+    return v2.Compose(
+        [
+            RandomRescale(scale, ratio_range),
+            RandomCropCatMax(crop_size, cat_max_ratio, ignore_index),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            PhotometricDistortion(),
+            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+            PadTo(crop_size, ignore_index),
+        ]
+    )
 
 
 class ValTransform:
@@ -205,9 +212,9 @@ class ValTransform:
     as predictions are scored at the original resolution."""
 
     def __init__(self, scale: Sequence[int] = (2048, 512)) -> None:
-        self.image_pipeline = v2.Compose([
-            RandomRescale(scale), v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)
-        ])
+        self.image_pipeline = v2.Compose(
+            [RandomRescale(scale), v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+        )
 
     def __call__(self, image: tv_tensors.Image, label: tv_tensors.Mask) -> tuple[torch.Tensor, torch.Tensor]:
         return self.image_pipeline(image), label
@@ -216,7 +223,9 @@ class ValTransform:
         return f"{type(self).__name__}({self.image_pipeline})"
 
 
-def collate_segmentation(batch: Sequence[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = IGNORE_INDEX) -> dict[str, Any]:
+def collate_segmentation(
+    batch: Sequence[tuple[torch.Tensor, torch.Tensor]], ignore_index: int = IGNORE_INDEX
+) -> dict[str, Any]:
     """Pads the images (with 0) and labels (with ``ignore_index``) of a ``batch`` of ``(image [3,H,W], label [H,W])``
     pairs to the largest in the batch, bottom and right.
 
@@ -299,13 +308,21 @@ class SegmentationDataModule(pl.LightningDataModule):
         hp = self.hparams
         if stage in (None, "fit"):
             pipeline = train_transforms(hp.scale, hp.ratio_range, hp.crop_size, hp.cat_max_ratio, self.ignore_index)
-            self.train_set = ADE20KDataset(root, hp.train_split, pipeline, self.class_names, skip_invalid=hp.skip_invalid)
-        self.val_set = ADE20KDataset(root, hp.val_split, ValTransform(hp.scale), self.class_names, skip_invalid=hp.skip_invalid)
+            self.train_set = ADE20KDataset(
+                root, hp.train_split, pipeline, self.class_names, skip_invalid=hp.skip_invalid
+            )
+        self.val_set = ADE20KDataset(
+            root, hp.val_split, ValTransform(hp.scale), self.class_names, skip_invalid=hp.skip_invalid
+        )
 
     def _loader_options(self) -> dict[str, Any]:
         workers = self.hparams.num_workers
-        return {"num_workers": workers, "persistent_workers": workers > 0, "pin_memory": torch.cuda.is_available(),
-                "collate_fn": collate_segmentation}
+        return {
+            "num_workers": workers,
+            "persistent_workers": workers > 0,
+            "pin_memory": torch.cuda.is_available(),
+            "collate_fn": collate_segmentation,
+        }
 
     def train_dataloader(self) -> DataLoader:
         return ResumableLoader(self.train_set, self.hparams.batch_size, **self._loader_options())

@@ -38,7 +38,11 @@ def _draw(rng: np.random.Generator, class_name: str, side: int) -> np.ndarray:
 
 
 def make_toy_classification(
-    out_dir: str | os.PathLike, num_train_per_class: int = 40, num_val_per_class: int = 10, side: int = 64, seed: int = 0
+    out_dir: str | os.PathLike,
+    num_train_per_class: int = 40,
+    num_val_per_class: int = 10,
+    side: int = 64,
+    seed: int = 0,
 ) -> Path:
     """Writes the toy set into ``out_dir`` (which must not exist yet): ``num_train_per_class`` and
     ``num_val_per_class`` images of ``side`` pixels per class, drawn from ``seed``; same arguments, same bytes."""
@@ -50,7 +54,12 @@ def make_toy_classification(
             folder.mkdir(parents=True)
             for index in range(count):
                 Image.fromarray(_draw(rng, class_name, side)).save(folder / f"{index:05d}.png")
-    info = {"description": "vision_tx toy classification shapes", "version": TOY_VERSION, "seed": seed, "classes": TOY_CLASSES}
+    info = {
+        "description": "vision_tx toy classification shapes",
+        "version": TOY_VERSION,
+        "seed": seed,
+        "classes": TOY_CLASSES,
+    }
     (out_dir / "info.json").write_text(json.dumps(info))
     return out_dir
 

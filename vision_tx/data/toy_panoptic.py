@@ -20,7 +20,8 @@ from PIL import Image
 from scipy import ndimage
 
 from vision_tx.data.coco_panoptic import MAX_SEGMENT_ID, write_panoptic_png
-from vision_tx.data.toy import CATEGORIES as SHAPES, cached_build, shape_mask
+from vision_tx.data.toy import CATEGORIES as SHAPES
+from vision_tx.data.toy import cached_build, shape_mask
 
 # Bump when the drawing changes, so that old caches are regenerated.
 TOY_VERSION = 1
@@ -30,8 +31,11 @@ STUFF = (
 )
 CATEGORIES = tuple(
     {
-        "id": c["id"], "name": c["name"], "supercategory": "shape" if isthing else "scene",
-        "isthing": int(isthing), "color": list(c["colour"]),
+        "id": c["id"],
+        "name": c["name"],
+        "supercategory": "shape" if isthing else "scene",
+        "isthing": int(isthing),
+        "color": list(c["colour"]),
     }
     for isthing, group in ((True, SHAPES), (False, STUFF))
     for c in group
@@ -104,9 +108,13 @@ def make_toy_coco_panoptic(
             Image.fromarray(pixels).save(out_dir / split / file_name)
             write_panoptic_png(out_dir / "annotations" / f"panoptic_{split}" / file_name, torch.from_numpy(ids))
             images.append({"id": image_id, "file_name": file_name, "height": pixels.shape[0], "width": pixels.shape[1]})
-            annotations.append({
-                "image_id": image_id, "file_name": file_name, "segments_info": [_segment_info(s, ids) for s in segments]
-            })
+            annotations.append(
+                {
+                    "image_id": image_id,
+                    "file_name": file_name,
+                    "segments_info": [_segment_info(s, ids) for s in segments],
+                }
+            )
         info = {"description": "vision_tx toy panoptic shapes", "version": TOY_VERSION, "seed": seed}
         dataset = {"info": info, "images": images, "annotations": annotations, "categories": list(CATEGORIES)}
         (out_dir / "annotations" / f"panoptic_{split}.json").write_text(json.dumps(dataset))

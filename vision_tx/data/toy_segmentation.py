@@ -46,7 +46,12 @@ def _draw(rng: np.random.Generator, min_side: int, max_side: int) -> tuple[np.nd
 
 
 def make_toy_segmentation(
-    out_dir: str | os.PathLike, num_train: int = 48, num_val: int = 16, min_side: int = 96, max_side: int = 160, seed: int = 0
+    out_dir: str | os.PathLike,
+    num_train: int = 48,
+    num_val: int = 16,
+    min_side: int = 96,
+    max_side: int = 160,
+    seed: int = 0,
 ) -> Path:
     """Writes the toy dataset into ``out_dir`` (which must not exist yet): ``num_train`` and ``num_val`` images with
     sides from ``min_side`` to ``max_side``, drawn from ``seed``; same arguments, same bytes."""
@@ -61,7 +66,12 @@ def make_toy_segmentation(
             stem = f"TOY_{split[:5]}_{index + 1:08d}"
             Image.fromarray(image).save(base / "images" / split / f"{stem}.jpg", quality=95)
             Image.fromarray(label).save(base / "annotations" / split / f"{stem}.png")
-    info = {"description": "vision_tx toy segmentation shapes", "version": TOY_VERSION, "seed": seed, "classes": TOY_CLASSES}
+    info = {
+        "description": "vision_tx toy segmentation shapes",
+        "version": TOY_VERSION,
+        "seed": seed,
+        "classes": TOY_CLASSES,
+    }
     (out_dir / "info.json").write_text(json.dumps(info))
     return out_dir
 

@@ -7,8 +7,8 @@ transformed image's ``(h, w)`` at the end.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torchvision import tv_tensors
@@ -168,45 +168,64 @@ class DetrTrainTransform(DetectionTransform):
         quarter_turn_probability: float = 0.0,
         augmentation_schedule: Mapping[str, LongRun | Mapping[str, Any]] | None = None,
     ):
-        for name, probability in (("crop_probability", crop_probability), ("affine_probability", affine_probability),
-                                  ("channel_permutation_probability", channel_permutation_probability),
-                                  ("vertical_flip_probability", vertical_flip_probability),
-                                  ("quarter_turn_probability", quarter_turn_probability)):
+        for name, probability in (
+            ("crop_probability", crop_probability),
+            ("affine_probability", affine_probability),
+            ("channel_permutation_probability", channel_permutation_probability),
+            ("vertical_flip_probability", vertical_flip_probability),
+            ("quarter_turn_probability", quarter_turn_probability),
+        ):
             if not 0.0 <= probability <= 1.0:
                 raise ValueError(f"{__name__}: {name} must be in [0, 1], got {probability}")
         multi_scale = RandomShortestSide(scales, max_size=max_size)
-        zoom_and_shift = v2.RandomAffine(0, (translate, translate), tuple(affine_scale), fill={tv_tensors.Image: FILL, "others": 0})
+        zoom_and_shift = v2.RandomAffine(
+            0, (translate, translate), tuple(affine_scale), fill={tv_tensors.Image: FILL, "others": 0}
+        )
         self.affine = SwitchableRandomApply([zoom_and_shift], p=affine_probability)
-        self.channel_permutation = SwitchableRandomApply([v2.RandomChannelPermutation()], p=channel_permutation_probability)
+        self.channel_permutation = SwitchableRandomApply(
+            [v2.RandomChannelPermutation()], p=channel_permutation_probability
+        )
         self.vertical_flip = SwitchableRandomApply([v2.RandomVerticalFlip(p=1.0)], p=vertical_flip_probability)
         quarter_turn = v2.RandomRotation(degrees=(90, 90), expand=True)
         self.quarter_turn = SwitchableRandomApply([quarter_turn], p=quarter_turn_probability)
-        self.augmentation_schedule = read_schedule(type(self).__name__, augmentation_schedule,
-                                                   self.augmentation_probabilities())
+        self.augmentation_schedule = read_schedule(
+            type(self).__name__, augmentation_schedule, self.augmentation_probabilities()
+        )
         super().__init__(
-            v2.Compose([
-                v2.RandomHorizontalFlip(),
-                self.vertical_flip,
-                self.quarter_turn,
-                v2.RandomChoice([
-                    multi_scale,
-                    v2.Compose([
-                        RandomShortestSide(crop_scales),
-                        RandomSizeCrop(*crop_size),
-                        multi_scale,
-                    ]),
-                ], p=[1.0 - crop_probability, crop_probability]),
-                self.affine,
-                self.channel_permutation,
-                *_to_normalized_float(),
-                v2.SanitizeBoundingBoxes(),
-            ])
+            v2.Compose(
+                [
+                    v2.RandomHorizontalFlip(),
+                    self.vertical_flip,
+                    self.quarter_turn,
+                    v2.RandomChoice(
+                        [
+                            multi_scale,
+                            v2.Compose(
+                                [
+                                    RandomShortestSide(crop_scales),
+                                    RandomSizeCrop(*crop_size),
+                                    multi_scale,
+                                ]
+                            ),
+                        ],
+                        p=[1.0 - crop_probability, crop_probability],
+                    ),
+                    self.affine,
+                    self.channel_permutation,
+                    *_to_normalized_float(),
+                    v2.SanitizeBoundingBoxes(),
+                ]
+            )
         )
 
     def switches(self) -> dict[str, SwitchableRandomApply]:
         """The affine, the channel permutation, the vertical flip and the quarter turn, by name."""
-        return {"affine": self.affine, "channel_permutation": self.channel_permutation,
-                "vertical_flip": self.vertical_flip, "quarter_turn": self.quarter_turn}
+        return {
+            "affine": self.affine,
+            "channel_permutation": self.channel_permutation,
+            "vertical_flip": self.vertical_flip,
+            "quarter_turn": self.quarter_turn,
+        }
 
 
 class DetrValTransform(DetectionTransform):

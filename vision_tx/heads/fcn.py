@@ -38,7 +38,9 @@ class FCNHead(nn.Module):
     UperNet auxiliary head (``FCNHead``, ``num_convs=1``, ``concat_input=False``).
     """
 
-    def __init__(self, in_channels: int, num_classes: int, channels: int = 256, num_convs: int = 1, dropout: float = 0.1) -> None:
+    def __init__(
+        self, in_channels: int, num_classes: int, channels: int = 256, num_convs: int = 1, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.convs = nn.Sequential(
             *(ConvBNReLU(in_channels if i == 0 else channels, channels, 3) for i in range(num_convs))

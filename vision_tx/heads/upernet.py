@@ -7,7 +7,7 @@ its checkpoints' head weights load by name except the classifier (mmseg's ``conv
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

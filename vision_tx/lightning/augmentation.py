@@ -14,8 +14,15 @@ from vision_tx.data.schedule import LongRun
 from vision_tx.lightning.budget import TrainingBudget, budget_of
 
 # what the messages call each augmentation a schedule may name
-NAMES = {"mosaic": "mosaics", "mixup": "mixup", "copy_paste": "copy-paste", "affine": "affine",
-         "channel_permutation": "channel permutation", "vertical_flip": "vertical flip", "quarter_turn": "quarter turn"}
+NAMES = {
+    "mosaic": "mosaics",
+    "mixup": "mixup",
+    "copy_paste": "copy-paste",
+    "affine": "affine",
+    "channel_permutation": "channel permutation",
+    "vertical_flip": "vertical flip",
+    "quarter_turn": "quarter turn",
+}
 
 
 class LongRunAugmentation(pl.Callback):
@@ -50,8 +57,11 @@ class LongRunAugmentation(pl.Callback):
         self._datamodule: Any = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"on_epochs": {f"{length:g}": epoch for length, epoch in self.on_epochs.items()},
-                "drop_epoch": self.drop_epoch, "next_epoch": self._next_epoch}
+        return {
+            "on_epochs": {f"{length:g}": epoch for length, epoch in self.on_epochs.items()},
+            "drop_epoch": self.drop_epoch,
+            "next_epoch": self._next_epoch,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         restored = {float(length): epoch for length, epoch in state_dict["on_epochs"].items()}
@@ -101,7 +111,9 @@ class LongRunAugmentation(pl.Callback):
         budget: TrainingBudget | None = budget_of(trainer)
         if budget is not None:
             seconds = budget.elapsed()
-            return trainer.current_epoch * 60 * budget.minutes / seconds if trainer.current_epoch and seconds > 0 else 0.0
+            return (
+                trainer.current_epoch * 60 * budget.minutes / seconds if trainer.current_epoch and seconds > 0 else 0.0
+            )
         if trainer.max_steps > 0:
             return trainer.max_steps * trainer.accumulate_grad_batches / self.batches_per_epoch(trainer)
         return math.inf if trainer.max_epochs in (None, -1) else float(trainer.max_epochs)
@@ -111,14 +123,18 @@ class LongRunAugmentation(pl.Callback):
         planned = self.planned_epochs(trainer)
         if trainer.strategy.reduce_boolean_decision(planned >= length, all=False):
             self.on_epochs[length] = epoch
-            rank_zero_info(f"LongRunAugmentation: {self.names(length)} on from epoch {epoch} (the run makes about "
-                           f"{planned:.0f} epochs, the schedule's from_epochs {length:g})")
+            rank_zero_info(
+                f"LongRunAugmentation: {self.names(length)} on from epoch {epoch} (the run makes about "
+                f"{planned:.0f} epochs, the schedule's from_epochs {length:g})"
+            )
         elif length not in self._told_off:
             self._told_off.add(length)
             known = f"about {planned:.0f}" if planned else "not yet known"
             names = self.names(length).replace(" and ", " or ")
-            rank_zero_info(f"LongRunAugmentation: no {names} while the run's length is under the schedule's "
-                           f"from_epochs {length:g} ({known})")
+            rank_zero_info(
+                f"LongRunAugmentation: no {names} while the run's length is under the schedule's "
+                f"from_epochs {length:g} ({known})"
+            )
 
     def _apply(self, epoch: int) -> None:
         """Sets every scheduled probability for ``epoch``: as configured while on and not closed, else 0."""
@@ -133,8 +149,10 @@ class LongRunAugmentation(pl.Callback):
             on = on_epoch is not None and epoch >= on_epoch and not closes
             wanted[name] = self.configured[name] if on else 0.0
             if closes and current[name] != 0.0:
-                rank_zero_info(f"LongRunAugmentation: {NAMES[name]} off from epoch {epoch} "
-                               f"(the learning rate dropped in epoch {self.drop_epoch})")
+                rank_zero_info(
+                    f"LongRunAugmentation: {NAMES[name]} off from epoch {epoch} "
+                    f"(the learning rate dropped in epoch {self.drop_epoch})"
+                )
         if wanted:
             self._datamodule.set_augmentation_probabilities(wanted)
 
@@ -147,11 +165,15 @@ class LongRunAugmentation(pl.Callback):
                     self._decide(trainer, length, trainer.current_epoch)
         self._apply(trainer.current_epoch)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if not self.schedule:
             return
-        if self.drop_epoch is None and any(group["lr"] < group.get("initial_lr", group["lr"])
-                                           for optimizer in trainer.optimizers for group in optimizer.param_groups):
+        if self.drop_epoch is None and any(
+            group["lr"] < group.get("initial_lr", group["lr"])
+            for optimizer in trainer.optimizers
+            for group in optimizer.param_groups
+        ):
             self.drop_epoch = trainer.current_epoch
         self._next_epoch = trainer.current_epoch + (batch_idx + 1 >= trainer.num_training_batches)

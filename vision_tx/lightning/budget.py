@@ -86,14 +86,18 @@ class TrainingBudget(pl.Callback):
         if self.planned_steps is None and trainer.max_steps > 0:
             self.planned_steps = trainer.max_steps
         if trainer.max_steps > 0:
-            rank_zero_warn(f"TrainingBudget: the trainer keeps its step limit ({trainer.max_steps}): the run ends "
-                           "there if the budget has not run out before (tools/train.py lifts it into planned_steps)")
+            rank_zero_warn(
+                f"TrainingBudget: the trainer keeps its step limit ({trainer.max_steps}): the run ends "
+                "there if the budget has not run out before (tools/train.py lifts it into planned_steps)"
+            )
         schedulers = [(c.scheduler, c.interval) for c in trainer.lr_scheduler_configs]
         if self.planned_steps is None or any(not isinstance(s, PlannedStepLR) or i != "step" for s, i in schedulers):
             kinds = ", ".join(f"{type(s).__name__} every {i}" for s, i in schedulers) or "none"
-            rank_zero_warn(f"TrainingBudget: only a step plan (planned_steps, a PlannedStepLR stepped every step) is "
-                           f"stretched to the budget; this run's (planned steps {self.planned_steps}, schedule: "
-                           f"{kinds}) runs as written and stops at the budget if it has not ended before")
+            rank_zero_warn(
+                f"TrainingBudget: only a step plan (planned_steps, a PlannedStepLR stepped every step) is "
+                f"stretched to the budget; this run's (planned steps {self.planned_steps}, schedule: "
+                f"{kinds}) runs as written and stops at the budget if it has not ended before"
+            )
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._pause()
@@ -103,7 +107,9 @@ class TrainingBudget(pl.Callback):
             self.validated_step = trainer.global_step
             self._resume()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.images += len(batch["images"]) if isinstance(batch, dict) else len(batch[0])
         self.threads.add(torch.get_num_threads())
         if self.minutes is None:
@@ -118,7 +124,9 @@ class TrainingBudget(pl.Callback):
         self._training = False
         self.steps = trainer.global_step
         # Under DDP each process counted its own images and CPU seconds: the run's are their sums.
-        images, cpu = trainer.strategy.reduce(torch.tensor([self.images, self.cpu], dtype=torch.float64), reduce_op="sum").tolist()
+        images, cpu = trainer.strategy.reduce(
+            torch.tensor([self.images, self.cpu], dtype=torch.float64), reduce_op="sum"
+        ).tolist()
         self.images, self.cpu = int(images), cpu
         log_dir = trainer.log_dir  # a broadcast under DDP: every process asks
         if trainer.is_global_zero and log_dir is not None and trainer.loggers:
@@ -126,9 +134,15 @@ class TrainingBudget(pl.Callback):
 
     def summary(self) -> dict[str, Any]:
         """Training seconds, CPU seconds, images, images per second, steps, the last validated step, threads."""
-        return {"train_seconds": self.spent, "cpu_seconds": self.cpu, "images_seen": self.images,
-                "images_per_second": self.images / max(self.spent, 1e-9), "steps": self.steps,
-                "validated_step": self.validated_step, "torch_threads": sorted(self.threads)}
+        return {
+            "train_seconds": self.spent,
+            "cpu_seconds": self.cpu,
+            "images_seen": self.images,
+            "images_per_second": self.images / max(self.spent, 1e-9),
+            "steps": self.steps,
+            "validated_step": self.validated_step,
+            "torch_threads": sorted(self.threads),
+        }
 
 
 def budget_of(trainer: pl.Trainer) -> TrainingBudget | None:
@@ -151,8 +165,13 @@ class PlannedStepLR(LambdaLR):
     run's plan (:func:`planned_step` of ``trainer``): at optimiser steps, or stretched over a time budget. Stepped
     every optimiser step; its checkpoint state is ``LambdaLR``'s (the plan itself is the config's)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, milestones: list[int], gamma: float = 0.1,
-                 trainer: pl.Trainer | None = None) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        milestones: list[int],
+        gamma: float = 0.1,
+        trainer: pl.Trainer | None = None,
+    ) -> None:
         self.milestones, self.gamma = sorted(milestones), gamma
 
         def factor(step: int) -> float:

@@ -46,13 +46,18 @@ class NonFiniteLossGuard(pl.Callback):
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         if self._bad_terms is None and not torch.isfinite(loss.detach()).all():
-            logged = {name: float(value) for name, value in trainer.callback_metrics.items()
-                      if name.startswith("train/") and value.numel() == 1}
+            logged = {
+                name: float(value)
+                for name, value in trainer.callback_metrics.items()
+                if name.startswith("train/") and value.numel() == 1
+            }
             self._bad_terms = {name: value for name, value in logged.items() if not math.isfinite(value)}
             if "train/loss" not in self._bad_terms:
                 self._bad_terms["loss"] = float(loss.detach().sum())
 
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
         bad_terms, self._bad_terms = self._bad_terms, None
         if not trainer.strategy.reduce_boolean_decision(bad_terms is not None, all=False):
             self.consecutive = 0
@@ -60,7 +65,9 @@ class NonFiniteLossGuard(pl.Callback):
         step = trainer.global_step
         terms = ", ".join(f"{name}={value}" for name, value in (bad_terms or {}).items()) or "in another process"
         if self.policy == "stop":
-            raise NonFiniteLossError(f"step {step}: non-finite loss ({terms}); training stopped before the weights changed")
+            raise NonFiniteLossError(
+                f"step {step}: non-finite loss ({terms}); training stopped before the weights changed"
+            )
         self.skipped += 1
         self.consecutive += 1
         if self.consecutive >= self.max_consecutive_skips:
@@ -68,7 +75,9 @@ class NonFiniteLossGuard(pl.Callback):
                 f"step {step}: non-finite loss ({terms}) for {self.consecutive} steps in a row "
                 f"(max_consecutive_skips={self.max_consecutive_skips}); training stopped before the weights changed"
             )
-        rank_zero_warn(f"step {step}: non-finite loss ({terms}); optimizer step skipped ({self.skipped} skipped so far)")
+        rank_zero_warn(
+            f"step {step}: non-finite loss ({terms}); optimizer step skipped ({self.skipped} skipped so far)"
+        )
         for group in optimizer.param_groups:
             for param in group["params"]:
                 param.grad = None
@@ -95,7 +104,10 @@ class RandomStateCheckpoint(pl.Callback):
     def state_dict(self) -> dict[str, Any]:
         # Lightning builds the checkpoint on every process (only the first writes it), so the gather
         # below is entered by all of them.
-        own = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        own = {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
         if self._world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             states: list[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(states, own)
@@ -111,8 +123,10 @@ class RandomStateCheckpoint(pl.Callback):
         # Checkpoints of earlier releases hold one state, the first process's.
         states = self._to_restore.get("per_process") or [self._to_restore]
         if len(states) != trainer.world_size:
-            rank_zero_warn(f"RandomStateCheckpoint: the checkpoint holds the random state of {len(states)} process(es), "
-                           f"this run has {trainer.world_size}: process r resumes with the state of process r % {len(states)}")
+            rank_zero_warn(
+                f"RandomStateCheckpoint: the checkpoint holds the random state of {len(states)} process(es), "
+                f"this run has {trainer.world_size}: process r resumes with the state of process r % {len(states)}"
+            )
         state = states[trainer.global_rank % len(states)]
         torch.set_rng_state(state["torch"])
         if state["cuda"] and torch.cuda.is_available():
@@ -158,10 +172,14 @@ class SharpnessAwareMinimization(pl.Callback):
         if not pl_module.automatic_optimization:
             raise ValueError("SharpnessAwareMinimization needs automatic optimisation")
         if trainer.accumulate_grad_batches != 1:
-            raise ValueError(f"SharpnessAwareMinimization: accumulate_grad_batches must be 1, not {trainer.accumulate_grad_batches}")
+            raise ValueError(
+                f"SharpnessAwareMinimization: accumulate_grad_batches must be 1, not {trainer.accumulate_grad_batches}"
+            )
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
-            raise ValueError("SharpnessAwareMinimization: fp16 mixed precision steps through a gradient scaler without "
-                             "a closure; use --trainer.precision bf16-mixed or 32")
+            raise ValueError(
+                "SharpnessAwareMinimization: fp16 mixed precision steps through a gradient scaler without "
+                "a closure; use --trainer.precision bf16-mixed or 32"
+            )
         trainer.strategy.optimizers = [
             optimizer if isinstance(optimizer, SAM) else SAM.wrapping(optimizer, self.rho, self.adaptive)
             for optimizer in trainer.strategy.optimizers
@@ -203,7 +221,9 @@ class TrainingMonitor(LearningRateMonitor):
         if trainer.loggers:
             super().on_train_epoch_start(trainer, *args, **kwargs)
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if not trainer.loggers:
             return
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
@@ -215,7 +235,9 @@ class TrainingMonitor(LearningRateMonitor):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._batch_starts.clear()  # the time spent validating is no training time
 
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
         # Lightning clips after this hook: the gradients are the unclipped (and unscaled) ones.
         if not trainer.loggers or not trainer._logger_connector.should_update_logs:
             return

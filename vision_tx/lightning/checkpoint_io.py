@@ -31,7 +31,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         save_atomic(checkpoint, path)
 
-    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         if not isinstance(get_filesystem(path), LocalFileSystem):
             return super().load_checkpoint(path, map_location, weights_only)
         return read_training_checkpoint(path, self.model)

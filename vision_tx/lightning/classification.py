@@ -22,16 +22,17 @@ from vision_tx.attention import classifier_attention_pictures
 from vision_tx.backbones import build_classifier, load_weights
 from vision_tx.checkpoint import read_checkpoint, unwrap_state_dict
 from vision_tx.io import merge_metrics_json
-from vision_tx.visualize import denormalize
 from vision_tx.lightning.common import adamw, is_fitting, param_groups
 from vision_tx.lightning.task import TaskModule
-from vision_tx.visualize import draw_confusion, draw_top_classes, save_grid
+from vision_tx.visualize import denormalize, draw_confusion, draw_top_classes, save_grid
 
 TORCHVISION_PREFIX = "torchvision:"
 CLASS_KEYS = (r"^head(_dist)?\.",)  # the classifiers' tensors with a row per class (fine-tuning: load_weights)
 
 
-def warmup_cosine_factor(step: int, total_steps: int, warmup_steps: int, warmup_ratio: float, final_ratio: float) -> float:
+def warmup_cosine_factor(
+    step: int, total_steps: int, warmup_steps: int, warmup_ratio: float, final_ratio: float
+) -> float:
     """The learning-rate multiplier at ``step``: linear from ``warmup_ratio`` to 1 over ``warmup_steps``,
     then a half cosine from 1 down to ``final_ratio`` at ``total_steps``."""
     if step < warmup_steps:
@@ -47,7 +48,9 @@ def class_and_distillation_logits(outputs: Any) -> tuple[torch.Tensor, torch.Ten
         return outputs, None
     heads = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
     if len(heads) != 2:
-        raise ValueError(f"a classifier returns logits or a pair (class, distillation) of them, got {len(heads)} outputs")
+        raise ValueError(
+            f"a classifier returns logits or a pair (class, distillation) of them, got {len(heads)} outputs"
+        )
     return heads[0], heads[1]
 
 
@@ -56,7 +59,9 @@ def load_teacher(path: str, name: str, num_classes: int, kwargs: dict[str, Any] 
     or ``torchvision:NAME`` (``torchvision.models.get_model``), built with the keyword arguments ``kwargs``, its
     weights read strictly from ``path`` (a native, official or Lightning checkpoint)."""
     if name.startswith(TORCHVISION_PREFIX):
-        teacher = torchvision.models.get_model(name[len(TORCHVISION_PREFIX):], num_classes=num_classes, **(kwargs or {}))
+        teacher = torchvision.models.get_model(
+            name[len(TORCHVISION_PREFIX) :], num_classes=num_classes, **(kwargs or {})
+        )
         teacher.load_state_dict(unwrap_state_dict(read_checkpoint(path), path))
     else:
         teacher = build_classifier(name, num_classes, **(kwargs or {}))
@@ -114,7 +119,9 @@ class ClassificationModule(TaskModule):
         super().__init__(**kwargs)
         self.save_hyperparameters()
         if teacher is not None and teacher_backbone is None:
-            raise ValueError("ClassificationModule: teacher needs teacher_backbone (a factory name or torchvision:NAME)")
+            raise ValueError(
+                "ClassificationModule: teacher needs teacher_backbone (a factory name or torchvision:NAME)"
+            )
         self.model: nn.Module | None = None
         self._teacher: tuple[nn.Module, ...] = ()  # outside the state dict and out of train()
 
@@ -137,7 +144,11 @@ class ClassificationModule(TaskModule):
         if hp.teacher and is_fitting(self):
             self._teacher = (load_teacher(hp.teacher, hp.teacher_backbone, hp.num_classes, hp.teacher_kwargs),)
             rank_zero_info(f"distillation teacher: {hp.teacher_backbone} from {hp.teacher}")
-        mixers = [mix(alpha=a, num_classes=hp.num_classes) for mix, a in ((v2.MixUp, hp.mixup_alpha), (v2.CutMix, hp.cutmix_alpha)) if a > 0]
+        mixers = [
+            mix(alpha=a, num_classes=hp.num_classes)
+            for mix, a in ((v2.MixUp, hp.mixup_alpha), (v2.CutMix, hp.cutmix_alpha))
+            if a > 0
+        ]
         self.mix = v2.RandomChoice(mixers) if mixers else None
         top_k = min(5, hp.num_classes)
         self.val_top1 = MulticlassAccuracy(hp.num_classes, top_k=1, average="micro")
@@ -162,7 +173,9 @@ class ClassificationModule(TaskModule):
             with torch.no_grad():
                 teacher_labels = teacher(images).argmax(1)
             losses["distillation"] = F.cross_entropy(logits if distillation is None else distillation, teacher_labels)
-            losses["loss"] = (1 - hp.distillation_weight) * losses["class"] + hp.distillation_weight * losses["distillation"]
+            losses["loss"] = (1 - hp.distillation_weight) * losses["class"] + hp.distillation_weight * losses[
+                "distillation"
+            ]
         elif distillation is not None:
             losses["distillation"] = F.cross_entropy(distillation, targets, label_smoothing=hp.label_smoothing)
             losses["loss"] = (losses["class"] + losses["distillation"]) / 2
@@ -180,7 +193,9 @@ class ClassificationModule(TaskModule):
             metric.update(logits, labels)
         if len(self.preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
             names = self.class_names
-            for image, probabilities in zip(images[: self.hparams.num_visualized - len(self.preview)], logits.softmax(1)):
+            for image, probabilities in zip(
+                images[: self.hparams.num_visualized - len(self.preview)], logits.softmax(1)
+            ):
                 self.preview.append(draw_top_classes(denormalize(image), probabilities.cpu(), names))
 
     def on_validation_epoch_end(self) -> None:
@@ -208,7 +223,12 @@ class ClassificationModule(TaskModule):
         datamodule = self.trainer.datamodule
         global_batch = datamodule.hparams.batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
         lr = hp.lr * global_batch / hp.lr_batch_size
-        optimizer = adamw(self, param_groups(self.model, lr, hp.weight_decay, decay_norms_and_biases=hp.decay_norms_and_biases), lr=lr, betas=hp.betas)
+        optimizer = adamw(
+            self,
+            param_groups(self.model, lr, hp.weight_decay, decay_norms_and_biases=hp.decay_norms_and_biases),
+            lr=lr,
+            betas=hp.betas,
+        )
         total = int(self.trainer.estimated_stepping_batches)
         self.trainer.fit_loop.setup_data()  # with max_steps alone, the estimate above leaves the batches per epoch unknown
         steps_per_epoch = max(self.trainer.num_training_batches // self.trainer.accumulate_grad_batches, 1)
@@ -226,7 +246,9 @@ class ClassificationModule(TaskModule):
         probabilities = self(inputs[None].to(self.device))[0].softmax(0).cpu()
         return draw_top_classes(image, probabilities, self.class_names)
 
-    def attention_pictures(self, image: torch.Tensor, datamodule: pl.LightningDataModule, score_threshold: float = 0.7) -> list[torch.Tensor]:
+    def attention_pictures(
+        self, image: torch.Tensor, datamodule: pl.LightningDataModule, score_threshold: float = 0.7
+    ) -> list[torch.Tensor]:
         """``image`` ``[3,H,W]`` uint8 after the validation transform, the attention rollout and the last layer's
         class-token attention of each head (a ViT/DeiT classifier; ``score_threshold`` is the detectors')."""
         return classifier_attention_pictures(self.model, image, datamodule.val_transform)
@@ -235,5 +257,3 @@ class ClassificationModule(TaskModule):
     def class_names(self) -> list[str]:
         """The recorded class names, or the class indices as text."""
         return list(self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)])
-
-

@@ -20,9 +20,10 @@ import re
 import shutil
 import sys
 import warnings
+from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import NoReturn
 
 import torch.distributed
 import yaml
@@ -34,11 +35,11 @@ from vision_tx.backbones import list_backbones
 from vision_tx.checkpoint import CheckpointError, read_training_checkpoint
 from vision_tx.config_loader import BASE_KEY, CONFIG_DIRS, ConfigError, resolve_bases
 from vision_tx.data.invalid import InvalidDataError
+from vision_tx.io import merge_metrics_json
 from vision_tx.lightning.augmentation import LongRunAugmentation
 from vision_tx.lightning.budget import TrainingBudget
 from vision_tx.lightning.callbacks import NonFiniteLossGuard, RandomStateCheckpoint, TrainingMonitor, ValidationReport
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
-from vision_tx.io import merge_metrics_json
 
 
 def available_configs() -> list[str]:
@@ -113,7 +114,9 @@ def explain_unknown_options(message: str) -> str:
         valid = class_options(class_path)
         close = difflib.get_close_matches(option, valid, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        lines.append(f"{class_path.rpartition('.')[2]} has no option {option!r}{hint}. Valid options: {', '.join(valid)}")
+        lines.append(
+            f"{class_path.rpartition('.')[2]} has no option {option!r}{hint}. Valid options: {', '.join(valid)}"
+        )
     return "\n".join([*lines, message])
 
 
@@ -162,10 +165,12 @@ class VisionTxCLI(LightningCLI):
             super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({
-            "trainer.log_every_n_steps": 10,
-            "trainer.plugins": [{"class_path": "vision_tx.lightning.checkpoint_io.AtomicCheckpointIO"}],
-        })
+        parser.set_defaults(
+            {
+                "trainer.log_every_n_steps": 10,
+                "trainer.plugins": [{"class_path": "vision_tx.lightning.checkpoint_io.AtomicCheckpointIO"}],
+            }
+        )
         # Always on, configured with --loss_guard.policy skip|stop and --loss_guard.max_consecutive_skips.
         parser.add_lightning_class_args(NonFiniteLossGuard, "loss_guard")
         parser.add_lightning_class_args(RandomStateCheckpoint, "random_state")
@@ -198,9 +203,7 @@ class VisionTxCLI(LightningCLI):
         if isinstance(backbone, str) and backbone not in list_backbones():
             close = difflib.get_close_matches(backbone, list_backbones(), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise SystemExit(
-                f"error: unknown backbone {backbone!r}{hint}; known names: {', '.join(list_backbones())}"
-            )
+            raise SystemExit(f"error: unknown backbone {backbone!r}{hint}; known names: {', '.join(list_backbones())}")
         checkpoint_io = self.trainer.strategy.checkpoint_io
         if isinstance(checkpoint_io, AtomicCheckpointIO):
             checkpoint_io.model = self.model
@@ -218,7 +221,9 @@ class VisionTxCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path == "last":
-            ckpt_path = self.config[subcommand]["ckpt_path"] = latest_last_checkpoint(self.config[subcommand]["trainer"]["default_root_dir"])
+            ckpt_path = self.config[subcommand]["ckpt_path"] = latest_last_checkpoint(
+                self.config[subcommand]["trainer"]["default_root_dir"]
+            )
         if ckpt_path and Path(ckpt_path).is_file():
             read_training_checkpoint(ckpt_path, mmap=True)
         given = self.config[subcommand].get("model.init_args") if subcommand else None
@@ -243,7 +248,9 @@ class VisionTxCLI(LightningCLI):
                 kept.append(f"{name}: {value!r} (checkpoint: {from_checkpoint[name]!r})")
                 from_checkpoint[name] = value
         if kept:
-            logging.getLogger("vision_tx").info("the checkpoint's model options, but from the command line %s", "; ".join(kept))
+            logging.getLogger("vision_tx").info(
+                "the checkpoint's model options, but from the command line %s", "; ".join(kept)
+            )
 
 
 def command_line(args: Sequence[str] | dict | Namespace | None) -> list[str]:
@@ -354,8 +361,9 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(arg.partition("=")[0] == "--onnx" for arg in argv):
         return run_entry_point(ONNX_EVAL, argv)
-    parser = argparse.ArgumentParser(prog="tools/eval.py", description=eval_main.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="tools/eval.py", description=eval_main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--gt", help="COCO annotation json")
     parser.add_argument("--results", help="COCO results json")
     parser.add_argument("--iou-type", default="bbox", choices=("bbox", "segm"))
@@ -364,9 +372,14 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pred-panoptic", help="predicted panoptic json")
     parser.add_argument("--pred-folder", help="folder of predicted panoptic PNGs")
     parser.add_argument("--ckpt", help="checkpoint to validate (with --config)")
-    parser.add_argument("--onnx", help="an exported detector (tools/export.py) to validate in onnxruntime (with --config; "
-                                       "--onnx FILE --help: its options)")
-    parser.add_argument("--out", default=".", help="folder of the metrics.json written (default: the working directory)")
+    parser.add_argument(
+        "--onnx",
+        help="an exported detector (tools/export.py) to validate in onnxruntime (with --config; "
+        "--onnx FILE --help: its options)",
+    )
+    parser.add_argument(
+        "--out", default=".", help="folder of the metrics.json written (default: the working directory)"
+    )
     known, rest = parser.parse_known_args(argv)
     metrics_json = Path(known.out) / "metrics.json"
 
@@ -385,7 +398,9 @@ def eval_main(argv: Sequence[str] | None = None) -> None:
             parser.error("--gt-panoptic, --gt-folder, --pred-panoptic and --pred-folder go together")
         from vision_tx.metrics.panoptic import evaluate_panoptic_files
 
-        evaluate_panoptic_files(known.gt_panoptic, known.gt_folder, known.pred_panoptic, known.pred_folder, metrics_json)
+        evaluate_panoptic_files(
+            known.gt_panoptic, known.gt_folder, known.pred_panoptic, known.pred_folder, metrics_json
+        )
     else:
         if not known.ckpt:
             parser.error("give --gt/--results, the panoptic files, or --config with --ckpt")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -58,9 +59,7 @@ def is_fitting(module: pl.LightningModule) -> bool:
     return module._trainer is not None and module.trainer.state.fn == TrainerFn.FITTING
 
 
-def build_task_backbone(
-    module: pl.LightningModule, out_indices: Sequence[int] = (0, 1, 2, 3)
-) -> nn.Module:
+def build_task_backbone(module: pl.LightningModule, out_indices: Sequence[int] = (0, 1, 2, 3)) -> nn.Module:
     """The backbone named by the hyperparameters of the task ``module`` (``backbone``, ``backbone_kwargs``,
     ``pretrained``), returning the stages ``out_indices`` the task's head reads unless ``backbone_kwargs`` says
     otherwise.

@@ -89,7 +89,9 @@ class DetectionModule(TaskModule):
         if detector not in DETECTORS:
             raise ValueError(f"DetectionModule: unknown detector {detector!r}; known: {', '.join(DETECTORS)}")
         if share_scores_from_epoch is not None and share_scores_from_epoch < 0:
-            raise ValueError(f"DetectionModule: share_scores_from_epoch must be at least 0, got {share_scores_from_epoch}")
+            raise ValueError(
+                f"DetectionModule: share_scores_from_epoch must be at least 0, got {share_scores_from_epoch}"
+            )
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
         self.scores_shared_from_step: int | None = None  # the step at which share_scores_from_epoch was reached
@@ -101,8 +103,10 @@ class DetectionModule(TaskModule):
         out_indices = self.backbone_out_indices or self.detector_class.backbone_out_indices
         self.model = self.build_model(build_task_backbone(self, out_indices))
         if hp.share_scores_from_epoch is not None and not hasattr(self.model, "share_scores"):
-            raise ValueError(f"DetectionModule: share_scores_from_epoch needs a detector of sigmoid class scores (RT-DETR, DINO, "
-                             f"D-FINE); {hp.detector} has none")
+            raise ValueError(
+                f"DetectionModule: share_scores_from_epoch needs a detector of sigmoid class scores (RT-DETR, DINO, "
+                f"D-FINE); {hp.detector} has none"
+            )
         if hp.weights and is_fitting(self):
             report = load_weights(self.model, hp.weights, class_keys=self.model.class_keys)
             rank_zero_info(f"model weights: {report}")
@@ -112,7 +116,10 @@ class DetectionModule(TaskModule):
         """The detector around the task's backbone (it builds its own matcher and criterion)."""
         hp = self.hparams
         return DETECTORS[hp.detector](
-            backbone, hp.num_classes, matcher_kwargs=hp.matcher_kwargs, criterion_kwargs=hp.criterion_kwargs,
+            backbone,
+            hp.num_classes,
+            matcher_kwargs=hp.matcher_kwargs,
+            criterion_kwargs=hp.criterion_kwargs,
             **(hp.detector_kwargs or {}),
         )
 
@@ -128,7 +135,10 @@ class DetectionModule(TaskModule):
         return self.detector_class.score_threshold if given is None else given
 
     def forward(
-        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
+        self,
+        images: torch.Tensor,
+        pixel_mask: torch.Tensor | None = None,
+        targets: list[dict[str, torch.Tensor]] | None = None,
     ) -> dict[str, Any]:
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), the batch's ``targets`` (for
         training-time queries such as DINO's denoising) -> the detector's raw outputs."""
@@ -156,8 +166,10 @@ class DetectionModule(TaskModule):
         if epochs >= start:
             self.model.share_scores = True
             self.scores_shared_from_step = trainer.global_step
-            rank_zero_info(f"DetectionModule: class scores shared from step {trainer.global_step} ({epochs:.1f} epochs trained, "
-                           f"share_scores_from_epoch {start:g})")
+            rank_zero_info(
+                f"DetectionModule: class scores shared from step {trainer.global_step} ({epochs:.1f} epochs trained, "
+                f"share_scores_from_epoch {start:g})"
+            )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
@@ -190,20 +202,28 @@ class DetectionModule(TaskModule):
     def _add_preview(self, batch: dict[str, Any], outputs: dict[str, Any]) -> None:
         sizes = torch.stack([t["size"] for t in batch["targets"]])
         names = self.trainer.datamodule.category_names
-        for image, size, detection, target in zip(batch["images"], sizes, self.model.postprocess(outputs, sizes), batch["targets"]):
+        for image, size, detection, target in zip(
+            batch["images"], sizes, self.model.postprocess(outputs, sizes), batch["targets"]
+        ):
             if len(self.preview) >= self.hparams.num_visualized:
                 break
             picture = denormalize(image[:, : size[0], : size[1]])
             self.preview.append(
-                draw_detections(picture, **detection, category_names=names, score_threshold=self.visualize_score_threshold)
+                draw_detections(
+                    picture, **detection, category_names=names, score_threshold=self.visualize_score_threshold
+                )
             )
-            self.preview_truth.append(draw_detections(picture, target["boxes"].cpu(), target["labels"].cpu(), category_names=names))
+            self.preview_truth.append(
+                draw_detections(picture, target["boxes"].cpu(), target["labels"].cpu(), category_names=names)
+            )
 
     def on_validation_epoch_end(self) -> None:
         stats = self.evaluator.compute()  # the same on every rank
         self.log_dict({f"val/{k}": v for k, v in stats.items() if k != "AP"})
         self.log("val/AP", stats["AP"], prog_bar=True)
-        self.per_category_tables["val/bbox_AP_per_category"] = markdown_table(self.evaluator.per_category, CLASSWISE_COLUMNS)
+        self.per_category_tables["val/bbox_AP_per_category"] = markdown_table(
+            self.evaluator.per_category, CLASSWISE_COLUMNS
+        )
         log_dir = self.trainer.log_dir  # a collective call under DDP: every rank makes it
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or log_dir is None:
             return
@@ -225,8 +245,14 @@ class DetectionModule(TaskModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        groups = param_groups(self.model, hp.lr, hp.weight_decay, backbone_lr=hp.backbone_lr,
-                              decay_norms_and_biases=hp.decay_norms_and_biases, backbone_prefix=self.backbone_prefix)
+        groups = param_groups(
+            self.model,
+            hp.lr,
+            hp.weight_decay,
+            backbone_lr=hp.backbone_lr,
+            decay_norms_and_biases=hp.decay_norms_and_biases,
+            backbone_prefix=self.backbone_prefix,
+        )
         optimizer = adamw(self, groups)
         if hp.lr_drop_steps is None:
             schedule, interval = torch.optim.lr_scheduler.StepLR(optimizer, hp.lr_drop_epochs, gamma=0.1), "epoch"
@@ -235,7 +261,9 @@ class DetectionModule(TaskModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": interval}}
 
     @torch.no_grad()
-    def predict_image(self, image: torch.Tensor, datamodule: pl.LightningDataModule) -> tuple[dict[str, Any], torch.Tensor]:
+    def predict_image(
+        self, image: torch.Tensor, datamodule: pl.LightningDataModule
+    ) -> tuple[dict[str, Any], torch.Tensor]:
         """The raw outputs for ``image`` ``[3,H,W]`` uint8 after the datamodule's validation resize, and
         that resized size ``[1,2]`` (h, w)."""
         height, width = image.shape[-2:]
@@ -249,11 +277,15 @@ class DetectionModule(TaskModule):
         outputs, _ = self.predict_image(image, datamodule)
         detection = self.model.postprocess(outputs, torch.tensor([image.shape[-2:]], device=self.device))[0]
         return draw_detections(
-            image, **{k: v.cpu() for k, v in detection.items()},
-            category_names=datamodule.category_names, score_threshold=self.visualize_score_threshold,
+            image,
+            **{k: v.cpu() for k, v in detection.items()},
+            category_names=datamodule.category_names,
+            score_threshold=self.visualize_score_threshold,
         )
 
-    def attention_pictures(self, image: torch.Tensor, datamodule: pl.LightningDataModule, score_threshold: float = 0.7) -> list[torch.Tensor]:
+    def attention_pictures(
+        self, image: torch.Tensor, datamodule: pl.LightningDataModule, score_threshold: float = 0.7
+    ) -> list[torch.Tensor]:
         """``image`` ``[3,H,W]`` uint8 after the validation transform, then each object scored above
         ``score_threshold`` (the 4 best when none is) with its box and the detector's cross-attention."""
         return detector_attention_pictures(

@@ -1,13 +1,14 @@
 """Run a trained checkpoint on one image and draw what it predicts (``tools/infer.py``, ``vision-tx infer``).
 
-    python tools/infer.py --config detr_swin_toy --ckpt runs/.../last.ckpt --image cat.jpg --out cat_pred.png
+python tools/infer.py --config detr_swin_toy --ckpt runs/.../last.ckpt --image cat.jpg --out cat_pred.png
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from PIL import Image, ImageOps
@@ -37,8 +38,13 @@ def load_trained(config_args: Sequence[str], ckpt: str | Path) -> tuple[Any, Any
     from lightning.pytorch import LightningDataModule, LightningModule
 
     cli = VisionTxCLI(
-        LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-        run=False, save_config_callback=None, args=resolve_config_args(config_args),
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        save_config_callback=None,
+        args=resolve_config_args(config_args),
     )
     return type(cli.model).load_from_checkpoint(ckpt, map_location="cpu").eval(), cli.datamodule
 

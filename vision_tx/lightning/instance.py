@@ -22,7 +22,9 @@ def draw_instances(image: torch.Tensor, masks: torch.Tensor, labels: torch.Tenso
     if len(masks) == 0:
         return image
     colours = palette(num_classes)
-    return draw_segmentation_masks(image, masks.cpu(), alpha=0.5, colors=[colours[int(c) % num_classes] for c in labels])
+    return draw_segmentation_masks(
+        image, masks.cpu(), alpha=0.5, colors=[colours[int(c) % num_classes] for c in labels]
+    )
 
 
 class InstanceSegmentationModule(DetectionModule):
@@ -46,15 +48,17 @@ class InstanceSegmentationModule(DetectionModule):
         targets = batch["targets"]
         orig_sizes = torch.stack([t["orig_size"] for t in targets])
         instances = self.model.postprocess(outputs, orig_sizes)
-        self.segm_evaluator.update([
-            {"image_id": int(t["image_id"]), **{k: v.cpu() for k, v in r.items()}} for t, r in zip(targets, instances)
-        ])
+        self.segm_evaluator.update(
+            [{"image_id": int(t["image_id"]), **{k: v.cpu() for k, v in r.items()}} for t, r in zip(targets, instances)]
+        )
         return outputs
 
     def _add_preview(self, batch: dict[str, Any], outputs: dict[str, Any]) -> None:
         sizes = torch.stack([t["size"] for t in batch["targets"]])
         num_classes = self.hparams.num_classes
-        for image, size, result, target in zip(batch["images"], sizes, self.model.postprocess(outputs, sizes), batch["targets"]):
+        for image, size, result, target in zip(
+            batch["images"], sizes, self.model.postprocess(outputs, sizes), batch["targets"]
+        ):
             if len(self.preview) >= self.hparams.num_visualized:
                 break
             picture = denormalize(image[:, : size[0], : size[1]])
@@ -66,7 +70,9 @@ class InstanceSegmentationModule(DetectionModule):
         super().on_validation_epoch_end()  # box AP, its files and the pictures
         stats = self.segm_evaluator.compute()  # the same on every rank
         self.log_dict({f"val/segm_{k}": v for k, v in stats.items()})
-        self.per_category_tables["val/segm_AP_per_category"] = markdown_table(self.segm_evaluator.per_category, CLASSWISE_COLUMNS)
+        self.per_category_tables["val/segm_AP_per_category"] = markdown_table(
+            self.segm_evaluator.per_category, CLASSWISE_COLUMNS
+        )
         log_dir = self.trainer.log_dir
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or log_dir is None:
             return

@@ -12,8 +12,9 @@ size (no padding: the exported model reads no pixel mask); the boxes are scaled 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
@@ -50,12 +51,16 @@ def open_session(path: str | Path, threads: int = 0) -> Any:
         raise OnnxEvalError(f"{path}: onnxruntime cannot load it: {str(err).strip().splitlines()[0]}") from err
     inputs, outputs = [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
     if inputs != ["images"] or outputs != DETECTION_OUTPUTS:
-        raise OnnxEvalError(f"{path}: not an exported box detector (inputs {inputs}, outputs {outputs}; vision_tx.export's detectors "
-                            f"take images and give {', '.join(DETECTION_OUTPUTS)})")
+        raise OnnxEvalError(
+            f"{path}: not an exported box detector (inputs {inputs}, outputs {outputs}; vision_tx.export's detectors "
+            f"take images and give {', '.join(DETECTION_OUTPUTS)})"
+        )
     batch = session.get_inputs()[0].shape[0]
     if isinstance(batch, int) and batch != 1:
-        raise OnnxEvalError(f"{path}: exported at a fixed batch of {batch}; the images are scored one at a time: export it with a "
-                            "dynamic batch (tools/export.py without --batch)")
+        raise OnnxEvalError(
+            f"{path}: exported at a fixed batch of {batch}; the images are scored one at a time: export it with a "
+            "dynamic batch (tools/export.py without --batch)"
+        )
     return session
 
 
@@ -85,27 +90,40 @@ def detect(session: Any, image: torch.Tensor, size: torch.Tensor, orig_size: tor
     return {"boxes": boxes[keep].double() * scale, "scores": scores[keep], "labels": labels[keep]}
 
 
-def evaluate_onnx(onnx_path: str | Path, config_args: Sequence[str], out: str | Path = ".", threads: int = 0) -> dict[str, Any]:
+def evaluate_onnx(
+    onnx_path: str | Path, config_args: Sequence[str], out: str | Path = ".", threads: int = 0
+) -> dict[str, Any]:
     """Scores the exported detector at ``onnx_path`` (onnxruntime with ``threads`` threads, 0: its own choice) on the
     validation set of ``config_args`` (``--config NAME [--data.root DIR ...]``; no ``--data.root``: the toy set):
     prints pycocotools' table, the ten worst categories and the best F1, writes ``metrics.json``,
     ``bbox_results.json`` and the report's pictures into ``out``; returns the bbox section written."""
     session = open_session(onnx_path, threads)
     args = resolve_config_args(config_args)
-    cli = VisionTxCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, run=False,
-                      save_config_callback=None, args=args)
+    cli = VisionTxCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        save_config_callback=None,
+        args=args,
+    )
     module, datamodule = cli.model, cli.datamodule
     if not isinstance(module, DetectionModule):
-        raise OnnxEvalError(f"{config_name(args)}: {type(module).__name__} is no box detector; --onnx scores detection configs")
+        raise OnnxEvalError(
+            f"{config_name(args)}: {type(module).__name__} is no box detector; --onnx scores detection configs"
+        )
     datamodule.setup("validate")
     fixed = fixed_size(session)
     evaluator = CocoEvaluator(datamodule.val_coco, "bbox")
     for batch in datamodule.val_dataloader():
         for image, target in zip(batch["images"], batch["targets"]):
             if fixed is not None and tuple(target["size"].tolist()) != fixed:
-                raise OnnxEvalError(f"{onnx_path}: exported at a fixed size {fixed[0]}x{fixed[1]}, but image {int(target['image_id'])} is "
-                                    f"{int(target['size'][0])}x{int(target['size'][1])} after {config_name(args)}'s validation resize: "
-                                    "export it with a dynamic size (tools/export.py without --fixed-size)")
+                raise OnnxEvalError(
+                    f"{onnx_path}: exported at a fixed size {fixed[0]}x{fixed[1]}, but image {int(target['image_id'])} is "
+                    f"{int(target['size'][0])}x{int(target['size'][1])} after {config_name(args)}'s validation resize: "
+                    "export it with a dynamic size (tools/export.py without --fixed-size)"
+                )
             detections = detect(session, image, target["size"], target["orig_size"])
             evaluator.update([{"image_id": int(target["image_id"]), **detections}])
     stats = evaluator.compute()
@@ -114,8 +132,10 @@ def evaluate_onnx(onnx_path: str | Path, config_args: Sequence[str], out: str | 
     best_f1, best_threshold = report.best
     print(evaluator.summary, end="")
     print(evaluator.table())
-    print(f"best F1 {best_f1:.3f} at confidence {best_threshold:.2f}; confusion matrix, PR and F1 curves: "
-          f"{', '.join(str(out / f'{name}.png') for name in pictures)}")
+    print(
+        f"best F1 {best_f1:.3f} at confidence {best_threshold:.2f}; confusion matrix, PR and F1 curves: "
+        f"{', '.join(str(out / f'{name}.png') for name in pictures)}"
+    )
     print(f"metrics: {out / 'metrics.json'}")
     return {**stats, **report.to_json(), "per_category": evaluator.per_category}
 
@@ -123,9 +143,15 @@ def evaluate_onnx(onnx_path: str | Path, config_args: Sequence[str], out: str | 
 def main(argv: Sequence[str] | None = None) -> None:
     """``tools/eval.py --onnx FILE --config NAME [--section.key value ...] [--out DIR]``, from ``argv`` (the command
     line when None)."""
-    parser = argparse.ArgumentParser(prog="tools/eval.py --onnx", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="tools/eval.py --onnx", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--onnx", required=True, help="the exported detector (tools/export.py --format onnx)")
-    parser.add_argument("--out", default=".", help="folder of the metrics.json, results and pictures written (default: the working directory)")
+    parser.add_argument(
+        "--out",
+        default=".",
+        help="folder of the metrics.json, results and pictures written (default: the working directory)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime's threads (default 0: its own choice)")
     args, config_args = parser.parse_known_args(argv)
     if "--config" not in " ".join(config_args):

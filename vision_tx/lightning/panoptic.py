@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -82,7 +83,9 @@ class PanopticModule(DetectionModule):
         detector, wrapper = super().build_model(backbone), PANOPTIC_WRAPPERS[self.detector_class]
         if wrapper is None:
             return detector
-        return wrapper(detector, postprocess_kwargs=self.hparams.postprocess_kwargs, **(self.hparams.panoptic_kwargs or {}))
+        return wrapper(
+            detector, postprocess_kwargs=self.hparams.postprocess_kwargs, **(self.hparams.panoptic_kwargs or {})
+        )
 
     def _postprocess(
         self, outputs: dict[str, Any], sizes: torch.Tensor, orig_sizes: torch.Tensor, is_thing: dict[int, bool]
@@ -120,7 +123,9 @@ class PanopticModule(DetectionModule):
             picture = denormalize(image[:, :height, :width])
             self.preview.append(self._draw(picture, panoptic))
             gt_ids, gt_segments = datamodule.val_dataset.ground_truth(int(target["image_id"]))
-            gt_ids = torch.nn.functional.interpolate(gt_ids[None, None].double(), (height, width), mode="nearest")[0, 0].long()
+            gt_ids = torch.nn.functional.interpolate(gt_ids[None, None].double(), (height, width), mode="nearest")[
+                0, 0
+            ].long()
             classes = {int(s["id"]): int(s["category_id"]) for s in gt_segments}
             self.preview_truth.append(draw_panoptic(picture, gt_ids, classes, self.hparams.num_classes))
 
@@ -130,7 +135,9 @@ class PanopticModule(DetectionModule):
         self.log_dict({f"val/{k}": v for k, v in stats.items() if k != "PQ"})
         self.log("val/PQ", stats["PQ"], prog_bar=True)
         per_category = self.panoptic_evaluator.per_category()
-        self.per_category_tables["val/PQ_per_category"] = markdown_table(per_category, ("PQ", "SQ", "RQ", "TP", "FP", "FN"))
+        self.per_category_tables["val/PQ_per_category"] = markdown_table(
+            per_category, ("PQ", "SQ", "RQ", "TP", "FP", "FN")
+        )
         predictions = gather_by_image_id(self._predictions)  # collective calls: every rank makes them
         log_dir = self.trainer.log_dir
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or log_dir is None:
@@ -159,4 +166,8 @@ def _decoded(predictions: dict[int, dict[str, Any]]) -> Iterator[dict[str, Any]]
     """The gathered predictions in image-id order, as ``write_panoptic_predictions`` takes them."""
     for image_id in sorted(predictions):
         record = predictions[image_id]
-        yield {"image_id": image_id, "segment_ids": _segment_ids(record["png"]), "segments_info": record["segments_info"]}
+        yield {
+            "image_id": image_id,
+            "segment_ids": _segment_ids(record["png"]),
+            "segments_info": record["segments_info"],
+        }

@@ -18,9 +18,10 @@ import glob
 import itertools
 import math
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -72,7 +73,9 @@ def source_files(source: str) -> list[Path]:
         return files
     if not any(c in source for c in "*?["):
         raise SystemExit(f"error: {source}: no such file or folder")
-    files = sorted(Path(p) for p in glob.glob(source, recursive=True) if Path(p).is_file() and Path(p).suffix.lower() in suffixes)
+    files = sorted(
+        Path(p) for p in glob.glob(source, recursive=True) if Path(p).is_file() and Path(p).suffix.lower() in suffixes
+    )
     if not files:
         raise SystemExit(f"error: {source}: the pattern matches no image or video file (suffixes {' '.join(suffixes)})")
     return files
@@ -163,6 +166,7 @@ def tile_windows(height: int, width: int, tile: int, overlap: float, whole_image
     """Square windows of side ``tile`` covering a ``height`` x ``width`` image, neighbours sharing ``overlap`` of
     their side (the last row and column moved back to end at the image's edge; a side shorter than ``tile`` is one
     window across), in rows from the top left; then the whole image where ``whole_image`` and no window is it."""
+
     def starts(length: int) -> list[int]:
         if length <= tile:
             return [0]
@@ -175,7 +179,11 @@ def tile_windows(height: int, width: int, tile: int, overlap: float, whole_image
 
 
 def merge_windows(
-    detections: Sequence[Mapping[str, Tensor]], windows: Sequence[Window], height: int, width: int, iou_threshold: float = 0.5,
+    detections: Sequence[Mapping[str, Tensor]],
+    windows: Sequence[Window],
+    height: int,
+    width: int,
+    iou_threshold: float = 0.5,
 ) -> dict[str, Tensor]:
     """One image of ``height`` and ``width`` pixels: its ``detections`` per window (each ``{"boxes" [K,4] xyxy in the
     window's pixels, "scores" [K], "labels" [K]}``) of ``windows`` (x0, y0, x1, y1) merged into ``{"boxes" [M,4],
@@ -227,6 +235,7 @@ def predict_pictures(
     :func:`tile_windows` (``tile``, ``overlap``, ``whole_image``) of each, merged by :func:`merge_windows`
     (``iou_threshold``).
     """
+
     def views() -> Iterator[tuple[Picture, list[Window], int]]:
         for picture in pictures:
             height, width = picture.image.shape[-2:]
@@ -235,11 +244,17 @@ def predict_pictures(
 
     queue, found = views(), []
     while batch := list(itertools.islice(queue, batch_size)):
-        crops = [picture.image[:, y0:y1, x0:x1] for picture, windows, index in batch for x0, y0, x1, y1 in [windows[index]]]
+        crops = [
+            picture.image[:, y0:y1, x0:x1] for picture, windows, index in batch for x0, y0, x1, y1 in [windows[index]]
+        ]
         for (picture, windows, index), detections in zip(batch, detector(crops), strict=True):
             found.append(_kept(detections, score_threshold, classes))
             if index == len(windows) - 1:
-                merged = merge_windows(found, windows, *picture.image.shape[-2:], iou_threshold) if len(windows) > 1 else found[0]
+                merged = (
+                    merge_windows(found, windows, *picture.image.shape[-2:], iou_threshold)
+                    if len(windows) > 1
+                    else found[0]
+                )
                 found = []
                 yield picture, merged
 
@@ -273,9 +288,15 @@ def write_predictions(
     images: list[dict[str, Any]] = []
     for picture, found in predictions:
         height, width = picture.image.shape[-2:]
-        entry = {"id": picture.image_id, "file_name": picture.file_name, "frame": picture.frame, "height": height,
-                 "width": width, "detections": f"detections/{picture.name}.json",
-                 "picture": f"pictures/{picture.name}.png" if save_pictures else None}
+        entry = {
+            "id": picture.image_id,
+            "file_name": picture.file_name,
+            "frame": picture.frame,
+            "height": height,
+            "width": width,
+            "detections": f"detections/{picture.name}.json",
+            "picture": f"pictures/{picture.name}.png" if save_pictures else None,
+        }
         found_results = to_results({"image_id": picture.image_id, **found}, "bbox")
         named = [{**result, "category_name": category_names.get(result["category_id"])} for result in found_results]
         write_json_atomic({"image": entry, "detections": named}, out / entry["detections"])
@@ -294,25 +315,46 @@ def predict_main(argv: Sequence[str] | None = None) -> None:
     """``tools/predict.py``, ``vision-tx predict``: the options below and the config's arguments, from ``argv`` (the
     command line when None)."""
     parser = argparse.ArgumentParser(
-        prog="tools/predict.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="tools/predict.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Every other option is the config's: --config NAME [--data.X VALUE ...] (its datamodule gives the resize "
-               "and the class names).",
+        "and the class names).",
     )
     add, switch = parser.add_argument, argparse.BooleanOptionalAction
     add("--ckpt", required=True, help="Lightning checkpoint of a detection model")
     add("--source", required=True, help="an image, a video, a folder of them or a glob pattern (quoted)")
     add("--out", default="predictions", help="output folder (default: predictions)")
     add("--batch-size", type=int, default=4, help="images (or tiles) per forward pass (default: 4)")
-    add("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (default: cuda where there is one)")
-    add("--score-threshold", type=float, help="the lowest score kept (default: the model's picture threshold; 0 for evaluation)")
+    add(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu or cuda (default: cuda where there is one)",
+    )
+    add(
+        "--score-threshold",
+        type=float,
+        help="the lowest score kept (default: the model's picture threshold; 0 for evaluation)",
+    )
     add("--classes", nargs="+", help="the category names or ids kept (default: all)")
     add("--save-pictures", action=switch, default=True, help="draw the boxes into pictures/ (default: yes)")
     add("--frame-step", type=int, default=1, help="a video's every N-th frame, from the first (default: 1)")
     add("--tile", type=int, help="tiled inference: square tiles of this side in pixels")
-    add("--overlap", type=float, default=0.25, help="the fraction of a tile's side its neighbour shares (default: 0.25)")
-    add("--whole-image", action=switch, default=True, help="with --tile, the whole image as well, for large objects (default: yes)")
-    add("--iou-threshold", type=float, default=0.5, help="with --tile, the IoU above which boxes of several tiles are one object "
-        "(default: 0.5)")
+    add(
+        "--overlap", type=float, default=0.25, help="the fraction of a tile's side its neighbour shares (default: 0.25)"
+    )
+    add(
+        "--whole-image",
+        action=switch,
+        default=True,
+        help="with --tile, the whole image as well, for large objects (default: yes)",
+    )
+    add(
+        "--iou-threshold",
+        type=float,
+        default=0.5,
+        help="with --tile, the IoU above which boxes of several tiles are one object (default: 0.5)",
+    )
     args, config_args = parser.parse_known_args(argv)
     if args.batch_size < 1 or args.frame_step < 1:
         parser.error("--batch-size and --frame-step must be at least 1")
@@ -324,15 +366,26 @@ def predict_main(argv: Sequence[str] | None = None) -> None:
     total = picture_count(files, args.frame_step)  # before the model loads: a video PyAV cannot read stops here
     module, datamodule = load_trained(config_args, args.ckpt)
     if not isinstance(module, DetectionModule):
-        raise SystemExit(f"error: {args.ckpt}: a {type(module).__name__}; predict runs detection models (DetectionModule)")
+        raise SystemExit(
+            f"error: {args.ckpt}: a {type(module).__name__}; predict runs detection models (DetectionModule)"
+        )
     names = datamodule.category_names
     threshold = module.visualize_score_threshold if args.score_threshold is None else args.score_threshold
     classes = resolve_classes(args.classes, names) if args.classes else None
     predictions = predict_pictures(
-        ModuleDetector(module, datamodule, args.device), read_pictures(files, args.frame_step), args.batch_size, threshold,
-        classes, args.tile, args.overlap, args.whole_image, args.iou_threshold,
+        ModuleDetector(module, datamodule, args.device),
+        read_pictures(files, args.frame_step),
+        args.batch_size,
+        threshold,
+        classes,
+        args.tile,
+        args.overlap,
+        args.whole_image,
+        args.iou_threshold,
     )
     bar = tqdm(predictions, total=total, unit="image", desc="predict")
     images = write_predictions(bar, args.out, names, args.save_pictures)
-    print(f"{len(images)} images (score >= {threshold:g}): {Path(args.out) / 'results.json'}, images.json, detections/"
-          + (", pictures/" if args.save_pictures else ""))
+    print(
+        f"{len(images)} images (score >= {threshold:g}): {Path(args.out) / 'results.json'}, images.json, detections/"
+        + (", pictures/" if args.save_pictures else "")
+    )

@@ -15,13 +15,18 @@ from torchvision import tv_tensors
 from vision_tx.backbones import load_weights
 from vision_tx.data.segmentation import ValTransform
 from vision_tx.io import merge_metrics_json
-from vision_tx.lightning.common import adamw, build_task_backbone, is_fitting, param_groups, sync_batchnorm_where_supported
-from vision_tx.visualize import denormalize
+from vision_tx.lightning.common import (
+    adamw,
+    build_task_backbone,
+    is_fitting,
+    param_groups,
+    sync_batchnorm_where_supported,
+)
 from vision_tx.lightning.task import TaskModule
 from vision_tx.metrics.classwise import markdown_table
 from vision_tx.metrics.miou import MeanIoU
 from vision_tx.models import SEGMENTATION_HEADS, Mask2Former, UperNetSegmentor
-from vision_tx.visualize import draw_semantic
+from vision_tx.visualize import denormalize, draw_semantic
 
 
 def warmup_poly_factor(step: int, total_steps: int, warmup_steps: int, warmup_ratio: float, power: float) -> float:
@@ -101,7 +106,11 @@ class SegmentationModule(TaskModule):
             raise ValueError(f"SegmentationModule: unknown head {hp.head!r}; known: {', '.join(SEGMENTATION_HEADS)}")
         criterion = {"criterion_kwargs": hp.criterion_kwargs} if hp.criterion_kwargs else {}
         self.model = SEGMENTATION_HEADS[hp.head](
-            backbone, hp.num_classes, ignore_index=getattr(datamodule, "ignore_index", 255), **criterion, **(hp.head_kwargs or {})
+            backbone,
+            hp.num_classes,
+            ignore_index=getattr(datamodule, "ignore_index", 255),
+            **criterion,
+            **(hp.head_kwargs or {}),
         )
         if hp.weights and is_fitting(self):
             report = load_weights(self.model, hp.weights, class_keys=self.model.class_keys)
@@ -117,7 +126,9 @@ class SegmentationModule(TaskModule):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Class probabilities ``[B, C, H, W]`` at the input size, with the validation inference settings."""
         hp = self.hparams
-        return self.model.predict(images, hp.inference_mode, hp.slide_crop_size, hp.slide_stride, hp.test_scales, hp.test_flip)
+        return self.model.predict(
+            images, hp.inference_mode, hp.slide_crop_size, hp.slide_stride, hp.test_scales, hp.test_flip
+        )
 
     def training_step(self, batch: dict[str, Any], batch_index: int) -> torch.Tensor:
         losses = self.model.loss(self.model(batch["images"]), batch["labels"])
@@ -132,8 +143,12 @@ class SegmentationModule(TaskModule):
             batch["images"], scores, batch["image_sizes"].tolist(), batch["labels"], batch["label_sizes"].tolist()
         ):
             if len(self.preview) < self.hparams.num_visualized and self.trainer.is_global_zero:
-                self._add_preview(denormalize(image[:, :height, :width]), score[:, :height, :width], label[:label_h, :label_w])
-            score = F.interpolate(score[None, :, :height, :width], (label_h, label_w), mode="bilinear", align_corners=False)
+                self._add_preview(
+                    denormalize(image[:, :height, :width]), score[:, :height, :width], label[:label_h, :label_w]
+                )
+            score = F.interpolate(
+                score[None, :, :height, :width], (label_h, label_w), mode="bilinear", align_corners=False
+            )
             self.val_miou.update(score[0].argmax(0), label[:label_h, :label_w])
 
     def _add_preview(self, picture: torch.Tensor, score: torch.Tensor, label: torch.Tensor) -> None:
@@ -173,4 +188,6 @@ class SegmentationModule(TaskModule):
         inputs = ValTransform(datamodule.hparams.scale).image_pipeline(tv_tensors.Image(image))
         scores = self(inputs[None].to(self.device))[0]
         scores = F.interpolate(scores[None], image.shape[-2:], mode="bilinear", align_corners=False)[0]
-        return draw_semantic(image, scores.argmax(0).cpu(), self.hparams.num_classes, ignore_index=self.model.ignore_index)
+        return draw_semantic(
+            image, scores.argmax(0).cpu(), self.hparams.num_classes, ignore_index=self.model.ignore_index
+        )

@@ -35,7 +35,9 @@ class TaskModule(pl.LightningModule):
     def __init__(self, compile: bool | dict[str, Any] = False) -> None:
         super().__init__()
         if not isinstance(compile, (bool, dict)):
-            raise ValueError(f"{__name__}: compile must be true, false or a dict of torch.compile arguments, got {compile!r}")
+            raise ValueError(
+                f"{__name__}: compile must be true, false or a dict of torch.compile arguments, got {compile!r}"
+            )
         self.compile_options: dict[str, Any] | None = ({} if compile is True else dict(compile)) if compile else None
         self.preview: list[torch.Tensor] = []
         self.preview_truth: list[torch.Tensor] = []

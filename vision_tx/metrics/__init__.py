@@ -4,4 +4,11 @@ from vision_tx.metrics.coco import CocoEvaluator, coco_stats, evaluate_results_f
 from vision_tx.metrics.miou import MeanIoU
 from vision_tx.metrics.panoptic import PanopticEvaluator, evaluate_panoptic_files
 
-__all__ = ["CocoEvaluator", "MeanIoU", "PanopticEvaluator", "coco_stats", "evaluate_panoptic_files", "evaluate_results_file"]
+__all__ = [
+    "CocoEvaluator",
+    "MeanIoU",
+    "PanopticEvaluator",
+    "coco_stats",
+    "evaluate_panoptic_files",
+    "evaluate_results_file",
+]

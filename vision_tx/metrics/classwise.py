@@ -4,7 +4,8 @@ ones first, as plain text (console) or Markdown (TensorBoard's text tab). No Lig
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from pycocotools.cocoeval import COCOeval
@@ -55,7 +56,9 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: 
     widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
     lines = [title] if title else []
     for line in [header, *cells]:
-        lines.append("  ".join(f"{cell:<{w}}" if i == 0 else f"{cell:>{w}}" for i, (cell, w) in enumerate(zip(line, widths))))
+        lines.append(
+            "  ".join(f"{cell:<{w}}" if i == 0 else f"{cell:>{w}}" for i, (cell, w) in enumerate(zip(line, widths)))
+        )
     return "\n".join(lines)
 
 
@@ -72,4 +75,6 @@ def worst_table(rows: Sequence[dict[str, Any]], key: str, columns: Sequence[str]
     """The printed summary: the ``count`` ``rows`` (categories) with the lowest ``key``, their ``columns`` in %, under a
     title that starts with ``what``."""
     shown = worst(rows, key, count)
-    return format_table(shown, columns, title=f"{what}: the {len(shown)} lowest {key} of {len(rows)} categories (all in metrics.json)")
+    return format_table(
+        shown, columns, title=f"{what}: the {len(shown)} lowest {key} of {len(rows)} categories (all in metrics.json)"
+    )

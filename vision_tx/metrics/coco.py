@@ -8,8 +8,9 @@ import json
 import logging
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +39,9 @@ def results_coco(coco_gt: COCO, results: list[dict[str, Any]]) -> COCO:
             return coco_gt.loadRes([dict(r) for r in results])  # loadRes adds keys to the dicts it gets
     coco_dt = COCO()
     coco_dt.dataset = {
-        "images": coco_gt.dataset["images"], "categories": coco_gt.dataset["categories"], "annotations": []
+        "images": coco_gt.dataset["images"],
+        "categories": coco_gt.dataset["categories"],
+        "annotations": [],
     }
     with contextlib.redirect_stdout(io.StringIO()):
         coco_dt.createIndex()
@@ -172,7 +175,9 @@ class CocoEvaluator:
         if not distributed or dist.get_rank() == 0:
             self.image_ids = sorted(results)
             self.merged_results = [r for image_id in self.image_ids for r in results[image_id]]
-            self.cocoeval, self.summary = run_cocoeval(self.coco_gt, self.merged_results, self.iou_type, image_ids=self.image_ids)
+            self.cocoeval, self.summary = run_cocoeval(
+                self.coco_gt, self.merged_results, self.iou_type, image_ids=self.image_ids
+            )
             stats, self.per_category = _stats(self.cocoeval), coco_per_category(self.cocoeval)
             logger.info("COCO %s evaluation over %d images:\n%s", self.iou_type, len(results), self.summary)
         if distributed and dist.get_world_size() > 1:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,8 +55,11 @@ def match_boxes(truth: Tensor, detections: Tensor, iou_threshold: float = IOU_TH
 
 
 def confusion_matrix(
-    truth: Sequence[dict[str, Tensor]], detections: Sequence[dict[str, Tensor]], category_ids: Sequence[int],
-    score_threshold: float, iou_threshold: float = IOU_THRESHOLD,
+    truth: Sequence[dict[str, Tensor]],
+    detections: Sequence[dict[str, Tensor]],
+    category_ids: Sequence[int],
+    score_threshold: float,
+    iou_threshold: float = IOU_THRESHOLD,
 ) -> Tensor:
     """The detection confusion matrix ``[C+1,C+1]`` int64 over images: rows the true class of ``category_ids`` then
     background, columns the predicted class then background.
@@ -87,7 +91,9 @@ def confusion_matrix(
     return matrix
 
 
-def coco_boxes(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequence[int]) -> tuple[list[dict[str, Tensor]], list[dict[str, Tensor]]]:
+def coco_boxes(
+    coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequence[int]
+) -> tuple[list[dict[str, Tensor]], list[dict[str, Tensor]]]:
     """The ground truth of ``coco_gt`` (crowd regions left out) and the COCO ``results`` dicts (``bbox`` xywh) of
     ``image_ids``, per image, as :func:`confusion_matrix` reads them: ``{"boxes" [G,4] xyxy, "labels" [G]}`` and
     ``{"boxes" [D,4] xyxy, "labels" [D], "scores" [D]}``."""
@@ -101,15 +107,26 @@ def coco_boxes(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequ
     truth, detections = [], []
     for image_id in image_ids:
         annotations = [a for a in coco_gt.imgToAnns.get(int(image_id), []) if not a.get("iscrowd", 0)]
-        truth.append({"boxes": boxes(annotations), "labels": torch.tensor([a["category_id"] for a in annotations], dtype=torch.int64)})
+        truth.append(
+            {
+                "boxes": boxes(annotations),
+                "labels": torch.tensor([a["category_id"] for a in annotations], dtype=torch.int64),
+            }
+        )
         found = by_image[int(image_id)]
-        detections.append({"boxes": boxes(found), "labels": torch.tensor([r["category_id"] for r in found], dtype=torch.int64),
-                           "scores": torch.tensor([r["score"] for r in found], dtype=torch.float64)})
+        detections.append(
+            {
+                "boxes": boxes(found),
+                "labels": torch.tensor([r["category_id"] for r in found], dtype=torch.int64),
+                "scores": torch.tensor([r["score"] for r in found], dtype=torch.float64),
+            }
+        )
     return truth, detections
 
 
-def evaluate_at_iou(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequence[int],
-                    iou_threshold: float = IOU_THRESHOLD) -> COCOeval:
+def evaluate_at_iou(
+    coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequence[int], iou_threshold: float = IOU_THRESHOLD
+) -> COCOeval:
     """pycocotools' box evaluation of ``results`` against ``coco_gt`` over ``image_ids`` at IoU ``iou_threshold`` alone,
     every area, its largest ``maxDets`` (100), evaluated and accumulated: the matching and precision array of the
     validation's AP50."""
@@ -202,28 +219,44 @@ class DetectionReport:
         per_category = []
         for category, curve in self.curves.items():
             category_f1, category_threshold = best_f1(curve["f1"], self.confidences)
-            per_category.append({
-                "id": category, "name": name[category], "best_f1": category_f1, "best_f1_threshold": category_threshold,
-                "AP50": float(self.pr_precision[category].mean()),
-                **{key: [round(float(v), 6) for v in values] for key, values in curve.items()},
-                "pr_precision": [round(float(v), 6) for v in self.pr_precision[category]],
-            })
+            per_category.append(
+                {
+                    "id": category,
+                    "name": name[category],
+                    "best_f1": category_f1,
+                    "best_f1_threshold": category_threshold,
+                    "AP50": float(self.pr_precision[category].mean()),
+                    **{key: [round(float(v), 6) for v in values] for key, values in curve.items()},
+                    "pr_precision": [round(float(v), 6) for v in self.pr_precision[category]],
+                }
+            )
         return {
             "best_f1": f1,
             "best_f1_threshold": threshold,
             "confusion_matrix": {
-                "classes": [*self.names, BACKGROUND], "rows": "true class", "columns": "predicted class",
-                "score_threshold": self.score_threshold, "iou_threshold": self.iou_threshold, "counts": self.matrix.tolist(),
+                "classes": [*self.names, BACKGROUND],
+                "rows": "true class",
+                "columns": "predicted class",
+                "score_threshold": self.score_threshold,
+                "iou_threshold": self.iou_threshold,
+                "counts": self.matrix.tolist(),
             },
             "curves": {
-                "confidence": [float(c) for c in self.confidences], "recall_levels": [float(r) for r in self.recall_levels],
+                "confidence": [float(c) for c in self.confidences],
+                "recall_levels": [float(r) for r in self.recall_levels],
                 "per_category": per_category,
             },
         }
 
 
-def detection_report(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids: Sequence[int], score_threshold: float | None = None,
-                     iou_threshold: float = IOU_THRESHOLD, evaluated: COCOeval | None = None) -> DetectionReport:
+def detection_report(
+    coco_gt: COCO,
+    results: Sequence[dict[str, Any]],
+    image_ids: Sequence[int],
+    score_threshold: float | None = None,
+    iou_threshold: float = IOU_THRESHOLD,
+    evaluated: COCOeval | None = None,
+) -> DetectionReport:
     """The report of COCO results dicts ``results`` (``bbox`` xywh) over ``image_ids`` against ``coco_gt``: the curves of
     every detection, and the confusion matrix of the detections scoring at least ``score_threshold`` (None: the confidence
     of the best mean F1, where the detector does best, so that the matrix shows what is left to fix there).
@@ -232,7 +265,9 @@ def detection_report(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids
     categories = sorted(coco_gt.dataset.get("categories", []), key=lambda c: c["id"])
     category_ids = [int(c["id"]) for c in categories]
     if evaluated is not None and evaluated.params.iouThrs[0] != iou_threshold:
-        raise ValueError(f"detection_report: the evaluation given starts at IoU {evaluated.params.iouThrs[0]}, not {iou_threshold}")
+        raise ValueError(
+            f"detection_report: the evaluation given starts at IoU {evaluated.params.iouThrs[0]}, not {iou_threshold}"
+        )
     evaluator = evaluated or evaluate_at_iou(coco_gt, results, image_ids, iou_threshold)
     curves = confidence_curves(evaluator)
     precision = evaluator.eval["precision"][0, :, :, 0, -1]  # [R,K]
@@ -240,8 +275,17 @@ def detection_report(coco_gt: COCO, results: Sequence[dict[str, Any]], image_ids
     if score_threshold is None:
         score_threshold = best_f1(mean_f1(curves))[1]
     matrix = confusion_matrix(*coco_boxes(coco_gt, results, image_ids), category_ids, score_threshold, iou_threshold)
-    return DetectionReport(category_ids, [str(c["name"]) for c in categories], matrix, float(score_threshold), iou_threshold,
-                           CONFIDENCES, curves, np.asarray(evaluator.params.recThrs), pr_precision)
+    return DetectionReport(
+        category_ids,
+        [str(c["name"]) for c in categories],
+        matrix,
+        float(score_threshold),
+        iou_threshold,
+        CONFIDENCES,
+        curves,
+        np.asarray(evaluator.params.recThrs),
+        pr_precision,
+    )
 
 
 def _rendered(figure: Figure) -> Tensor:
@@ -266,12 +310,22 @@ def draw_confusion_matrix(report: DetectionReport) -> Tensor:
     axes.set_yticks(range(len(labels)), labels)
     axes.set_xlabel("predicted class")
     axes.set_ylabel("true class")
-    axes.set_title(f"detections scoring >= {report.score_threshold:g}, matched one-to-one at IoU >= {report.iou_threshold:g}", fontsize=9)
+    axes.set_title(
+        f"detections scoring >= {report.score_threshold:g}, matched one-to-one at IoU >= {report.iou_threshold:g}",
+        fontsize=9,
+    )
     if len(labels) <= 30:
         for (row, column), count in np.ndenumerate(report.matrix.numpy()):
             if count:
-                axes.text(column, row, str(count), ha="center", va="center", fontsize=8,
-                          color="white" if fractions[row, column] > 0.5 else "black")
+                axes.text(
+                    column,
+                    row,
+                    str(count),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if fractions[row, column] > 0.5 else "black",
+                )
     figure.tight_layout()
     return _rendered(figure)
 
@@ -284,8 +338,7 @@ def _curve_figure(x_label: str, y_label: str, title: str) -> tuple[Figure, Any]:
     return figure, axes
 
 
-def _draw_curves(axes: Any, x: np.ndarray, ys: dict[int, np.ndarray], labels: dict[int, str],
-                 mean_label: str) -> None:
+def _draw_curves(axes: Any, x: np.ndarray, ys: dict[int, np.ndarray], labels: dict[int, str], mean_label: str) -> None:
     """One line per category (labelled, or thin and grey past ``LEGEND_CLASSES``) and their mean in bold."""
     few = len(ys) <= LEGEND_CLASSES
     for category, y in ys.items():
@@ -298,7 +351,9 @@ def _draw_curves(axes: Any, x: np.ndarray, ys: dict[int, np.ndarray], labels: di
 def draw_pr_curves(report: DetectionReport) -> Tensor:
     """Precision over recall per category of ``report`` (COCO's interpolated precision at IoU 0.5, AP50 in the legend)
     and their mean; ``[3,H,W]`` uint8."""
-    figure, axes = _curve_figure("recall", "precision", f"precision-recall at IoU {report.iou_threshold:g} (legend: AP50)")
+    figure, axes = _curve_figure(
+        "recall", "precision", f"precision-recall at IoU {report.iou_threshold:g} (legend: AP50)"
+    )
     name = dict(zip(report.category_ids, report.names))
     labels = {c: f"{name[c]} {p.mean():.3f}" for c, p in report.pr_precision.items()}
     mean_ap50 = float(np.mean([p.mean() for p in report.pr_precision.values()])) if report.pr_precision else 0.0
@@ -309,7 +364,11 @@ def draw_pr_curves(report: DetectionReport) -> Tensor:
 def draw_f1_curves(report: DetectionReport) -> Tensor:
     """F1 over the confidence per category of ``report`` (its best in the legend) and their mean, whose best is the
     report's ``best_f1`` at ``best_f1_threshold``; ``[3,H,W]`` uint8."""
-    figure, axes = _curve_figure("confidence", "F1", f"F1 over the confidence at IoU {report.iou_threshold:g} (legend: best F1 at its confidence)")
+    figure, axes = _curve_figure(
+        "confidence",
+        "F1",
+        f"F1 over the confidence at IoU {report.iou_threshold:g} (legend: best F1 at its confidence)",
+    )
     name = dict(zip(report.category_ids, report.names))
     f1 = {c: curve["f1"] for c, curve in report.curves.items()}
     labels = {c: "{} {:.2f} at {:.2f}".format(name[c], *best_f1(y, report.confidences)) for c, y in f1.items()}
@@ -319,7 +378,11 @@ def draw_f1_curves(report: DetectionReport) -> Tensor:
 
 def report_pictures(report: DetectionReport) -> dict[str, Tensor]:
     """``{"confusion_matrix", "pr_curve", "f1_curve"}``: the pictures of ``report``, ``[3,H,W]`` uint8 each."""
-    return {"confusion_matrix": draw_confusion_matrix(report), "pr_curve": draw_pr_curves(report), "f1_curve": draw_f1_curves(report)}
+    return {
+        "confusion_matrix": draw_confusion_matrix(report),
+        "pr_curve": draw_pr_curves(report),
+        "f1_curve": draw_f1_curves(report),
+    }
 
 
 def write_pictures(pictures: dict[str, Tensor], folder: str | Path) -> list[Path]:
@@ -333,14 +396,17 @@ def write_pictures(pictures: dict[str, Tensor], folder: str | Path) -> list[Path
     return paths
 
 
-def write_validation_report(evaluator: CocoEvaluator, stats: dict[str, float],
-                            folder: str | Path) -> tuple[DetectionReport, dict[str, Tensor]]:
+def write_validation_report(
+    evaluator: CocoEvaluator, stats: dict[str, float], folder: str | Path
+) -> tuple[DetectionReport, dict[str, Tensor]]:
     """After ``evaluator.compute()`` gave ``stats`` (on rank 0, which holds the merged results, the images and their
     evaluation, reused here): writes into ``folder`` the results of ``evaluator`` (``bbox_results.json``),
     ``metrics.json``'s ``bbox`` section (``stats``, per category, and :meth:`DetectionReport.to_json`) and the
     report's pictures (the confusion matrix at the best-F1 confidence); returns the report and its pictures."""
     folder = Path(folder)
-    report = detection_report(evaluator.coco_gt, evaluator.merged_results, evaluator.image_ids, evaluated=evaluator.cocoeval)
+    report = detection_report(
+        evaluator.coco_gt, evaluator.merged_results, evaluator.image_ids, evaluated=evaluator.cocoeval
+    )
     evaluator.write_results(folder / "bbox_results.json")
     evaluator.write_metrics({**stats, **report.to_json()}, folder / "metrics.json")
     pictures = report_pictures(report)

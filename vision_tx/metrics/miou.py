@@ -9,7 +9,7 @@ left out of the mean; pixels labelled ``ignore_index`` are not counted.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torchmetrics import Metric
@@ -42,7 +42,9 @@ class MeanIoU(Metric):
         valid = target != self.ignore_index
         preds, target = preds[valid].long(), target[valid].long()
         if target.numel() and (target.min() < 0 or target.max() >= self.num_classes):
-            raise ValueError(f"target holds labels outside 0..{self.num_classes - 1} besides ignore_index {self.ignore_index}")
+            raise ValueError(
+                f"target holds labels outside 0..{self.num_classes - 1} besides ignore_index {self.ignore_index}"
+            )
         if preds.numel() and (preds.min() < 0 or preds.max() >= self.num_classes):
             raise ValueError(f"preds hold classes outside 0..{self.num_classes - 1}")
         area_intersect = torch.bincount(target[preds == target], minlength=self.num_classes)
@@ -70,14 +72,26 @@ class MeanIoU(Metric):
         """``[{"id", "name", "IoU", "Acc"}]`` per class (None where undefined)."""
         result = self.compute()
         return [
-            {"id": index, "name": name, "IoU": None if math.isnan(iou) else iou, "Acc": None if math.isnan(acc) else acc}
-            for index, (name, iou, acc) in enumerate(zip(self.class_names, result["IoU"].tolist(), result["Acc"].tolist()))
+            {
+                "id": index,
+                "name": name,
+                "IoU": None if math.isnan(iou) else iou,
+                "Acc": None if math.isnan(acc) else acc,
+            }
+            for index, (name, iou, acc) in enumerate(
+                zip(self.class_names, result["IoU"].tolist(), result["Acc"].tolist())
+            )
         ]
 
     def summary(self) -> dict[str, object]:
         """The ``metrics.json`` section: ``{"mIoU", "mAcc", "aAcc", "per_category": per_category()}``."""
         result = self.compute()
-        return {"mIoU": result["mIoU"], "mAcc": result["mAcc"], "aAcc": result["aAcc"], "per_category": self.per_category()}
+        return {
+            "mIoU": result["mIoU"],
+            "mAcc": result["mAcc"],
+            "aAcc": result["aAcc"],
+            "per_category": self.per_category(),
+        }
 
     def table(self, count: int | None = None) -> str:
         """Per-class IoU and accuracy (in %), one line per class (the ``count`` of lowest IoU, lowest
@@ -94,7 +108,11 @@ class MeanIoU(Metric):
             rows = worst(rows, "IoU", count)
             title = f"the {len(rows)} classes of lowest IoU of {len(self.class_names)} (all in metrics.json)"
         lines = [format_table(rows, ("IoU", "Acc"), title=title)]
-        lines.append(f"mean IoU {result['mIoU'] * 100:.2f}  mean Acc {result['mAcc'] * 100:.2f}  aAcc {result['aAcc'] * 100:.2f}")
+        lines.append(
+            f"mean IoU {result['mIoU'] * 100:.2f}  mean Acc {result['mAcc'] * 100:.2f}  aAcc {result['aAcc'] * 100:.2f}"
+        )
         if absent:
-            lines.append(f"({absent} of {len(self.class_names)} classes are in neither the ground truth nor the predictions: not listed)")
+            lines.append(
+                f"({absent} of {len(self.class_names)} classes are in neither the ground truth nor the predictions: not listed)"
+            )
         return "\n".join(lines)

@@ -17,8 +17,9 @@ per category and image).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -163,8 +164,12 @@ class PanopticEvaluator:
                 continue
             denominator = tp + 0.5 * fp + 0.5 * fn
             results[int(category["id"])] = {
-                "PQ": iou / denominator, "SQ": iou / tp if tp else 0.0, "RQ": tp / denominator,
-                "TP": int(tp), "FP": int(fp), "FN": int(fn),
+                "PQ": iou / denominator,
+                "SQ": iou / tp if tp else 0.0,
+                "RQ": tp / denominator,
+                "TP": int(tp),
+                "FP": int(fp),
+                "FN": int(fn),
             }
         return results
 
@@ -196,8 +201,12 @@ class PanopticEvaluator:
         """``[{"id", "name", "isthing", "PQ", "SQ", "RQ", "TP", "FP", "FN"}]`` for the categories with any count."""
         categories = {int(c["id"]): c for c in self.categories}
         return [
-            {"id": category, "name": categories[category].get("name", str(category)),
-             "isthing": bool(categories[category].get("isthing", 0)), **row}
+            {
+                "id": category,
+                "name": categories[category].get("name", str(category)),
+                "isthing": bool(categories[category].get("isthing", 0)),
+                **row,
+            }
             for category, row in self.per_class().items()
         ]
 

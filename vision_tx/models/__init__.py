@@ -34,7 +34,9 @@ def named_sizes(*classes: type[nn.Module]) -> dict[str, NamedSize]:
     for cls in classes:
         for name, config in cls.variants.items():
             if name in table:
-                raise ValueError(f"{__name__}: {cls.__name__} registers {name!r}, which {table[name].func.__name__} has")
+                raise ValueError(
+                    f"{__name__}: {cls.__name__} registers {name!r}, which {table[name].func.__name__} has"
+                )
             table[name] = NamedSize(cls, **config)
     return table
 
@@ -61,6 +63,17 @@ PANOPTIC_WRAPPERS: dict[type[nn.Module], type[nn.Module] | None] = {DETR: DETRPa
 SEGMENTATION_HEADS = named_sizes(UperNetSegmentor, Mask2Former)
 
 __all__ = [
-    "DETECTORS", "PANOPTIC_WRAPPERS", "SEGMENTATION_HEADS", "DETR", "DETRFeatures", "DETRPanoptic", "DFINE", "DINO", "Mask2Former", "RTDETR",
-    "NamedSize", "UperNetSegmentor", "named_sizes",
+    "DETECTORS",
+    "PANOPTIC_WRAPPERS",
+    "SEGMENTATION_HEADS",
+    "DETR",
+    "DETRFeatures",
+    "DETRPanoptic",
+    "DFINE",
+    "DINO",
+    "Mask2Former",
+    "RTDETR",
+    "NamedSize",
+    "UperNetSegmentor",
+    "named_sizes",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 
@@ -49,8 +49,12 @@ def build_for_conversion(arch: str, form: str = "classifier", num_classes: int |
 
 
 def convert_checkpoint(
-    arch: str, src: str | os.PathLike, dst: str | os.PathLike, form: str = "classifier",
-    num_classes: int | None = None, strict: bool = False,
+    arch: str,
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    form: str = "classifier",
+    num_classes: int | None = None,
+    strict: bool = False,
 ) -> LoadReport:
     """Loads ``src`` into the ``arch`` model (of ``form`` and ``num_classes``, as :func:`build_for_conversion`) through
     ``load_weights`` (``strict`` as there) and writes it natively to ``dst``. A whole model of another

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -15,10 +16,10 @@ from vision_tx.backbones.base import norms_and_biases_and
 from vision_tx.heads.detr.criterion import SetCriterion, normalize_targets
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.necks.position_encoding import SinePositionEncoding
 from vision_tx.heads.detr.postprocess import checked_sizes, per_image, postprocess_detections, softmax_detections
 from vision_tx.heads.detr.transformer import Transformer
 from vision_tx.models.query_detector import checked_pixel_mask
+from vision_tx.necks.position_encoding import SinePositionEncoding
 
 
 @dataclass
@@ -50,8 +51,15 @@ class DETR(nn.Module):
     # one without dropout that learns the toy sets on a CPU in minutes (10 queries: at most 3 objects an image).
     variants: dict[str, dict[str, Any]] = {
         "detr": {},
-        "detr_toy": dict(num_queries=10, hidden_dim=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
-                         dim_feedforward=512, dropout=0.0),
+        "detr_toy": dict(
+            num_queries=10,
+            hidden_dim=128,
+            num_heads=4,
+            num_encoder_layers=2,
+            num_decoder_layers=2,
+            dim_feedforward=512,
+            dropout=0.0,
+        ),
     }
 
     def __init__(
@@ -85,7 +93,9 @@ class DETR(nn.Module):
         self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
         self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, num_layers=3)
 
-    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
+    def forward(
+        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None
+    ) -> dict:
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` bool (True on padding; None: no padding) ->
         ``{"pred_logits": [B,Q,C+1], "pred_boxes": [B,Q,4] normalised cxcywh, "aux_outputs": [...]}``.
 
@@ -128,7 +138,7 @@ class DETR(nn.Module):
         return {"outputs": outputs, "attention": weights.unflatten(-1, features.mask.shape[-2:])}
 
     @classmethod
-    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "DETR":
+    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> DETR:
         """The model an official checkpoint with backbone ``backbone`` loads into (COCO's 91 classes by default)."""
         return cls(build_backbone(backbone), num_classes or 91)
 

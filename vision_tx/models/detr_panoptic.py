@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from contextlib import nullcontext
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,11 +42,16 @@ class DETRPanoptic(nn.Module):
     class_keys = (r"^detr\.class_embed\.",)  # the tensors with a row per class (fine-tuning: load_weights)
     backbone_prefix = "detr.backbone."  # where the backbone's parameters sit
 
-    def __init__(self, detr: nn.Module, freeze_detr: bool = False, num_attention_heads: int = 8,
-                 postprocess_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        detr: nn.Module,
+        freeze_detr: bool = False,
+        num_attention_heads: int = 8,
+        postprocess_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         channels = list(detr.backbone.out_channels)
-        strides = list(getattr(detr.backbone, "strides", _REQUIRED_STRIDES[-len(channels):]))
+        strides = list(getattr(detr.backbone, "strides", _REQUIRED_STRIDES[-len(channels) :]))
         if strides != _REQUIRED_STRIDES:
             raise ValueError(
                 f"{__name__}: the mask head needs the backbone's maps at strides "
@@ -64,7 +70,9 @@ class DETRPanoptic(nn.Module):
         """The detector's real classes (its class head adds no-object)."""
         return self.detr.num_classes
 
-    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
+    def forward(
+        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None
+    ) -> dict:
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` bool (True on padding) -> DETR's outputs plus
         ``"pred_masks"``: mask logits ``[B,Q,H/4,W/4]`` of the last decoder layer's queries."""
         detr_learns = torch.is_grad_enabled() and any(p.requires_grad for p in self.detr.parameters())
@@ -93,16 +101,18 @@ class DETRPanoptic(nn.Module):
         """DETR's batch box detections (see ``DETR.detections``)."""
         return self.detr.detections(outputs, image_sizes)
 
-    def panoptic_segments(self, outputs: dict, size: tuple[int, int], thing: torch.Tensor,
-                          known: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def panoptic_segments(
+        self, outputs: dict, size: tuple[int, int], thing: torch.Tensor, known: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Batch segment maps of unpadded images of ``size`` (h, w) (export-safe, what :meth:`postprocess_panoptic`
         gives per image: ``heads.detr.postprocess.panoptic_segments`` with ``postprocess_kwargs``); ``thing`` and
         ``known``: bool by class (``heads.detr.postprocess.thing_table``)."""
         masks = upsampled_masks(outputs["pred_masks"], size)
         return panoptic_segments(outputs["pred_logits"], masks, thing, known, **self.postprocess_kwargs)
 
-    def postprocess_panoptic(self, outputs: dict, sizes: torch.Tensor, orig_sizes: torch.Tensor,
-                             is_thing: Mapping[int, bool]) -> list[dict[str, Any]]:
+    def postprocess_panoptic(
+        self, outputs: dict, sizes: torch.Tensor, orig_sizes: torch.Tensor, is_thing: Mapping[int, bool]
+    ) -> list[dict[str, Any]]:
         """Per image ``{"segment_ids" [H0,W0], "segments_info"}`` (see ``heads.detr.postprocess_panoptic``);
         ``sizes`` and ``orig_sizes [B,2]``: (h, w) of the unpadded input and of the original image."""
         return postprocess_panoptic(outputs, sizes, orig_sizes, is_thing, **self.postprocess_kwargs)

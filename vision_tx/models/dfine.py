@@ -4,7 +4,8 @@ the fine-grained localisation loss and the last layer's self-distillation (GO-LS
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,7 +45,14 @@ class DFINE(HybridEncoderDetector):
     # Named sizes (``DetectionModule(detector=...)``): D-FINE-L's (the defaults below), and RT-DETR's toy size.
     variants: dict[str, dict[str, Any]] = {
         "dfine": {},
-        "dfine_toy": dict(num_queries=30, hidden_dim=64, num_heads=4, encoder_feedforward=256, num_decoder_layers=3, dim_feedforward=256),
+        "dfine_toy": dict(
+            num_queries=30,
+            hidden_dim=64,
+            num_heads=4,
+            encoder_feedforward=256,
+            num_decoder_layers=3,
+            dim_feedforward=256,
+        ),
     }
 
     @classmethod
@@ -80,7 +88,7 @@ class DFINE(HybridEncoderDetector):
         num_detections: int = 300,
         nms_threshold: float | None = None,
         share_scores: bool = False,
-    ) -> "DFINE":
+    ) -> DFINE:
         """D-FINE over ``backbone`` (its stride 8, 16 and 32 maps) from the settings above (a size of ``variants``)."""
         points = [num_points] * num_levels if isinstance(num_points, int) else list(num_points)
         if len(points) != num_levels:
@@ -89,47 +97,87 @@ class DFINE(HybridEncoderDetector):
         return cls(
             backbone=backbone,
             encoder=GELANHybridEncoder(
-                in_channels, dim=hidden_dim, num_heads=num_heads, dim_feedforward=encoder_feedforward, dropout=dropout,
-                num_encoder_layers=num_encoder_layers, expansion=expansion, num_blocks=num_blocks,
+                in_channels,
+                dim=hidden_dim,
+                num_heads=num_heads,
+                dim_feedforward=encoder_feedforward,
+                dropout=dropout,
+                num_encoder_layers=num_encoder_layers,
+                expansion=expansion,
+                num_blocks=num_blocks,
             ),
             decoder_input_proj=level_projections(
                 hidden_dim=hidden_dim, num_maps=len(in_channels), num_levels=num_levels, project_maps=False
             ),
             decoder=FDRDecoder(
                 FDRDecoderLayer(
-                    dim=hidden_dim, num_heads=num_heads, num_points=points, dim_feedforward=dim_feedforward,
+                    dim=hidden_dim,
+                    num_heads=num_heads,
+                    num_points=points,
+                    dim_feedforward=dim_feedforward,
                     dropout=dropout,
                 ),
-                num_layers=num_decoder_layers, dim=hidden_dim, reg_max=reg_max, reg_scale=reg_scale, up=up,
-                lqe_top_k=lqe_top_k, lqe_hidden_dim=lqe_hidden_dim, lqe_layers=lqe_layers,
+                num_layers=num_decoder_layers,
+                dim=hidden_dim,
+                reg_max=reg_max,
+                reg_scale=reg_scale,
+                up=up,
+                lqe_top_k=lqe_top_k,
+                lqe_hidden_dim=lqe_hidden_dim,
+                lqe_layers=lqe_layers,
             ),
             heads=query_heads(  # each layer's box head gives the distributions of the four edges
-                num_classes=num_classes, hidden_dim=hidden_dim, num_decoder_layers=num_decoder_layers,
+                num_classes=num_classes,
+                hidden_dim=hidden_dim,
+                num_decoder_layers=num_decoder_layers,
                 layer_box_outputs=4 * (reg_max + 1),
             ),
             query_embed=nn.Embedding(num_queries, hidden_dim) if learn_query_content else None,
             denoising=denoising_queries(
-                num_classes=num_classes, hidden_dim=hidden_dim, num_denoising=num_denoising,
-                label_noise_ratio=label_noise_ratio, box_noise_scale=box_noise_scale, eps=1e-5,
+                num_classes=num_classes,
+                hidden_dim=hidden_dim,
+                num_denoising=num_denoising,
+                label_noise_ratio=label_noise_ratio,
+                box_noise_scale=box_noise_scale,
+                eps=1e-5,
             ),
             criterion=detector_criterion(
-                DFINECriterion, num_classes=num_classes, matcher_kwargs=matcher_kwargs,
+                DFINECriterion,
+                num_classes=num_classes,
+                matcher_kwargs=matcher_kwargs,
                 criterion_kwargs={"reg_max": reg_max, **(criterion_kwargs or {})},
             ),
-            num_classes=num_classes, num_queries=num_queries, num_detections=num_detections,
-            nms_threshold=nms_threshold, share_scores=share_scores,
+            num_classes=num_classes,
+            num_queries=num_queries,
+            num_detections=num_detections,
+            nms_threshold=nms_threshold,
+            share_scores=share_scores,
         )
 
     def __init__(
-        self, *, backbone: nn.Module, encoder: nn.Module, decoder_input_proj: nn.ModuleList, decoder: FDRDecoder,
-        heads: QueryHeads, query_embed: nn.Embedding | None, denoising: ContrastiveDenoising | None,
-        criterion: nn.Module, num_classes: int, num_queries: int, num_detections: int, nms_threshold: float | None,
+        self,
+        *,
+        backbone: nn.Module,
+        encoder: nn.Module,
+        decoder_input_proj: nn.ModuleList,
+        decoder: FDRDecoder,
+        heads: QueryHeads,
+        query_embed: nn.Embedding | None,
+        denoising: ContrastiveDenoising | None,
+        criterion: nn.Module,
+        num_classes: int,
+        num_queries: int,
+        num_detections: int,
+        nms_threshold: float | None,
         share_scores: bool,
     ) -> None:
         """D-FINE from its parts (what :meth:`build` makes) and settings (see the class)."""
         super().__init__(
-            num_classes=num_classes, num_queries=num_queries, num_detections=num_detections,
-            nms_threshold=nms_threshold, share_scores=share_scores,
+            num_classes=num_classes,
+            num_queries=num_queries,
+            num_detections=num_detections,
+            nms_threshold=nms_threshold,
+            share_scores=share_scores,
         )
         self.backbone = backbone
         self.encoder = encoder
@@ -148,7 +196,15 @@ class DFINE(HybridEncoderDetector):
         queries, boxes, proposal_logits, proposal_boxes = self.select_queries(levels)
         queries, boxes, attn_mask, denoising = self.with_denoising(queries, boxes, targets)
         decoded = self.decoder(
-            queries, boxes, memory, levels.shapes, levels.padding_mask, levels.valid_ratios, self.class_embed, self.bbox_embed, attn_mask
+            queries,
+            boxes,
+            memory,
+            levels.shapes,
+            levels.padding_mask,
+            levels.valid_ratios,
+            self.class_embed,
+            self.bbox_embed,
+            attn_mask,
         )
         outputs = decoder_outputs(decoded["logits"], decoded["boxes"], proposal_logits, proposal_boxes, denoising)
         split = 0 if denoising is None else denoising.content.shape[1]
@@ -156,13 +212,21 @@ class DFINE(HybridEncoderDetector):
         fixed = {"up": self.decoder.up, "reg_scale": self.decoder.reg_scale}
         for layer, outputs_layer in enumerate([*outputs["aux_outputs"], outputs]):
             outputs_layer.update(pred_corners=corners[layer, :, split:], ref_points=initial[:, split:], **fixed)
-        outputs["pre_outputs"] = {"pred_logits": decoded["pre_logits"][:, split:], "pred_boxes": decoded["pre_boxes"][:, split:]}
+        outputs["pre_outputs"] = {
+            "pred_logits": decoded["pre_logits"][:, split:],
+            "pred_boxes": decoded["pre_boxes"][:, split:],
+        }
         if denoising is not None:
             outputs["dn_outputs"].update(
-                pred_corners=corners[:, :, :split], ref_points=initial[None, :, :split].expand(len(corners), -1, -1, -1),
-                up=self.decoder.up.expand(len(corners), -1), reg_scale=self.decoder.reg_scale.expand(len(corners), -1),
+                pred_corners=corners[:, :, :split],
+                ref_points=initial[None, :, :split].expand(len(corners), -1, -1, -1),
+                up=self.decoder.up.expand(len(corners), -1),
+                reg_scale=self.decoder.reg_scale.expand(len(corners), -1),
             )
-            outputs["dn_pre_outputs"] = {"pred_logits": decoded["pre_logits"][:, :split], "pred_boxes": decoded["pre_boxes"][:, :split]}
+            outputs["dn_pre_outputs"] = {
+                "pred_logits": decoded["pre_logits"][:, :split],
+                "pred_boxes": decoded["pre_boxes"][:, :split],
+            }
         return outputs
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

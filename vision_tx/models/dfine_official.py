@@ -4,7 +4,7 @@ renamed to RT-DETR's official ones, which :func:`~vision_tx.models.rtdetr_offici
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -29,7 +29,9 @@ _RENAMES = (
 )
 # Tensors vision_tx derives instead of loading: the second references to up and reg_scale (the decoder's own,
 # equal to ``decoder.up`` and ``decoder.reg_scale``), the points' scales, the anchors of a fixed image size.
-_DERIVED = re.compile(r"^decoder\.decoder\.(up|reg_scale)$|\.cross_attn\.num_points_scale$|^decoder\.(anchors|valid_mask)$")
+_DERIVED = re.compile(
+    r"^decoder\.decoder\.(up|reg_scale)$|\.cross_attn\.num_points_scale$|^decoder\.(anchors|valid_mask)$"
+)
 
 
 def is_official_dfine(state_dict: Mapping[str, torch.Tensor]) -> bool:

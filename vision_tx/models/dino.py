@@ -8,7 +8,8 @@ with two-stage proposals and iterative box refinement.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -75,7 +76,12 @@ class DINO(DeformableQueryDetector):
     variants: dict[str, dict[str, Any]] = {
         "dino": {},
         "dino_toy": dict(
-            num_queries=30, hidden_dim=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=3, dim_feedforward=256,
+            num_queries=30,
+            hidden_dim=64,
+            num_heads=4,
+            num_encoder_layers=2,
+            num_decoder_layers=3,
+            dim_feedforward=256,
             num_detections=100,  # the toy figures in docs/LEARNING.md were measured with 100
         ),
     }
@@ -110,7 +116,7 @@ class DINO(DeformableQueryDetector):
         nms_threshold: float | None = None,
         share_scores: bool = False,
         exact_valid_ratios: bool = False,
-    ) -> "DINO":
+    ) -> DINO:
         """DINO over ``backbone`` (its stride 8, 16 and 32 maps) from the settings above (a size of ``variants``)."""
         if query_selection not in QUERY_SELECTIONS:
             raise ValueError(f"{__name__}: query_selection must be one of {QUERY_SELECTIONS}, got {query_selection!r}")
@@ -120,38 +126,75 @@ class DINO(DeformableQueryDetector):
         neck = MultiScaleProjection(
             backbone.out_channels, hidden_dim, num_levels, temperature=position_temperature, offset=position_offset
         )
-        layer = dict(dim=hidden_dim, num_heads=num_heads, num_levels=num_levels, num_points=num_points,
-                     dim_feedforward=dim_feedforward, dropout=dropout)
+        layer = dict(
+            dim=hidden_dim,
+            num_heads=num_heads,
+            num_levels=num_levels,
+            num_points=num_points,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+        )
         encoder = DeformableEncoder(DeformableEncoderLayer(**layer), num_layers=num_encoder_layers)
         decoder = DeformableDecoder(
-            DeformableDecoderLayer(**layer), num_layers=num_decoder_layers, dim=hidden_dim,
-            query_pos_from_boxes=not two_stage, final_norm=decoder_norm, eps=inverse_sigmoid_eps,
+            DeformableDecoderLayer(**layer),
+            num_layers=num_decoder_layers,
+            dim=hidden_dim,
+            query_pos_from_boxes=not two_stage,
+            final_norm=decoder_norm,
+            eps=inverse_sigmoid_eps,
         )
         heads = query_heads(num_classes=num_classes, hidden_dim=hidden_dim, num_decoder_layers=num_decoder_layers)
         pos_trans = nn.Linear(2 * hidden_dim, 2 * hidden_dim) if two_stage else None
         pos_trans_norm = nn.LayerNorm(2 * hidden_dim) if two_stage else None
         return cls(
-            backbone=backbone, neck=neck, encoder=encoder, decoder=decoder, heads=heads,
+            backbone=backbone,
+            neck=neck,
+            encoder=encoder,
+            decoder=decoder,
+            heads=heads,
             query_embed=None if two_stage else nn.Embedding(num_queries, hidden_dim),
-            pos_trans=pos_trans, pos_trans_norm=pos_trans_norm,
+            pos_trans=pos_trans,
+            pos_trans_norm=pos_trans_norm,
             denoising=denoising_queries(
-                num_classes=num_classes, hidden_dim=hidden_dim, num_denoising=num_denoising,
-                label_noise_ratio=label_noise_ratio, box_noise_scale=box_noise_scale, eps=inverse_sigmoid_eps,
+                num_classes=num_classes,
+                hidden_dim=hidden_dim,
+                num_denoising=num_denoising,
+                label_noise_ratio=label_noise_ratio,
+                box_noise_scale=box_noise_scale,
+                eps=inverse_sigmoid_eps,
             ),
             criterion=detector_criterion(
                 DINOCriterion, num_classes=num_classes, matcher_kwargs=matcher_kwargs, criterion_kwargs=criterion_kwargs
             ),
-            num_classes=num_classes, num_queries=num_queries, look_forward_twice=look_forward_twice,
-            exact_valid_ratios=exact_valid_ratios, num_detections=num_detections, nms_threshold=nms_threshold,
+            num_classes=num_classes,
+            num_queries=num_queries,
+            look_forward_twice=look_forward_twice,
+            exact_valid_ratios=exact_valid_ratios,
+            num_detections=num_detections,
+            nms_threshold=nms_threshold,
             share_scores=share_scores,
         )
 
     def __init__(
-        self, *, backbone: nn.Module, neck: MultiScaleProjection, encoder: DeformableEncoder,
-        decoder: DeformableDecoder, heads: QueryHeads, query_embed: nn.Embedding | None, pos_trans: nn.Linear | None,
-        pos_trans_norm: nn.LayerNorm | None, denoising: ContrastiveDenoising | None, criterion: nn.Module,
-        num_classes: int, num_queries: int, look_forward_twice: bool, exact_valid_ratios: bool, num_detections: int,
-        nms_threshold: float | None, share_scores: bool,
+        self,
+        *,
+        backbone: nn.Module,
+        neck: MultiScaleProjection,
+        encoder: DeformableEncoder,
+        decoder: DeformableDecoder,
+        heads: QueryHeads,
+        query_embed: nn.Embedding | None,
+        pos_trans: nn.Linear | None,
+        pos_trans_norm: nn.LayerNorm | None,
+        denoising: ContrastiveDenoising | None,
+        criterion: nn.Module,
+        num_classes: int,
+        num_queries: int,
+        look_forward_twice: bool,
+        exact_valid_ratios: bool,
+        num_detections: int,
+        nms_threshold: float | None,
+        share_scores: bool,
     ) -> None:
         """DINO from its parts (what :meth:`build` makes) and settings (see the class): mixed query selection with
         the learned content ``query_embed``, two-stage (Deformable DETR) with the proposals' projection ``pos_trans``
@@ -159,8 +202,12 @@ class DINO(DeformableQueryDetector):
         if (query_embed is None) == (pos_trans is None) or (pos_trans is None) != (pos_trans_norm is None):
             raise ValueError(f"{__name__}: give query_embed (mixed selection) or pos_trans and pos_trans_norm")
         super().__init__(
-            num_classes=num_classes, num_queries=num_queries, look_forward_twice=look_forward_twice,
-            num_detections=num_detections, nms_threshold=nms_threshold, share_scores=share_scores,
+            num_classes=num_classes,
+            num_queries=num_queries,
+            look_forward_twice=look_forward_twice,
+            num_detections=num_detections,
+            nms_threshold=nms_threshold,
+            share_scores=share_scores,
         )
         self.query_selection = "mixed" if pos_trans is None else "two_stage"
         self.exact_valid_ratios = exact_valid_ratios
@@ -176,7 +223,10 @@ class DINO(DeformableQueryDetector):
         self.criterion = criterion
 
     def forward(
-        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
+        self,
+        images: torch.Tensor,
+        pixel_mask: torch.Tensor | None = None,
+        targets: list[dict[str, torch.Tensor]] | None = None,
     ) -> dict:
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (as for :meth:`loss`;
         used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
@@ -193,21 +243,31 @@ class DINO(DeformableQueryDetector):
         and the heads."""
         memory = levels.tokens
         _, _, proposal_logits, proposal_boxes = select_proposals(
-            memory, levels, self.enc_output, self.enc_output_norm, self.class_embed[-1], self.bbox_embed[-1], self.num_queries,
+            memory,
+            levels,
+            self.enc_output,
+            self.enc_output_norm,
+            self.class_embed[-1],
+            self.bbox_embed[-1],
+            self.num_queries,
             class_agnostic=self.query_selection == "two_stage",
         )
         boxes = proposal_boxes.detach()
         query_pos = None
         if self.query_selection == "two_stage":
-            query_pos, queries = self.pos_trans_norm(self.pos_trans(box_sine_embedding(boxes, memory.shape[-1] // 2))).chunk(2, -1)
+            query_pos, queries = self.pos_trans_norm(
+                self.pos_trans(box_sine_embedding(boxes, memory.shape[-1] // 2))
+            ).chunk(2, -1)
         else:
-            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(boxes.shape[0], -1, -1)  # not len(): an exported batch stays a symbol
+            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(
+                boxes.shape[0], -1, -1
+            )  # not len(): an exported batch stays a symbol
         logits, layer_boxes, denoising = self.decode(queries, query_pos, boxes, memory, levels, targets)
         enc_logits = proposal_logits[..., :1] if self.query_selection == "two_stage" else proposal_logits
         return decoder_outputs(logits, layer_boxes, enc_logits, proposal_boxes, denoising)
 
     @classmethod
-    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "DINO":
+    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> DINO:
         """The model an official checkpoint with backbone ``backbone`` loads into (COCO's 91 classes by default)."""
         return cls.build(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 91)
 

@@ -4,7 +4,7 @@ in vision_tx's DINO layout."""
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -60,7 +60,7 @@ def convert_official_dino(state_dict: Mapping[str, torch.Tensor], model: nn.Modu
             continue  # the same tensors as class_embed.* and bbox_embed.*
         match = re.match(r"^transformer\.enc_out_(class|bbox)_embed\.", key)
         if match:
-            converted[f"{match.group(1)}_embed.{num_layers}.{key[match.end():]}"] = value
+            converted[f"{match.group(1)}_embed.{num_layers}.{key[match.end() :]}"] = value
             continue
         if key == "label_enc.weight":
             value = value[:-1]
@@ -69,4 +69,3 @@ def convert_official_dino(state_dict: Mapping[str, torch.Tensor], model: nn.Modu
             value = torch.cat([value[:, quarter : 2 * quarter], value[:, :quarter], value[:, 2 * quarter :]], 1)
         converted[renamed_key(key, _RENAMES)] = value
     return with_backbone_state(converted, backbone_state, model)
-

@@ -3,7 +3,8 @@ one model for semantic, panoptic and instance segmentation on any backbone's pyr
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -14,11 +15,18 @@ from vision_tx.attention import record_attention
 from vision_tx.backbones import build_backbone
 from vision_tx.backbones.base import Backbone, norms_and_biases_and
 from vision_tx.heads.mask2former import (
-    Mask2FormerCriterion, MaskedAttentionDecoder, MaskHungarianMatcher, PixelDecoder, instance_inference, panoptic_inference,
-    resize_masks, semantic_inference,
+    Mask2FormerCriterion,
+    MaskedAttentionDecoder,
+    MaskHungarianMatcher,
+    PixelDecoder,
+    instance_inference,
+    panoptic_inference,
+    resize_masks,
+    semantic_inference,
 )
 from vision_tx.heads.mask2former.postprocess import (  # the batch forms
-    instance_detections, panoptic_segments,
+    instance_detections,
+    panoptic_segments,
 )
 from vision_tx.models.mask2former_official import convert_official_mask2former, is_official_mask2former
 
@@ -64,8 +72,17 @@ class Mask2Former(nn.Module):
     # narrow one (width 64, 2 encoder and 3 decoder layers, 16 queries) that learns the toy sets on a CPU.
     variants: dict[str, dict[str, Any]] = {
         "mask2former": {},
-        "mask2former_toy": dict(num_queries=16, hidden_dim=64, mask_dim=64, num_heads=4, num_decoder_layers=3, dim_feedforward=256,
-                                num_encoder_layers=2, encoder_dim_feedforward=256, num_groups=16),
+        "mask2former_toy": dict(
+            num_queries=16,
+            hidden_dim=64,
+            mask_dim=64,
+            num_heads=4,
+            num_decoder_layers=3,
+            dim_feedforward=256,
+            num_encoder_layers=2,
+            encoder_dim_feedforward=256,
+            num_groups=16,
+        ),
     }
 
     def __init__(
@@ -94,33 +111,63 @@ class Mask2Former(nn.Module):
         super().__init__()
         channels = list(backbone.out_channels)
         if len(channels) != 4:
-            raise ValueError(f"{__name__}: the backbone returns {len(channels)} maps, Mask2Former reads 4 (out_indices=(0, 1, 2, 3))")
+            raise ValueError(
+                f"{__name__}: the backbone returns {len(channels)} maps, Mask2Former reads 4 (out_indices=(0, 1, 2, 3))"
+            )
         self.backbone = backbone
         self.num_classes = num_classes
         self.ignore_index = ignore_index
-        self.object_mask_threshold, self.overlap_threshold, self.test_topk = object_mask_threshold, overlap_threshold, test_topk
+        self.object_mask_threshold, self.overlap_threshold, self.test_topk = (
+            object_mask_threshold,
+            overlap_threshold,
+            test_topk,
+        )
         self.pixel_decoder = PixelDecoder(
-            channels, hidden_dim, mask_dim, num_encoder_layers, num_heads, num_points, encoder_dim_feedforward, dropout,
+            channels,
+            hidden_dim,
+            mask_dim,
+            num_encoder_layers,
+            num_heads,
+            num_points,
+            encoder_dim_feedforward,
+            dropout,
             num_groups=num_groups,
         )
         self.predictor = MaskedAttentionDecoder(
-            hidden_dim, num_classes, hidden_dim, num_queries, num_heads, dim_feedforward, num_decoder_layers, mask_dim, dropout=dropout,
+            hidden_dim,
+            num_classes,
+            hidden_dim,
+            num_queries,
+            num_heads,
+            dim_feedforward,
+            num_decoder_layers,
+            mask_dim,
+            dropout=dropout,
         )
         matcher = MaskHungarianMatcher(**matcher_kwargs) if matcher_kwargs else None
         self.criterion = Mask2FormerCriterion(num_classes, matcher, **(criterion_kwargs or {}))
 
-    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
+    def forward(
+        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict] | None = None
+    ) -> dict:
         """``images [B,3,H,W]``; ``pixel_mask [B,H,W]`` (True on padding) only records each image's unpadded
         ``sizes [B,2]`` in the outputs (as the official model, the network reads the padding as image);
         ``targets`` are not read. The outputs also hold the padded ``input_size`` (h, w)."""
         return self.decode(images, pixel_mask, *self.pixel_decoder(list(self.backbone(images).values())))
 
-    def decode(self, images: torch.Tensor, pixel_mask: torch.Tensor | None, mask_features: torch.Tensor,
-               levels: list[torch.Tensor]) -> dict:
+    def decode(
+        self,
+        images: torch.Tensor,
+        pixel_mask: torch.Tensor | None,
+        mask_features: torch.Tensor,
+        levels: list[torch.Tensor],
+    ) -> dict:
         """The masked-attention decoder's outputs from the pixel decoder's ``mask_features`` and ``levels``."""
         outputs = self.predictor(levels, mask_features)
         if pixel_mask is None:
-            sizes = torch.tensor(list(images.shape[-2:]), device=images.device).repeat(images.shape[0], 1)  # no len(): see export.py
+            sizes = torch.tensor(list(images.shape[-2:]), device=images.device).repeat(
+                images.shape[0], 1
+            )  # no len(): see export.py
         else:
             sizes = torch.stack([(~pixel_mask[:, :, 0]).sum(1), (~pixel_mask[:, 0, :]).sum(1)], -1)
         return {**outputs, "sizes": sizes, "input_size": tuple(images.shape[-2:])}
@@ -132,7 +179,10 @@ class Mask2Former(nn.Module):
             targets = semantic_targets(targets, self.ignore_index)
         if "input_size" in outputs:
             height, width = outputs["input_size"]
-            targets = [{**t, "masks": F.pad(t["masks"], (0, width - t["masks"].shape[-1], 0, height - t["masks"].shape[-2]))} for t in targets]
+            targets = [
+                {**t, "masks": F.pad(t["masks"], (0, width - t["masks"].shape[-1], 0, height - t["masks"].shape[-2]))}
+                for t in targets
+            ]
         return self.criterion(outputs, targets)
 
     @torch.no_grad()
@@ -152,10 +202,16 @@ class Mask2Former(nn.Module):
         size = images.shape[-2:]
         total = images.new_zeros(images.shape[0], self.num_classes, *size)
         for scale in scales:
-            scaled = images if scale == 1 else F.interpolate(images, [int(s * scale + 0.5) for s in size], mode="bilinear", align_corners=False)
+            scaled = (
+                images
+                if scale == 1
+                else F.interpolate(images, [int(s * scale + 0.5) for s in size], mode="bilinear", align_corners=False)
+            )
             for flipped in (False, True) if flip else (False,):
                 outputs = self(scaled.flip(-1) if flipped else scaled)
-                masks = F.interpolate(outputs["pred_masks"], size=scaled.shape[-2:], mode="bilinear", align_corners=False)
+                masks = F.interpolate(
+                    outputs["pred_masks"], size=scaled.shape[-2:], mode="bilinear", align_corners=False
+                )
                 scores = semantic_inference(outputs["pred_logits"], masks)
                 scores = scores.flip(-1) if flipped else scores
                 total += F.interpolate(scores, size=size, mode="bilinear", align_corners=False)
@@ -171,8 +227,9 @@ class Mask2Former(nn.Module):
         masks = resize_masks(outputs["pred_masks"], size, size)
         return instance_detections(outputs["pred_logits"], masks, self.test_topk)
 
-    def panoptic_segments(self, outputs: dict, size: tuple[int, int], thing: torch.Tensor,
-                          known: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def panoptic_segments(
+        self, outputs: dict, size: tuple[int, int], thing: torch.Tensor, known: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Batch segment maps of unpadded images of ``size`` (h, w) (export-safe, what :meth:`postprocess_panoptic`
         gives per image: :func:`~vision_tx.heads.mask2former.postprocess.panoptic_segments`); ``thing``: bool by class,
         ``known`` unread (every class may form a segment)."""
@@ -207,11 +264,14 @@ class Mask2Former(nn.Module):
         return {"outputs": outputs, "attention": weights.unflatten(-1, level.shape[-2:])}
 
     def _per_image(self, outputs: dict, sizes: torch.Tensor, orig_sizes: torch.Tensor):
-        for logits, masks, size, orig_size in zip(outputs["pred_logits"], outputs["pred_masks"], sizes.tolist(), orig_sizes.tolist()):
+        for logits, masks, size, orig_size in zip(
+            outputs["pred_logits"], outputs["pred_masks"], sizes.tolist(), orig_sizes.tolist()
+        ):
             yield logits, resize_masks(masks, size, orig_size)
 
-    def postprocess_panoptic(self, outputs: dict, sizes: torch.Tensor, orig_sizes: torch.Tensor,
-                             is_thing: Mapping[int, bool]) -> list[dict]:
+    def postprocess_panoptic(
+        self, outputs: dict, sizes: torch.Tensor, orig_sizes: torch.Tensor, is_thing: Mapping[int, bool]
+    ) -> list[dict]:
         """Per image ``{"segment_ids" [H0,W0], "segments_info"}`` (see ``panoptic_inference``); ``sizes`` and
         ``orig_sizes [B,2]``: (h, w) of the unpadded input and of the original image."""
         return [
@@ -219,13 +279,17 @@ class Mask2Former(nn.Module):
             for logits, masks in self._per_image(outputs, sizes, orig_sizes)
         ]
 
-    def postprocess_instances(self, outputs: dict, sizes: torch.Tensor, orig_sizes: torch.Tensor,
-                              thing_classes: set[int] | None = None) -> list[dict[str, torch.Tensor]]:
+    def postprocess_instances(
+        self, outputs: dict, sizes: torch.Tensor, orig_sizes: torch.Tensor, thing_classes: set[int] | None = None
+    ) -> list[dict[str, torch.Tensor]]:
         """Per image ``{"scores", "labels", "masks" bool [N,H0,W0]}`` (see ``instance_inference``)."""
-        return [instance_inference(logits, masks, self.test_topk, thing_classes) for logits, masks in self._per_image(outputs, sizes, orig_sizes)]
+        return [
+            instance_inference(logits, masks, self.test_topk, thing_classes)
+            for logits, masks in self._per_image(outputs, sizes, orig_sizes)
+        ]
 
     @classmethod
-    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "Mask2Former":
+    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> Mask2Former:
         """The model an official checkpoint with backbone ``backbone`` loads into (COCO panoptic's 133 classes by default)."""
         return cls(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 133)
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -34,8 +34,9 @@ def is_official_mask2former(state_dict: Mapping[str, torch.Tensor]) -> bool:
     return any(key.startswith("sem_seg_head.predictor.") for key in state_dict)
 
 
-def convert_official_mask2former(state_dict: Mapping[str, torch.Tensor], backbone: torch.nn.Module, num_fpn_levels: int
-                                 ) -> dict[str, torch.Tensor]:
+def convert_official_mask2former(
+    state_dict: Mapping[str, torch.Tensor], backbone: torch.nn.Module, num_fpn_levels: int
+) -> dict[str, torch.Tensor]:
     """Renames an official checkpoint's ``model`` dict, ``state_dict``. ``backbone.*`` goes through the converter of
     ``backbone`` (the model's backbone module; the D2SwinTransformer is the mmdetection Swin layout);
     ``adapter_k``/``layer_k`` (k = 1 for the finest map) become ``lateral_convs``/``output_convs``, stored coarsest
@@ -52,7 +53,9 @@ def convert_official_mask2former(state_dict: Mapping[str, torch.Tensor], backbon
         if fpn:
             kind, index, part = fpn[1], num_fpn_levels - int(fpn[2]), fpn[3]
             module = "lateral_convs" if kind == "adapter" else "output_convs"
-            converted[f"pixel_decoder.{module}.{index}.{'0.weight' if part == 'weight' else '1.' + part.split('.')[1]}"] = value
+            converted[
+                f"pixel_decoder.{module}.{index}.{'0.weight' if part == 'weight' else '1.' + part.split('.')[1]}"
+            ] = value
             continue
         for pattern, replacement in _HEAD_KEYS:
             key = re.sub(pattern, replacement, key)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -39,7 +40,6 @@ def checked_pixel_mask(images: torch.Tensor, pixel_mask: torch.Tensor | None, wh
     return pixel_mask
 
 
-
 class QueryHeads(NamedTuple):
     """A query detector's heads: a class head and a box head per decoder layer and a last pair that scores and
     places the encoder's proposals (``class_embed``, ``bbox_embed``), and the proposals' projection
@@ -65,7 +65,12 @@ def query_heads(
 
 
 def denoising_queries(
-    *, num_classes: int, hidden_dim: int, num_denoising: int, label_noise_ratio: float, box_noise_scale: float,
+    *,
+    num_classes: int,
+    hidden_dim: int,
+    num_denoising: int,
+    label_noise_ratio: float,
+    box_noise_scale: float,
     eps: float,
 ) -> ContrastiveDenoising | None:
     """The contrastive denoising queries (:class:`ContrastiveDenoising`; none when ``num_denoising`` is 0) of
@@ -77,7 +82,10 @@ def denoising_queries(
 
 
 def detector_criterion(
-    criterion_class: Callable[..., nn.Module], *, num_classes: int, matcher_kwargs: dict[str, Any] | None,
+    criterion_class: Callable[..., nn.Module],
+    *,
+    num_classes: int,
+    matcher_kwargs: dict[str, Any] | None,
     criterion_kwargs: dict[str, Any] | None,
 ) -> nn.Module:
     """``criterion_class(num_classes, HungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` for ``num_classes``
@@ -122,8 +130,14 @@ class DeformableQueryDetector(nn.Module):
     criterion: nn.Module
 
     def __init__(
-        self, *, num_classes: int, num_queries: int, num_detections: int, nms_threshold: float | None,
-        share_scores: bool, look_forward_twice: bool = False,
+        self,
+        *,
+        num_classes: int,
+        num_queries: int,
+        num_detections: int,
+        nms_threshold: float | None,
+        share_scores: bool,
+        look_forward_twice: bool = False,
     ) -> None:
         """The settings every query detector reads (see each one's ``build``); the parts are the subclass's."""
         super().__init__()
@@ -175,7 +189,9 @@ class DeformableQueryDetector(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, DenoisingQueries | None]:
         """The denoising queries (in training with ``targets``) put before ``queries [B,Q,D]`` and their boxes
         before ``boxes [B,Q,4]``: ``(queries [B,N+Q,D], boxes [B,N+Q,4], attn_mask or None, denoising or None)``."""
-        denoising = self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
+        denoising = (
+            self.denoising(targets, boxes.shape[1]) if targets is not None and self.denoising is not None else None
+        )
         if denoising is None:
             return queries, boxes, None, None
         queries = torch.cat([denoising.content.to(queries.dtype), queries], 1)
@@ -183,16 +199,29 @@ class DeformableQueryDetector(nn.Module):
         return queries, boxes, denoising.attn_mask, denoising
 
     def decode(
-        self, queries: torch.Tensor, query_pos: torch.Tensor | None, boxes: torch.Tensor, memory: torch.Tensor,
-        levels: MultiScaleLevels, targets: list[dict] | None,
+        self,
+        queries: torch.Tensor,
+        query_pos: torch.Tensor | None,
+        boxes: torch.Tensor,
+        memory: torch.Tensor,
+        levels: MultiScaleLevels,
+        targets: list[dict] | None,
     ) -> tuple[torch.Tensor, torch.Tensor, DenoisingQueries | None]:
         """The denoising queries (in training with ``targets``) put before the matching ``queries [B,Q,D]`` and
         their ``boxes [B,Q,4]``, the decoder over ``memory [B,S,D]``, and every layer's class head:
         ``(logits [L,B,N+Q,C], layer_boxes [L,B,N+Q,4], denoising or None)``."""
         queries, boxes, attn_mask, denoising = self.with_denoising(queries, boxes, targets)
         hidden, layer_boxes = self.decoder(
-            queries, boxes, memory, levels.shapes, levels.padding_mask, levels.valid_ratios, self.bbox_embed,
-            query_pos, attn_mask, self.look_forward_twice and self.training,
+            queries,
+            boxes,
+            memory,
+            levels.shapes,
+            levels.padding_mask,
+            levels.valid_ratios,
+            self.bbox_embed,
+            query_pos,
+            attn_mask,
+            self.look_forward_twice and self.training,
         )
         return torch.stack([head(h) for head, h in zip(self.class_embed, hidden)]), layer_boxes, denoising
 
@@ -210,7 +239,10 @@ class HybridEncoderDetector(DeformableQueryDetector):
     query_embed: nn.Embedding | None
 
     def forward(
-        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None, targets: list[dict[str, torch.Tensor]] | None = None
+        self,
+        images: torch.Tensor,
+        pixel_mask: torch.Tensor | None = None,
+        targets: list[dict[str, torch.Tensor]] | None = None,
     ) -> dict:
         """``images [B,3,H,W]``, ``pixel_mask [B,H,W]`` (True on padding), ``targets`` (as for :meth:`loss`;
         used in training for the denoising queries) -> ``{"pred_logits" [B,Q,C], "pred_boxes" [B,Q,4],
@@ -223,7 +255,7 @@ class HybridEncoderDetector(DeformableQueryDetector):
     def memory(self, maps: list[torch.Tensor], pixel_mask: torch.Tensor) -> MultiScaleLevels:
         """The decoder's levels: the encoder's ``maps [B,D,h,w]`` projected (and the extra levels)."""
         levels = [projection(x) for projection, x in zip(self.decoder_input_proj, maps)]
-        for projection in self.decoder_input_proj[len(maps):]:
+        for projection in self.decoder_input_proj[len(maps) :]:
             levels.append(projection(maps[-1] if len(levels) == len(maps) else levels[-1]))
         return flatten_levels(levels, pixel_mask, strides=self.level_strides(len(levels)))
 
@@ -232,17 +264,25 @@ class HybridEncoderDetector(DeformableQueryDetector):
         the decoder (the proposals' tokens and boxes, without gradient; a learned content with ``query_embed``),
         and every proposal's ``logits`` and ``boxes`` for the encoder's loss."""
         features, top, proposal_logits, proposal_boxes = select_proposals(
-            levels.tokens, levels, self.enc_output, self.enc_output_norm, self.class_embed[-1], self.bbox_embed[-1], self.num_queries
+            levels.tokens,
+            levels,
+            self.enc_output,
+            self.enc_output_norm,
+            self.class_embed[-1],
+            self.bbox_embed[-1],
+            self.num_queries,
         )
         boxes = proposal_boxes.detach()
         if self.query_embed is None:
             queries = torch.gather(features, 1, top[..., None].expand(-1, -1, features.shape[-1])).detach()
         else:
-            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(boxes.shape[0], -1, -1)  # not len(): an exported batch stays a symbol
+            queries = self.query_embed.weight[None, : boxes.shape[1]].expand(
+                boxes.shape[0], -1, -1
+            )  # not len(): an exported batch stays a symbol
         return queries, boxes, proposal_logits, proposal_boxes
 
     @classmethod
-    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> "HybridEncoderDetector":
+    def for_conversion(cls, backbone: str, num_classes: int | None = None) -> HybridEncoderDetector:
         """The model an official checkpoint with backbone ``backbone`` loads into (the official COCO models'
         80 classes, contiguous indices, by default)."""
         return cls.build(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 80)
@@ -286,8 +326,14 @@ def init_heads(class_heads: nn.ModuleList, box_heads: nn.ModuleList) -> None:
 
 
 def select_proposals(
-    memory: torch.Tensor, levels: MultiScaleLevels, enc_output: nn.Module, enc_output_norm: nn.Module, class_head: nn.Module,
-    box_head: nn.Module, num_queries: int, class_agnostic: bool = False,
+    memory: torch.Tensor,
+    levels: MultiScaleLevels,
+    enc_output: nn.Module,
+    enc_output_norm: nn.Module,
+    class_head: nn.Module,
+    box_head: nn.Module,
+    num_queries: int,
+    class_agnostic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The encoder's ``num_queries`` best proposals (DINO, RT-DETR): every valid token of ``memory [B,S,D]`` (laid out
     as ``levels`` says) is projected (``enc_output``, ``enc_output_norm``), scored by ``class_head`` and given the box
@@ -307,7 +353,10 @@ def select_proposals(
 
 
 def decoder_outputs(
-    logits: torch.Tensor, boxes: torch.Tensor, proposal_logits: torch.Tensor, proposal_boxes: torch.Tensor,
+    logits: torch.Tensor,
+    boxes: torch.Tensor,
+    proposal_logits: torch.Tensor,
+    proposal_boxes: torch.Tensor,
     denoising: DenoisingQueries | None,
 ) -> dict:
     """Every decoder layer's ``logits [L,B,N+Q,C]`` and ``boxes [L,B,N+Q,4]`` (the ``N`` queries of ``denoising``
@@ -317,7 +366,11 @@ def decoder_outputs(
     outputs = {"enc_outputs": {"pred_logits": proposal_logits, "pred_boxes": proposal_boxes}}
     if denoising is not None:
         split = denoising.content.shape[1]
-        outputs["dn_outputs"] = {"pred_logits": logits[:, :, :split], "pred_boxes": boxes[:, :, :split], "queries": denoising}
+        outputs["dn_outputs"] = {
+            "pred_logits": logits[:, :, :split],
+            "pred_boxes": boxes[:, :, :split],
+            "queries": denoising,
+        }
         logits, boxes = logits[:, :, split:], boxes[:, :, split:]
     outputs.update({"pred_logits": logits[-1], "pred_boxes": boxes[-1]})
     outputs["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
@@ -333,7 +386,11 @@ def proposal_anchors(levels: MultiScaleLevels) -> tuple[torch.Tensor, torch.Tens
     for level, (height, width) in enumerate(levels.shapes):
         ratio = levels.valid_ratios[:, level]
         valid_size = torch.stack([ratio[:, 0] * width, ratio[:, 1] * height], -1)  # (w, h) in cells
-        y, x = torch.meshgrid(torch.arange(height, dtype=dtype, device=device), torch.arange(width, dtype=dtype, device=device), indexing="ij")
+        y, x = torch.meshgrid(
+            torch.arange(height, dtype=dtype, device=device),
+            torch.arange(width, dtype=dtype, device=device),
+            indexing="ij",
+        )
         centres = (torch.stack([x, y], -1).flatten(0, 1)[None] + 0.5) / valid_size[:, None]
         sizes = torch.full_like(centres, 0.05 * 2.0**level)
         anchors.append(torch.cat([centres, sizes], -1))
@@ -352,7 +409,9 @@ def renamed_key(key: str, renames: tuple[tuple[str, str], ...]) -> str:
     return key
 
 
-def with_backbone_state(converted: dict[str, torch.Tensor], backbone_state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+def with_backbone_state(
+    converted: dict[str, torch.Tensor], backbone_state: dict[str, torch.Tensor], model: nn.Module
+) -> dict[str, torch.Tensor]:
     """``converted`` plus ``backbone_state`` read by the own ``convert_state_dict`` of ``model``'s backbone (if it has
     one), under ``backbone.``."""
     convert_backbone = getattr(model.backbone, "convert_state_dict", None)

@@ -5,7 +5,8 @@ trained with the varifocal loss), with contrastive denoising."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,7 +55,14 @@ class RTDETR(HybridEncoderDetector):
     # (width 64, a 3-layer decoder, 30 queries) that learns the toy sets on a CPU in minutes.
     variants: dict[str, dict[str, Any]] = {
         "rtdetr": {},
-        "rtdetr_toy": dict(num_queries=30, hidden_dim=64, num_heads=4, encoder_feedforward=256, num_decoder_layers=3, dim_feedforward=256),
+        "rtdetr_toy": dict(
+            num_queries=30,
+            hidden_dim=64,
+            num_heads=4,
+            encoder_feedforward=256,
+            num_decoder_layers=3,
+            dim_feedforward=256,
+        ),
     }
 
     @classmethod
@@ -86,24 +94,38 @@ class RTDETR(HybridEncoderDetector):
         nms_threshold: float | None = None,
         share_scores: bool = False,
         box_refinement: bool = False,
-    ) -> "RTDETR":
+    ) -> RTDETR:
         """RT-DETR over ``backbone`` (its stride 8, 16 and 32 maps) from the settings above (a size of ``variants``)."""
         in_channels = list(backbone.out_channels)
         return cls(
             backbone=backbone,
             encoder=HybridEncoder(
-                in_channels, dim=hidden_dim, num_heads=num_heads, dim_feedforward=encoder_feedforward, dropout=dropout,
-                num_encoder_layers=num_encoder_layers, expansion=expansion, num_blocks=num_blocks,
+                in_channels,
+                dim=hidden_dim,
+                num_heads=num_heads,
+                dim_feedforward=encoder_feedforward,
+                dropout=dropout,
+                num_encoder_layers=num_encoder_layers,
+                expansion=expansion,
+                num_blocks=num_blocks,
             ),
             decoder_input_proj=level_projections(
                 hidden_dim=hidden_dim, num_maps=len(in_channels), num_levels=num_levels
             ),
             decoder=DeformableDecoder(
                 DeformableDecoderLayer(
-                    dim=hidden_dim, num_heads=num_heads, num_levels=num_levels, num_points=num_points,
-                    dim_feedforward=dim_feedforward, dropout=dropout,
+                    dim=hidden_dim,
+                    num_heads=num_heads,
+                    num_levels=num_levels,
+                    num_points=num_points,
+                    dim_feedforward=dim_feedforward,
+                    dropout=dropout,
                 ),
-                num_layers=num_decoder_layers, dim=hidden_dim, query_pos_from_boxes=True, final_norm=False, eps=1e-5,
+                num_layers=num_decoder_layers,
+                dim=hidden_dim,
+                query_pos_from_boxes=True,
+                final_norm=False,
+                eps=1e-5,
                 box_encoding="linear",
             ),
             heads=query_heads(num_classes=num_classes, hidden_dim=hidden_dim, num_decoder_layers=num_decoder_layers),
@@ -111,27 +133,54 @@ class RTDETR(HybridEncoderDetector):
             box_refinement=RoIBoxRefinement(hidden_dim) if box_refinement else None,
             # RT-DETR stores the noised boxes through inverse_sigmoid's default eps 1e-5, not DINO's 1e-3
             denoising=denoising_queries(
-                num_classes=num_classes, hidden_dim=hidden_dim, num_denoising=num_denoising,
-                label_noise_ratio=label_noise_ratio, box_noise_scale=box_noise_scale, eps=1e-5,
+                num_classes=num_classes,
+                hidden_dim=hidden_dim,
+                num_denoising=num_denoising,
+                label_noise_ratio=label_noise_ratio,
+                box_noise_scale=box_noise_scale,
+                eps=1e-5,
             ),
             criterion=detector_criterion(
-                RTDETRCriterion, num_classes=num_classes, matcher_kwargs=matcher_kwargs,
+                RTDETRCriterion,
+                num_classes=num_classes,
+                matcher_kwargs=matcher_kwargs,
                 criterion_kwargs=criterion_kwargs,
             ),
-            num_classes=num_classes, num_queries=num_queries, look_forward_twice=look_forward_twice,
-            num_detections=num_detections, nms_threshold=nms_threshold, share_scores=share_scores,
+            num_classes=num_classes,
+            num_queries=num_queries,
+            look_forward_twice=look_forward_twice,
+            num_detections=num_detections,
+            nms_threshold=nms_threshold,
+            share_scores=share_scores,
         )
 
     def __init__(
-        self, *, backbone: nn.Module, encoder: nn.Module, decoder_input_proj: nn.ModuleList, decoder: DeformableDecoder,
-        heads: QueryHeads, query_embed: nn.Embedding | None, box_refinement: RoIBoxRefinement | None,
-        denoising: ContrastiveDenoising | None, criterion: nn.Module, num_classes: int, num_queries: int,
-        look_forward_twice: bool, num_detections: int, nms_threshold: float | None, share_scores: bool,
+        self,
+        *,
+        backbone: nn.Module,
+        encoder: nn.Module,
+        decoder_input_proj: nn.ModuleList,
+        decoder: DeformableDecoder,
+        heads: QueryHeads,
+        query_embed: nn.Embedding | None,
+        box_refinement: RoIBoxRefinement | None,
+        denoising: ContrastiveDenoising | None,
+        criterion: nn.Module,
+        num_classes: int,
+        num_queries: int,
+        look_forward_twice: bool,
+        num_detections: int,
+        nms_threshold: float | None,
+        share_scores: bool,
     ) -> None:
         """RT-DETR from its parts (what :meth:`build` makes) and settings (see the class)."""
         super().__init__(
-            num_classes=num_classes, num_queries=num_queries, look_forward_twice=look_forward_twice,
-            num_detections=num_detections, nms_threshold=nms_threshold, share_scores=share_scores,
+            num_classes=num_classes,
+            num_queries=num_queries,
+            look_forward_twice=look_forward_twice,
+            num_detections=num_detections,
+            nms_threshold=nms_threshold,
+            share_scores=share_scores,
         )
         self.backbone = backbone
         self.encoder = encoder
@@ -163,7 +212,9 @@ class RTDETR(HybridEncoderDetector):
         finest = levels.tokens[:, : height * width].transpose(1, 2).unflatten(2, (height, width))
         last = layer_boxes[-1].detach()
         refined = self.box_refinement(last[:, num_denoising:], finest, levels.valid_ratios[:, 0])
-        return torch.cat([logits, logits[-1:]]), torch.cat([layer_boxes, torch.cat([last[:, :num_denoising], refined], 1)[None]])
+        return torch.cat([logits, logits[-1:]]), torch.cat(
+            [layer_boxes, torch.cat([last[:, :num_denoising], refined], 1)[None]]
+        )
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Reads lyuwenyu/RT-DETR checkpoints (see :func:`convert_official_rtdetr`); native keys pass."""

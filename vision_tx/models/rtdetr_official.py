@@ -4,7 +4,7 @@ RT-DETR layout."""
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -53,7 +53,9 @@ def convert_official_rtdetr(state_dict: Mapping[str, torch.Tensor], model: nn.Mo
             continue
         match = re.match(r"^decoder\.enc_(score|bbox)_head\.", key)
         if match:
-            converted[f"{'class' if match.group(1) == 'score' else 'bbox'}_embed.{num_layers}.{key[match.end():]}"] = value
+            converted[f"{'class' if match.group(1) == 'score' else 'bbox'}_embed.{num_layers}.{key[match.end() :]}"] = (
+                value
+            )
             continue
         if key == "decoder.denoising_class_embed.weight":
             value = value[:-1]

@@ -3,7 +3,8 @@ loss and whole-image, sliding-window and test-time-augmented inference of mmsegm
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,9 @@ class UperNetSegmentor(nn.Module):
         in_channels = list(backbone.out_channels)
         self.decode_head = UperNetHead(in_channels, num_classes, channels, pool_scales, dropout, align_corners)
         self.auxiliary_head = (
-            FCNHead(in_channels[aux_in_index], num_classes, aux_channels, dropout=dropout) if aux_loss_weight > 0 else None
+            FCNHead(in_channels[aux_in_index], num_classes, aux_channels, dropout=dropout)
+            if aux_loss_weight > 0
+            else None
         )
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -65,8 +68,12 @@ class UperNetSegmentor(nn.Module):
         ``backbone.`` or head keys (a classifier's) is the backbone's."""
         heads = ("decode_head.", "auxiliary_head.")
         whole = any(key.startswith(("backbone.", *heads)) for key in state_dict)
-        backbone_state = {k.removeprefix("backbone."): v for k, v in state_dict.items() if k.startswith("backbone.") or not whole}
-        head_state = {k.replace(".conv_seg.", ".classifier."): v for k, v in state_dict.items() if whole and k.startswith(heads)}
+        backbone_state = {
+            k.removeprefix("backbone."): v for k, v in state_dict.items() if k.startswith("backbone.") or not whole
+        }
+        head_state = {
+            k.replace(".conv_seg.", ".classifier."): v for k, v in state_dict.items() if whole and k.startswith(heads)
+        }
         convert_backbone = getattr(self.backbone, "convert_state_dict", None)
         if convert_backbone is not None:
             backbone_state = convert_backbone(backbone_state)
@@ -106,7 +113,11 @@ class UperNetSegmentor(nn.Module):
 
     @torch.no_grad()
     def inference(
-        self, images: torch.Tensor, mode: str = "whole", crop_size: Sequence[int] = (512, 512), stride: Sequence[int] = (341, 341)
+        self,
+        images: torch.Tensor,
+        mode: str = "whole",
+        crop_size: Sequence[int] = (512, 512),
+        stride: Sequence[int] = (341, 341),
     ) -> torch.Tensor:
         """Logits ``[B, C, H, W]`` at the input size.
 

@@ -24,5 +24,5 @@ class BackboneWithFPN(nn.Module):
         )
         self.out_channels = out_channels
 
-    def forward(self, images: Tensor) -> "OrderedDict[str, Tensor]":
+    def forward(self, images: Tensor) -> OrderedDict[str, Tensor]:
         return self.fpn(OrderedDict(self.body(images)))

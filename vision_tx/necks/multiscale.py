@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -44,13 +44,13 @@ class MultiScaleProjection(nn.Module):
     ) -> None:
         super().__init__()
         if num_levels < len(in_channels):
-            raise ValueError(
-                f"{__name__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps given"
-            )
+            raise ValueError(f"{__name__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps given")
         projections = [nn.Sequential(nn.Conv2d(c, dim, 1), nn.GroupNorm(num_groups, dim)) for c in in_channels]
         extra_in = in_channels[-1]
         for _ in range(num_levels - len(in_channels)):
-            projections.append(nn.Sequential(nn.Conv2d(extra_in, dim, 3, stride=2, padding=1), nn.GroupNorm(num_groups, dim)))
+            projections.append(
+                nn.Sequential(nn.Conv2d(extra_in, dim, 3, stride=2, padding=1), nn.GroupNorm(num_groups, dim))
+            )
             extra_in = dim
         self.input_proj = nn.ModuleList(projections)
         self.level_embed = nn.Parameter(torch.empty(num_levels, dim).normal_())
@@ -66,23 +66,26 @@ class MultiScaleProjection(nn.Module):
         """``maps``: ``[B,C_i,h_i,w_i]`` highest resolution first; ``pixel_mask [B,H,W]`` True on padding;
         ``strides``: every level's pixel stride for exact valid ratios (:func:`flatten_levels`)."""
         if len(maps) != self.num_backbone_levels:
-            raise ValueError(
-                f"{__name__}: {len(maps)} backbone maps given, built for {self.num_backbone_levels}"
-            )
+            raise ValueError(f"{__name__}: {len(maps)} backbone maps given, built for {self.num_backbone_levels}")
         levels = [projection(x) for projection, x in zip(self.input_proj, maps)]
         source = maps[-1]
-        for projection in self.input_proj[len(maps):]:
+        for projection in self.input_proj[len(maps) :]:
             source = projection(source)
             levels.append(source)
+
         def position(level: int, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
             # float64 models encode in float64; half-precision ones in float32, then cast
-            return self.position_encoding(mask, torch.promote_types(dtype, torch.float32)).to(dtype) + self.level_embed[level]
+            return (
+                self.position_encoding(mask, torch.promote_types(dtype, torch.float32)).to(dtype)
+                + self.level_embed[level]
+            )
 
         return flatten_levels(levels, pixel_mask, position, strides)
 
 
 def flatten_levels(
-    levels: Sequence[torch.Tensor], pixel_mask: torch.Tensor,
+    levels: Sequence[torch.Tensor],
+    pixel_mask: torch.Tensor,
     position: Callable[[int, torch.Tensor, torch.dtype], torch.Tensor] | None = None,
     strides: Sequence[int] | None = None,
 ) -> MultiScaleLevels:
@@ -106,11 +109,16 @@ def flatten_levels(
         masks.append(mask.flatten(1))
         if strides is None:
             valid = ~mask
-            ratios.append(torch.stack([valid[:, 0, :].sum(1) / mask.shape[2], valid[:, :, 0].sum(1) / mask.shape[1]], -1))
+            ratios.append(
+                torch.stack([valid[:, 0, :].sum(1) / mask.shape[2], valid[:, :, 0].sum(1) / mask.shape[1]], -1)
+            )
         else:
             extent = (x.shape[-1] * strides[level], x.shape[-2] * strides[level])  # the pixels the level's cells cover
             ratios.append(torch.stack([image_size[:, 0] / extent[0], image_size[:, 1] / extent[1]], -1))
     return MultiScaleLevels(
-        torch.cat(tokens, 1), torch.cat(positions, 1) if positions else None, torch.cat(masks, 1),
-        [tuple(x.shape[-2:]) for x in levels], torch.stack(ratios, 1).to(levels[0].dtype),
+        torch.cat(tokens, 1),
+        torch.cat(positions, 1) if positions else None,
+        torch.cat(masks, 1),
+        [tuple(x.shape[-2:]) for x in levels],
+        torch.stack(ratios, 1).to(levels[0].dtype),
     )

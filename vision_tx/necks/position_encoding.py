@@ -33,7 +33,13 @@ class SinePositionEncoding(nn.Module):
         eps = 1e-6
         y = (y + self.offset) / (y[:, -1:, :] + eps) * self.scale
         x = (x + self.offset) / (x[:, :, -1:] + eps) * self.scale
-        return torch.cat([sine_embedding(y, self.num_pos_feats, self.temperature), sine_embedding(x, self.num_pos_feats, self.temperature)], dim=-1)
+        return torch.cat(
+            [
+                sine_embedding(y, self.num_pos_feats, self.temperature),
+                sine_embedding(x, self.num_pos_feats, self.temperature),
+            ],
+            dim=-1,
+        )
 
 
 def sine_embedding(position: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:

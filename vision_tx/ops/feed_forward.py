@@ -18,12 +18,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vision_tx.ops.linear_autograd import onednn_product, onednn_weight_grad, onednn_trains
+from vision_tx.ops.linear_autograd import onednn_product, onednn_trains, onednn_weight_grad
 from vision_tx.ops.onednn import _ONEDNN_DTYPES, _ONEDNN_LINEAR, onednn_linear_may_run
 
 
-def residual_feed_forward(x: torch.Tensor, weight1: torch.Tensor, bias1: torch.Tensor, weight2: torch.Tensor,
-                          bias2: torch.Tensor) -> torch.Tensor:
+def residual_feed_forward(
+    x: torch.Tensor, weight1: torch.Tensor, bias1: torch.Tensor, weight2: torch.Tensor, bias2: torch.Tensor
+) -> torch.Tensor:
     """``x [..., D]``, ``weight1 [H, D]``, ``bias1 [H]``, ``weight2 [D, H]``, ``bias2 [D]`` ->
     ``x + relu(x @ weight1.T + bias1) @ weight2.T + bias2``, ``[..., D]``. Under autocast, which picks each
     product's dtype, the plain layers run."""
@@ -62,8 +63,13 @@ class _ResidualFeedForward(torch.autograd.Function):
         # ReLU's gradient, in place: zero where the output is zero (the input was <= 0), as threshold_backward.
         torch.ops.aten.threshold_backward.grad_input(grad_hidden, hidden, 0.0, grad_input=grad_hidden)
         grad_x = product(grad_hidden, weight1).add_(grad) if ctx.onednn else torch.addmm(grad, grad_hidden, weight1)
-        return (grad_x.view(grad_output.shape), weight_grad(grad_hidden, rows), grad_hidden.sum(0),
-                weight_grad(grad, hidden), grad.sum(0))
+        return (
+            grad_x.view(grad_output.shape),
+            weight_grad(grad_hidden, rows),
+            grad_hidden.sum(0),
+            weight_grad(grad, hidden),
+            grad.sum(0),
+        )
 
 
 def _weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -77,6 +77,7 @@ class Linear(nn.Linear):
 
     def _onednn_parameters(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Weight and bias as the oneDNN kernel takes them in ``dtype``: the packed copy in ``eval()`` mode."""
+
         def convert() -> tuple[torch.Tensor, torch.Tensor | None]:
             return self.weight.detach().to(dtype), None if self.bias is None else self.bias.detach().to(dtype)
 
@@ -90,7 +91,7 @@ class Linear(nn.Linear):
             copies[dtype] = (source, torch.ops.mkldnn._reorder_linear_weight(weight, INFERENCE_ROWS_HINT), bias)
         return copies[dtype][1:]
 
-    def train(self, mode: bool = True) -> "Linear":
+    def train(self, mode: bool = True) -> Linear:
         _PACKED.pop(self, None)
         return super().train(mode)
 

@@ -67,13 +67,19 @@ class _OneDNNLinear(torch.autograd.Function):
         grad = grad_output.reshape(-1, grad_output.shape[-1])
         if ctx.gelu:
             grad = torch.ops.aten.gelu_backward(grad, pre)
-        grad_x = onednn_product(grad, weight).view(*grad_output.shape[:-1], weight.shape[1]) if ctx.needs_input_grad[0] else None
+        grad_x = (
+            onednn_product(grad, weight).view(*grad_output.shape[:-1], weight.shape[1])
+            if ctx.needs_input_grad[0]
+            else None
+        )
         grad_weight = onednn_weight_grad(grad, rows) if ctx.needs_input_grad[1] else None
         grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias, None
 
 
-def onednn_linear_with_grad(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: bool = False) -> torch.Tensor:
+def onednn_linear_with_grad(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: bool = False
+) -> torch.Tensor:
     """``x @ weight.T + bias`` of ``x [..., in]``, ``weight [out, in]`` and ``bias [out]`` (or None), then exact GELU
     if ``gelu``: ``[..., out]``, with a backward of oneDNN products. Only where :func:`onednn_trains` holds."""
     return _OneDNNLinear.apply(x, weight, bias, gelu)

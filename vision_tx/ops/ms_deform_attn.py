@@ -19,7 +19,7 @@ Pixel positions and bilinear weights are computed in at least fp32, also for bf1
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,10 @@ def level_shapes(spatial_shapes: torch.Tensor | Sequence[Sequence[int]]) -> list
     (symbolic sizes, under ``torch.export``, stay symbolic)."""
     if isinstance(spatial_shapes, torch.Tensor):
         spatial_shapes = spatial_shapes.tolist()
-    return [(h if isinstance(h, torch.SymInt) else int(h), w if isinstance(w, torch.SymInt) else int(w)) for h, w in spatial_shapes]
+    return [
+        (h if isinstance(h, torch.SymInt) else int(h), w if isinstance(w, torch.SymInt) else int(w))
+        for h, w in spatial_shapes
+    ]
 
 
 def ms_deform_attn(
@@ -51,14 +54,22 @@ def ms_deform_attn(
     batch, _, heads, head_dim = value.shape
     queries = sampling_locations.shape[1]
     table, rows_per_batch = _bordered_table(value, shapes)
-    top_left, corner_offsets, frac, weights = _samples(sampling_locations, attention_weights, shapes, rows_per_batch, heads)
-    output = _BilinearRowSum.apply(table, top_left.flatten(0, 2).flatten(1), corner_offsets,
-                                   frac.flatten(0, 2).flatten(1, 2), weights.flatten(0, 2).flatten(1))
+    top_left, corner_offsets, frac, weights = _samples(
+        sampling_locations, attention_weights, shapes, rows_per_batch, heads
+    )
+    output = _BilinearRowSum.apply(
+        table,
+        top_left.flatten(0, 2).flatten(1),
+        corner_offsets,
+        frac.flatten(0, 2).flatten(1, 2),
+        weights.flatten(0, 2).flatten(1),
+    )
     return output.view(batch, queries, heads * head_dim)
 
 
-def _check_shapes(value: torch.Tensor, shapes: list[tuple[int, int]], locations: torch.Tensor,
-                  weights: torch.Tensor) -> None:
+def _check_shapes(
+    value: torch.Tensor, shapes: list[tuple[int, int]], locations: torch.Tensor, weights: torch.Tensor
+) -> None:
     problem = None
     if value.dim() != 4 or locations.dim() != 6 or locations.shape[-1] != 2 or weights.dim() != 5:
         problem = "expected value [B, S, heads, head_dim], sampling_locations [B, Q, heads, L, P, 2], attention_weights [B, Q, heads, L, P]"
@@ -94,8 +105,13 @@ def _bordered_table(value: torch.Tensor, shapes: list[tuple[int, int]]) -> tuple
     return table.view(-1, head_dim), table.shape[1] * heads
 
 
-def _samples(locations: torch.Tensor, attention_weights: torch.Tensor, shapes: list[tuple[int, int]],
-             rows_per_batch: int, heads: int) -> tuple[torch.Tensor, ...]:
+def _samples(
+    locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+    shapes: list[tuple[int, int]],
+    rows_per_batch: int,
+    heads: int,
+) -> tuple[torch.Tensor, ...]:
     """Each sample's top-left neighbouring pixel as a table row ``[B, Q, heads, L, P]`` (int64), the
     row offsets of its four neighbours per level ``[L*P, 4]``, its position between them
     ``[B, Q, heads, L, P, 2]`` (x, y in [0, 1)) and its attention weight ``[B, Q, heads, L, P]``
@@ -121,7 +137,12 @@ def _samples(locations: torch.Tensor, attention_weights: torch.Tensor, shapes: l
     head_index = torch.arange(heads, device=device).view(1, 1, -1, 1, 1)
     top_left = (starts + y * bordered_width + x) * heads + (batch_index * rows_per_batch + head_index)
     # Neighbours: top-left, top-right, bottom-left, bottom-right.
-    corner_offsets = torch.cat([torch.zeros_like(bordered_width), torch.ones_like(bordered_width), bordered_width, bordered_width + 1], -1) * heads
+    corner_offsets = (
+        torch.cat(
+            [torch.zeros_like(bordered_width), torch.ones_like(bordered_width), bordered_width, bordered_width + 1], -1
+        )
+        * heads
+    )
     return top_left, corner_offsets.repeat_interleave(points, 0), frac, attention_weights.to(compute_dtype) * touches
 
 
@@ -136,8 +157,14 @@ class _BilinearRowSum(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, table: torch.Tensor, top_left: torch.Tensor, corner_offsets: torch.Tensor,
-                frac: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx,
+        table: torch.Tensor,
+        top_left: torch.Tensor,
+        corner_offsets: torch.Tensor,
+        frac: torch.Tensor,
+        weight: torch.Tensor,
+    ) -> torch.Tensor:
         index = (top_left[..., None] + corner_offsets).flatten(1)  # [N, M*4]
         corner_weights = _corner_weights(frac, weight).to(table.dtype)  # [N, M, 4]
         ctx.save_for_backward(table, top_left, corner_offsets, index, corner_weights, frac, weight)
@@ -171,8 +198,13 @@ def _corner_weights(frac: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.stack([upper * (1 - fx), upper * fx, lower * (1 - fx), lower * fx], -1)
 
 
-def _transposed_row_sum(grad_output: torch.Tensor, top_left: torch.Tensor, corner_offsets: torch.Tensor,
-                        corner_weights: torch.Tensor, rows: int) -> torch.Tensor:
+def _transposed_row_sum(
+    grad_output: torch.Tensor,
+    top_left: torch.Tensor,
+    corner_offsets: torch.Tensor,
+    corner_weights: torch.Tensor,
+    rows: int,
+) -> torch.Tensor:
     """``grad_table[r] = sum over the (n, m, corner) reading row r of corner_weights * grad_output[n]``,
     one gather-sum per corner over the samples sorted by the row they read (no scatter, no
     ``[N*M*4, D]`` buffer). Adding a corner's offset keeps the order sorted: it is constant within
@@ -189,8 +221,9 @@ def _transposed_row_sum(grad_output: torch.Tensor, top_left: torch.Tensor, corne
     for corner in range(4):
         # Each row's count of readers (a scatter-add rather than bincount: its output size is static, so it compiles).
         counts = flat.new_zeros(rows).scatter_add_(0, (top_left + corner_offsets[:, corner]).flatten(), ones)
-        part = F.embedding_bag(grad_rows, grad_output, counts.cumsum(0) - counts, mode="sum",
-                               per_sample_weights=sorted_weights[corner])
+        part = F.embedding_bag(
+            grad_rows, grad_output, counts.cumsum(0) - counts, mode="sum", per_sample_weights=sorted_weights[corner]
+        )
         grad_table = part if grad_table is None else grad_table.add_(part)
     return grad_table
 
@@ -208,7 +241,12 @@ def _row_dots(grad_output: torch.Tensor, table: torch.Tensor, index: torch.Tenso
     crow = torch.arange(0, count * per_row + 1, per_row, device=index.device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
-        pattern = torch.sparse_csr_tensor(crow, index.flatten(), torch.zeros(1, dtype=dtype, device=index.device).expand(index.numel()),
-                                          size=(count, table.shape[0]), check_invariants=False)
+        pattern = torch.sparse_csr_tensor(
+            crow,
+            index.flatten(),
+            torch.zeros(1, dtype=dtype, device=index.device).expand(index.numel()),
+            size=(count, table.shape[0]),
+            check_invariants=False,
+        )
         dots = torch.sparse.sampled_addmm(pattern, grad_output.to(dtype), table.to(dtype).t(), beta=0)
     return dots.values().view(count, per_row)

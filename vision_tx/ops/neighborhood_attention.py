@@ -75,7 +75,9 @@ def _pair(value: int | tuple[int, int], name: str) -> tuple[int, int]:
     return pair  # type: ignore[return-value]
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, kernel: tuple[int, int], dilation: tuple[int, int], rpb: Tensor | None) -> None:
+def _check(
+    q: Tensor, k: Tensor, v: Tensor, kernel: tuple[int, int], dilation: tuple[int, int], rpb: Tensor | None
+) -> None:
     if q.dim() != 5 or q.shape != k.shape or v.dim() != 5 or v.shape[:4] != q.shape[:4]:
         raise ValueError(
             "na2d: q, k, v must be [batch, height, width, heads, head_dim] with equal shapes "
@@ -131,7 +133,13 @@ def na2d(
 
 
 def _tiled_attention(
-    q: Tensor, k: Tensor, v: Tensor, kernel: tuple[int, int], dilation: tuple[int, int], rpb: Tensor | None, scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kernel: tuple[int, int],
+    dilation: tuple[int, int],
+    rpb: Tensor | None,
+    scale: float,
 ) -> Tensor:
     batch, height, width, heads, _ = q.shape
     rows = _axis_plan(height, kernel[0], dilation[0], q.device)

@@ -13,7 +13,7 @@ convolution's by float rounding only (the sums run in another order).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,9 @@ def resize_concat_conv2d(
         raise ValueError(f"resize_concat_conv2d needs an odd square kernel, got {tuple(weight.shape[-2:])}")
     channels = [m.shape[1] for m in maps]
     if sum(channels) != weight.shape[1]:
-        raise ValueError(f"the maps have {sum(channels)} channels in all ({channels}); the weight takes {weight.shape[1]}")
+        raise ValueError(
+            f"the maps have {sum(channels)} channels in all ({channels}); the weight takes {weight.shape[1]}"
+        )
     size = tuple(size)
     output = None
     for x, w in zip(maps, weight.split(channels, dim=1)):
@@ -61,11 +63,15 @@ def _conv_of_resized(x: torch.Tensor, weight: torch.Tensor, size: tuple[int, int
     return out.view(batch, size[0], out_channels, size[1]).transpose(1, 2)
 
 
-def _shifted_interpolation(length: int, size: int, kernel: int, align_corners: bool, like: torch.Tensor) -> torch.Tensor:
+def _shifted_interpolation(
+    length: int, size: int, kernel: int, align_corners: bool, like: torch.Tensor
+) -> torch.Tensor:
     """``[size, length * kernel]``, column ``j * kernel + t``: for tap ``t``, fine position ``i`` reads the
     linear interpolation at fine position ``i + t - kernel // 2`` from coarse position ``j``, and zero
     outside the fine map (the convolution's zero padding)."""
     eye = torch.eye(length, dtype=like.dtype, device=like.device).unsqueeze(1)
-    interpolation = F.interpolate(eye, size=size, mode="linear", align_corners=align_corners).squeeze(1).T  # [size, length]
+    interpolation = (
+        F.interpolate(eye, size=size, mode="linear", align_corners=align_corners).squeeze(1).T
+    )  # [size, length]
     padded = F.pad(interpolation, (0, 0, kernel // 2, kernel // 2))
     return torch.stack([padded[t : t + size] for t in range(kernel)], dim=-1).reshape(size, length * kernel)

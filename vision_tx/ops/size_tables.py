@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -14,6 +15,7 @@ def cached_size_table(maxsize: int) -> Callable[[Callable[..., T]], Callable[...
     """``functools.lru_cache(maxsize)`` (``maxsize`` the entries kept) for a function of hashable sizes (ints, tuples,
     devices) returning tensors; code being compiled calls the function itself, which ``torch.compile`` traces into its
     graph (it would skip the cache anyway, with a warning at every such call)."""
+
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
         cached = functools.lru_cache(maxsize=maxsize)(fn)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch.optim import Optimizer
@@ -38,7 +39,7 @@ class SAM(Optimizer):
         self.adaptive = adaptive
 
     @classmethod
-    def wrapping(cls, optimizer: Optimizer, rho: float = 0.05, adaptive: bool = False) -> "SAM":
+    def wrapping(cls, optimizer: Optimizer, rho: float = 0.05, adaptive: bool = False) -> SAM:
         """SAM around an optimiser already built (sharing its parameter groups and state)."""
         return cls(optimizer.param_groups, lambda _params: optimizer, rho=rho, adaptive=adaptive)
 
@@ -49,7 +50,11 @@ class SAM(Optimizer):
         if not params:
             return []
         scaled = [p.grad * p.abs() if self.adaptive else p.grad for p in params]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.promote_types(g.dtype, torch.float32)) for g in scaled]))
+        norm = torch.linalg.vector_norm(
+            torch.stack(
+                [torch.linalg.vector_norm(g, dtype=torch.promote_types(g.dtype, torch.float32)) for g in scaled]
+            )
+        )
         factor = self.rho / norm.clamp_min(1e-12)
         moves = []
         for p, g in zip(params, scaled):

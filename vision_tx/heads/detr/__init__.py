@@ -6,7 +6,9 @@ from vision_tx.heads.detr.mask_head import AttentionMaps, MaskHead
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.postprocess import (
-    postprocess_detections, postprocess_panoptic, postprocess_sigmoid_detections,
+    postprocess_detections,
+    postprocess_panoptic,
+    postprocess_sigmoid_detections,
     postprocess_sigmoid_per_query,
 )
 from vision_tx.heads.detr.transformer import Transformer

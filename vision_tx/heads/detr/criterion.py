@@ -41,14 +41,19 @@ def num_boxes_in_batch(targets: list[dict[str, torch.Tensor]], device: torch.dev
     return num_boxes.clamp(min=1)
 
 
-def box_losses(boxes: torch.Tensor, target_boxes: torch.Tensor, num_boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def box_losses(
+    boxes: torch.Tensor, target_boxes: torch.Tensor, num_boxes: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """L1 and GIoU losses of matched pairs ``boxes [..., M, 4]`` / ``target_boxes`` (cxcywh), summed
     over the pairs (the last two dims) and divided by ``num_boxes``: two tensors of shape ``[...]``."""
     target_boxes = target_boxes.to(boxes.dtype)
     loss_bbox = F.l1_loss(boxes, target_boxes, reduction="none").sum((-2, -1)) / num_boxes
-    loss_giou = generalized_box_iou_loss(
-        box_convert(boxes, "cxcywh", "xyxy"), box_convert(target_boxes, "cxcywh", "xyxy")
-    ).sum(-1) / num_boxes
+    loss_giou = (
+        generalized_box_iou_loss(box_convert(boxes, "cxcywh", "xyxy"), box_convert(target_boxes, "cxcywh", "xyxy")).sum(
+            -1
+        )
+        / num_boxes
+    )
     return loss_bbox, loss_giou
 
 
@@ -85,8 +90,11 @@ class SetCriterion(nn.Module):
         self.num_classes = num_classes
         self.matcher = HungarianMatcher() if matcher is None else matcher
         self.weights = {
-            "loss_ce": weight_ce, "loss_bbox": weight_bbox, "loss_giou": weight_giou,
-            "loss_mask": weight_mask, "loss_dice": weight_dice,
+            "loss_ce": weight_ce,
+            "loss_bbox": weight_bbox,
+            "loss_giou": weight_giou,
+            "loss_mask": weight_mask,
+            "loss_dice": weight_dice,
         }
         class_weight = torch.ones(num_classes + 1)
         class_weight[-1] = eos_coef
@@ -127,7 +135,11 @@ class SetCriterion(nn.Module):
             losses[f"loss_ce{suffix}"] = loss_ce[layer]
             losses[f"loss_bbox{suffix}"] = loss_bbox[layer]
             losses[f"loss_giou{suffix}"] = loss_giou[layer]
-        weighted = self.weights["loss_ce"] * loss_ce + self.weights["loss_bbox"] * loss_bbox + self.weights["loss_giou"] * loss_giou
+        weighted = (
+            self.weights["loss_ce"] * loss_ce
+            + self.weights["loss_bbox"] * loss_bbox
+            + self.weights["loss_giou"] * loss_giou
+        )
         losses["loss"] = weighted.sum()
         if num_layers > 1:
             losses["loss_aux"] = weighted[:-1].sum()
@@ -152,11 +164,18 @@ class SetCriterion(nn.Module):
         if len(predicted) == 0:
             zero = pred_masks.sum() * 0
             return {"loss_mask": zero, "loss_dice": zero}
-        expected = torch.cat([
-            F.pad(t["masks"][k].to(predicted.dtype), (0, width - t["masks"].shape[-1], 0, height - t["masks"].shape[-2]))
-            for t, (_, k) in zip(targets, indices)
-        ]).flatten(1)
-        predicted = F.interpolate(predicted[:, None], size=(height, width), mode="bilinear", align_corners=False).flatten(1)
+        expected = torch.cat(
+            [
+                F.pad(
+                    t["masks"][k].to(predicted.dtype),
+                    (0, width - t["masks"].shape[-1], 0, height - t["masks"].shape[-2]),
+                )
+                for t, (_, k) in zip(targets, indices)
+            ]
+        ).flatten(1)
+        predicted = F.interpolate(
+            predicted[:, None], size=(height, width), mode="bilinear", align_corners=False
+        ).flatten(1)
         focal = sigmoid_focal_loss(predicted, expected, alpha=0.25, gamma=2.0, reduction="none").mean(1)
         prob = predicted.sigmoid()
         dice = 1 - (2 * (prob * expected).sum(1) + 1) / (prob.sum(1) + expected.sum(1) + 1)

@@ -45,7 +45,9 @@ class AttentionMaps(nn.Module):
 
 
 def _conv_norm_relu(in_channels: int, out_channels: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, padding=1), nn.GroupNorm(GROUPS, out_channels), nn.ReLU())
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, 3, padding=1), nn.GroupNorm(GROUPS, out_channels), nn.ReLU()
+    )
 
 
 class MaskHead(nn.Module):
@@ -70,9 +72,7 @@ class MaskHead(nn.Module):
                 f"(DETR width + attention heads, here {dim}) divisible by {GROUPS} and a DETR width (here "
                 f"{context_dim}) divisible by {16 * GROUPS}: e.g. hidden_dim 128 or 256 with 8 heads"
             )
-        self.blocks = nn.ModuleList(
-            _conv_norm_relu(a, b) for a, b in zip([dim, dim, *widths[:-1]], [dim, *widths])
-        )
+        self.blocks = nn.ModuleList(_conv_norm_relu(a, b) for a, b in zip([dim, dim, *widths[:-1]], [dim, *widths]))
         self.adapters = nn.ModuleList(nn.Conv2d(c, w, 1) for c, w in zip(fpn_dims, widths[:-1]))
         self.out_conv = nn.Conv2d(widths[-1], 1, 3, padding=1)
         for module in self.modules():

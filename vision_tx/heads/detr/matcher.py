@@ -59,7 +59,8 @@ class HungarianMatcher(nn.Module):
         boxes = torch.cat([t["boxes"] for t in targets]).to(device, pred_boxes.dtype)
         # queries[q, k]: the flat index of query q of the image that target k belongs to
         image_of_target = torch.arange(batch, device=device).repeat_interleave(  # output_size: no wait for the device
-            torch.tensor(sizes, device=device), output_size=len(labels))
+            torch.tensor(sizes, device=device), output_size=len(labels)
+        )
         queries = image_of_target * num_queries + torch.arange(num_queries, device=device)[:, None]  # [Q, K]
 
         out_boxes = pred_boxes.flatten(0, 1)

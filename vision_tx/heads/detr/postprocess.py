@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 from torchvision.ops import box_convert, nms
-
 
 NMS_CANDIDATES = 300
 
@@ -43,9 +42,7 @@ def per_image(detections: dict[str, torch.Tensor]) -> list[dict[str, torch.Tenso
 
 def _check_sizes(orig_sizes: torch.Tensor, batch: int) -> None:
     if orig_sizes.shape != (batch, 2):
-        raise ValueError(
-            f"{__name__}: orig_sizes must be [B,2] = [{batch},2] (h, w), got {list(orig_sizes.shape)}"
-        )
+        raise ValueError(f"{__name__}: orig_sizes must be [B,2] = [{batch},2] (h, w), got {list(orig_sizes.shape)}")
 
 
 def checked_sizes(image_sizes: torch.Tensor, outputs: dict) -> torch.Tensor:
@@ -68,23 +65,34 @@ def sigmoid_scores(logits: torch.Tensor, share_scores: bool = False) -> torch.Te
     probabilities = logits.sigmoid()
     if not share_scores:
         return probabilities
-    return probabilities * probabilities / probabilities.sum(-1, keepdim=True).clamp(min=torch.finfo(probabilities.dtype).tiny)
+    return (
+        probabilities
+        * probabilities
+        / probabilities.sum(-1, keepdim=True).clamp(min=torch.finfo(probabilities.dtype).tiny)
+    )
 
 
-def sigmoid_candidates(outputs: dict, candidates: int, share_scores: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sigmoid_candidates(
+    outputs: dict, candidates: int, share_scores: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``candidates`` best (query, class) pairs of ``outputs`` (sigmoid ``pred_logits [B,Q,C]``, ``pred_boxes
     [B,Q,4]``), best first: their ``scores [B,K]`` (:func:`sigmoid_scores`, with ``share_scores``), ``labels [B,K]``
     and normalised cxcywh ``boxes [B,K,4]``
     (``K = min(candidates, Q*C)``)."""
     logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
     num_classes = logits.shape[-1]
-    scores, index = sigmoid_scores(logits, share_scores).flatten(1).topk(min(candidates, logits.shape[1] * num_classes), dim=1)
+    scores, index = (
+        sigmoid_scores(logits, share_scores).flatten(1).topk(min(candidates, logits.shape[1] * num_classes), dim=1)
+    )
     queries = torch.div(index, num_classes, rounding_mode="floor")
     return scores, index % num_classes, torch.gather(boxes, 1, queries[..., None].expand(-1, -1, 4))
 
 
 def sigmoid_detections(
-    outputs: dict, image_sizes: torch.Tensor, num_detections: int = 100, nms_threshold: float | None = None,
+    outputs: dict,
+    image_sizes: torch.Tensor,
+    num_detections: int = 100,
+    nms_threshold: float | None = None,
     share_scores: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The ``num_detections`` best (query, class) pairs of each image as batch tensors (eager and exported
@@ -108,10 +116,13 @@ def sigmoid_detections(
     keep = batched_nms_mask(boxes, scores, labels, nms_threshold)
     # The kept candidates first, in their (best-first) order: a unique key per candidate, so no ties.
     candidates = scores.shape[1]
-    order = (torch.arange(candidates, device=scores.device) + candidates * (~keep).long())
+    order = torch.arange(candidates, device=scores.device) + candidates * (~keep).long()
     order = order.argsort(dim=1)[:, :num_detections]
-    return {"boxes": boxes.gather(1, order[..., None].expand(-1, -1, 4)), "scores": (scores * keep).gather(1, order),
-            "labels": labels.masked_fill(~keep, -1).gather(1, order)}
+    return {
+        "boxes": boxes.gather(1, order[..., None].expand(-1, -1, 4)),
+        "scores": (scores * keep).gather(1, order),
+        "labels": labels.masked_fill(~keep, -1).gather(1, order),
+    }
 
 
 def batched_nms_mask(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -128,7 +139,10 @@ def batched_nms_mask(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Te
 
 @torch.no_grad()
 def postprocess_sigmoid_detections(
-    outputs: dict, orig_sizes: torch.Tensor, num_detections: int = 100, nms_threshold: float | None = None,
+    outputs: dict,
+    orig_sizes: torch.Tensor,
+    num_detections: int = 100,
+    nms_threshold: float | None = None,
     share_scores: bool = False,
 ) -> list[dict[str, torch.Tensor]]:
     """Per image the detections of :func:`sigmoid_detections` (the same arguments: ``outputs``, ``orig_sizes [B,2]``
@@ -138,7 +152,9 @@ def postprocess_sigmoid_detections(
     return per_image(sigmoid_detections(outputs, orig_sizes, num_detections, nms_threshold, share_scores))
 
 
-def postprocess_sigmoid_per_query(outputs: dict, orig_sizes: torch.Tensor, share_scores: bool = False) -> list[dict[str, torch.Tensor]]:
+def postprocess_sigmoid_per_query(
+    outputs: dict, orig_sizes: torch.Tensor, share_scores: bool = False
+) -> list[dict[str, torch.Tensor]]:
     """One detection per query of ``outputs`` (``pred_logits [B,Q,C]``, ``pred_boxes [B,Q,4]``) for sigmoid
     classifiers (DINO): its best category id and that score (:func:`sigmoid_scores`, with ``share_scores``), its box
     xyxy in pixels of ``orig_sizes [B,2]`` (h, w), in the layout of :func:`postprocess_detections` (``[Q]`` entries
@@ -182,8 +198,9 @@ def per_segment(values: torch.Tensor, starts: torch.Tensor, ids: torch.Tensor, f
     return values.new_full((values.shape[0], queries + 1), fill).scatter(1, slot, values)[:, :queries]
 
 
-def segments(segment_ids: torch.Tensor, labels: torch.Tensor, scores: torch.Tensor,
-             is_thing: Mapping[int, bool]) -> dict:
+def segments(
+    segment_ids: torch.Tensor, labels: torch.Tensor, scores: torch.Tensor, is_thing: Mapping[int, bool]
+) -> dict:
     """One image's batch panoptic outputs (``segment_ids [H,W]``, ``labels [Q]`` and ``scores [Q]`` by segment,
     label -1 past the last; ``is_thing``: category id -> thing) -> ``{"segment_ids", "segments_info": [{"id",
     "category_id", "isthing", "area", "score"}]}``."""
@@ -197,8 +214,13 @@ def segments(segment_ids: torch.Tensor, labels: torch.Tensor, scores: torch.Tens
 
 
 def panoptic_segments(
-    logits: torch.Tensor, mask_logits: torch.Tensor, thing: torch.Tensor, known: torch.Tensor, threshold: float = 0.85,
-    min_area: int = 4, orig_size: tuple[int, int] | None = None,
+    logits: torch.Tensor,
+    mask_logits: torch.Tensor,
+    thing: torch.Tensor,
+    known: torch.Tensor,
+    threshold: float = 0.85,
+    min_area: int = 4,
+    orig_size: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DETR's panoptic segments as batch tensors (eager and exported alike, no loop over images or rounds).
 
@@ -260,9 +282,7 @@ def postprocess_panoptic(
     logits, masks = outputs["pred_logits"], outputs["pred_masks"]
     for name, value in (("sizes", sizes), ("orig_sizes", orig_sizes)):
         if value.shape != (len(logits), 2):
-            raise ValueError(
-                f"{__name__}: {name} must be [B,2] = [{len(logits)},2] (h, w), got {list(value.shape)}"
-            )
+            raise ValueError(f"{__name__}: {name} must be [B,2] = [{len(logits)},2] (h, w), got {list(value.shape)}")
     thing, known = thing_table(is_thing, logits.shape[-1] - 1)
     padded_size = [4 * n for n in masks.shape[-2:]]
     results = []
@@ -272,6 +292,13 @@ def postprocess_panoptic(
                 f"{__name__}: sizes {size} exceed the padded input {padded_size} that the stride-4 masks cover"
             )
         segment_ids, labels, scores = panoptic_segments(
-            logits[b:b + 1], upsampled_masks(masks[b:b + 1], size), thing, known, threshold, min_area, tuple(orig_size))
+            logits[b : b + 1],
+            upsampled_masks(masks[b : b + 1], size),
+            thing,
+            known,
+            threshold,
+            min_area,
+            tuple(orig_size),
+        )
         results.append(segments(segment_ids[0], labels[0], scores[0], is_thing))
     return results

@@ -35,7 +35,11 @@ class Attention(nn.Module):
         nn.init.zeros_(self.out_proj.bias)
 
     def forward(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``query [B,Lq,D]``, ``key``/``value [B,Lk,D]``, ``key_padding_mask [B,Lk]`` and ``attn_mask [B,Lq,Lk]``

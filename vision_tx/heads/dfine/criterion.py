@@ -69,7 +69,9 @@ class DFINECriterion(RTDETRCriterion):
             indices, num_boxes = union * len(layers), num_boxes_in_batch([{"labels": q} for q, _ in union], device)
             image, query, target_boxes = matched_pairs(union, targets, device)
             for layer, name in zip(layers, names):
-                losses[f"loss_bbox{name}"], losses[f"loss_giou{name}"] = box_losses(layer["pred_boxes"][image, query], target_boxes, num_boxes)
+                losses[f"loss_bbox{name}"], losses[f"loss_giou{name}"] = box_losses(
+                    layer["pred_boxes"][image, query], target_boxes, num_boxes
+                )
         teacher = layers[refined[-1]]
         for k in refined:
             layer = layers[k]
@@ -77,7 +79,9 @@ class DFINECriterion(RTDETRCriterion):
             iou = paired_box_iou(layer["pred_boxes"][image, query].detach(), target_boxes).detach()
             losses[f"loss_fgl{names[k]}"] = self.localisation_loss(layer, image, query, target_boxes, iou) / num_boxes
             if k != refined[-1]:
-                losses[f"loss_ddf{names[k]}"] = self.distillation_loss(layer["pred_corners"], teacher, image, query, iou)
+                losses[f"loss_ddf{names[k]}"] = self.distillation_loss(
+                    layer["pred_corners"], teacher, image, query, iou
+                )
         return losses
 
     def localisation_loss(
@@ -86,7 +90,9 @@ class DFINECriterion(RTDETRCriterion):
         """The FGL sum over the matched ``(image, query)`` pairs' edges (before the division by the box count)."""
         logits = layer["pred_corners"][image, query].reshape(-1, self.reg_max + 1)
         up, reg_scale = layer["up"], layer["reg_scale"]
-        left, share = edge_targets(layer["ref_points"][image, query].detach(), target_boxes, self.reg_max, up, reg_scale)
+        left, share = edge_targets(
+            layer["ref_points"][image, query].detach(), target_boxes, self.reg_max, up, reg_scale
+        )
         cross_entropy = F.cross_entropy(logits, left, reduction="none") * (1 - share)
         cross_entropy = cross_entropy + F.cross_entropy(logits, left + 1, reduction="none") * share
         return (cross_entropy * iou.repeat_interleave(4)).sum()
@@ -98,10 +104,16 @@ class DFINECriterion(RTDETRCriterion):
         bins = self.reg_max + 1
         weight = teacher["pred_logits"].detach().sigmoid().max(-1).values
         weight = weight.index_put((image, query), iou.to(weight.dtype))
-        matched = torch.zeros_like(weight, dtype=torch.bool).index_put((image, query), torch.tensor(True, device=weight.device))
+        matched = torch.zeros_like(weight, dtype=torch.bool).index_put(
+            (image, query), torch.tensor(True, device=weight.device)
+        )
         student = F.log_softmax(corners.reshape(-1, bins) / self.temperature, -1)
         target = F.softmax(teacher["pred_corners"].detach().reshape(-1, bins) / self.temperature, -1)
-        loss = F.kl_div(student, target, reduction="none").sum(-1) * weight.flatten().repeat_interleave(4) * self.temperature**2
+        loss = (
+            F.kl_div(student, target, reduction="none").sum(-1)
+            * weight.flatten().repeat_interleave(4)
+            * self.temperature**2
+        )
         matched = matched.flatten().repeat_interleave(4)
         positive, negative = matched.sum().float().sqrt(), (~matched).sum().float().sqrt()
         mean_positive = loss[matched].mean() if matched.any() else loss.new_zeros(())
@@ -109,7 +121,9 @@ class DFINECriterion(RTDETRCriterion):
         return (mean_positive * positive + mean_negative * negative) / (positive + negative)
 
 
-def matched_pairs(matches: Indices, targets: list[dict], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def matched_pairs(
+    matches: Indices, targets: list[dict], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per image, the ``matches`` ``(query indices [K], target indices [K])`` and the ``targets`` (``boxes [G,4]``) ->
     the pairs' ``image [M]``, ``query [M]`` and target ``boxes [M,4]`` on ``device``."""
     image = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(matches)]).to(device)

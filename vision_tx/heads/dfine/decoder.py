@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +32,12 @@ class PointsPerLevelAttention(nn.Module):
         total = sum(self.num_points)
         self.sampling_offsets = nn.Linear(dim, num_heads * total * 2)
         self.attention_weights = nn.Linear(dim, num_heads * total)
-        self.register_buffer("points_scale", torch.cat([torch.full((n,), 1.0 / n) for n in self.num_points]), persistent=False)
-        self.register_buffer("point_level", torch.cat([torch.full((n,), l) for l, n in enumerate(self.num_points)]), persistent=False)
+        self.register_buffer(
+            "points_scale", torch.cat([torch.full((n,), 1.0 / n) for n in self.num_points]), persistent=False
+        )
+        self.register_buffer(
+            "point_level", torch.cat([torch.full((n,), l) for l, n in enumerate(self.num_points)]), persistent=False
+        )
         angles = torch.arange(num_heads, dtype=torch.float32) * (2 * math.pi / num_heads)
         ring = torch.stack([angles.cos(), angles.sin()], -1)
         ring = ring / ring.abs().max(-1, keepdim=True).values
@@ -45,7 +49,11 @@ class PointsPerLevelAttention(nn.Module):
             self.sampling_offsets.bias.copy_((ring[:, None] * distance).flatten())
 
     def forward(
-        self, query: torch.Tensor, reference: torch.Tensor, value: torch.Tensor, shapes: list[tuple[int, int]],
+        self,
+        query: torch.Tensor,
+        reference: torch.Tensor,
+        value: torch.Tensor,
+        shapes: list[tuple[int, int]],
         padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``query [B,Q,D]`` (position added), ``reference [B,Q,L,4]`` boxes, ``value [B,S,D]``, ``padding_mask
@@ -55,7 +63,9 @@ class PointsPerLevelAttention(nn.Module):
         locations, weights = self.sampling(query, reference, shapes)
         return ms_deform_attn(value.unflatten(-1, (self.num_heads, -1)), shapes, locations, weights)
 
-    def sampling(self, query: torch.Tensor, reference: torch.Tensor, shapes: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def sampling(
+        self, query: torch.Tensor, reference: torch.Tensor, shapes: list[tuple[int, int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``locations [B,Q,heads,L,P,2]`` and ``weights [B,Q,heads,L,P]`` (``P = max(num_points)``, the missing
         points of a level weigh 0; the weights of a head sum to 1)."""
         batch, queries, _ = query.shape
@@ -78,7 +88,13 @@ class FDRDecoderLayer(nn.Module):
     :class:`PointsPerLevelAttention` to the levels joined to the queries by a :class:`Gate`, then the FFN."""
 
     def __init__(
-        self, dim: int, num_heads: int, num_points: Sequence[int], dim_feedforward: int, dropout: float, offset_scale: float = 0.5
+        self,
+        dim: int,
+        num_heads: int,
+        num_points: Sequence[int],
+        dim_feedforward: int,
+        dropout: float,
+        offset_scale: float = 0.5,
     ) -> None:
         super().__init__()
         self.self_attn = nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True)
@@ -109,8 +125,16 @@ class FDRDecoder(nn.Module):
     """
 
     def __init__(
-        self, layer: FDRDecoderLayer, num_layers: int, dim: int, reg_max: int = 32, reg_scale: float = 4.0, up: float = 0.5,
-        lqe_top_k: int = 4, lqe_hidden_dim: int = 64, lqe_layers: int = 2,
+        self,
+        layer: FDRDecoderLayer,
+        num_layers: int,
+        dim: int,
+        reg_max: int = 32,
+        reg_scale: float = 4.0,
+        up: float = 0.5,
+        lqe_top_k: int = 4,
+        lqe_hidden_dim: int = 64,
+        lqe_layers: int = 2,
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
@@ -118,14 +142,23 @@ class FDRDecoder(nn.Module):
         self.pre_bbox_head = MLP(dim, dim, 4, 3)
         nn.init.zeros_(self.pre_bbox_head.layers[-1].weight)
         nn.init.zeros_(self.pre_bbox_head.layers[-1].bias)
-        self.lqe_layers = nn.ModuleList(LocationQuality(reg_max, lqe_top_k, lqe_hidden_dim, lqe_layers) for _ in range(num_layers))
+        self.lqe_layers = nn.ModuleList(
+            LocationQuality(reg_max, lqe_top_k, lqe_hidden_dim, lqe_layers) for _ in range(num_layers)
+        )
         self.register_buffer("up", torch.tensor([up]))
         self.register_buffer("reg_scale", torch.tensor([reg_scale]))
         self.reg_max = reg_max
 
     def forward(
-        self, queries: torch.Tensor, boxes: torch.Tensor, memory: torch.Tensor, shapes: list[tuple[int, int]],
-        padding_mask: torch.Tensor, valid_ratios: torch.Tensor, class_heads: nn.ModuleList, box_heads: nn.ModuleList,
+        self,
+        queries: torch.Tensor,
+        boxes: torch.Tensor,
+        memory: torch.Tensor,
+        shapes: list[tuple[int, int]],
+        padding_mask: torch.Tensor,
+        valid_ratios: torch.Tensor,
+        class_heads: nn.ModuleList,
+        box_heads: nn.ModuleList,
         attn_mask: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """``queries [B,Q,D]``, initial ``boxes [B,Q,4]`` (cxcywh, no gradient), ``memory [B,S,D]`` -> every layer's
@@ -149,6 +182,10 @@ class FDRDecoder(nn.Module):
             layer_corners.append(corners)
             reference, previous_hidden, previous_corners = box.detach(), queries.detach(), corners
         return {
-            "logits": torch.stack(logits), "boxes": torch.stack(layer_boxes), "corners": torch.stack(layer_corners),
-            "initial": initial, "pre_logits": pre_logits, "pre_boxes": pre_boxes,
+            "logits": torch.stack(logits),
+            "boxes": torch.stack(layer_boxes),
+            "corners": torch.stack(layer_corners),
+            "initial": initial,
+            "pre_logits": pre_logits,
+            "pre_boxes": pre_boxes,
         }

@@ -44,7 +44,11 @@ class DINOCriterion(nn.Module):
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
-        self.matcher = HungarianMatcher(2.0, 5.0, 2.0, focal_alpha=focal_alpha, focal_gamma=focal_gamma) if matcher is None else matcher
+        self.matcher = (
+            HungarianMatcher(2.0, 5.0, 2.0, focal_alpha=focal_alpha, focal_gamma=focal_gamma)
+            if matcher is None
+            else matcher
+        )
         if self.matcher.focal_alpha is None:
             raise ValueError(
                 f"{__name__}: the matcher must score sigmoid logits: give HungarianMatcher a focal_alpha (e.g. 0.25)"
@@ -74,7 +78,9 @@ class DINOCriterion(nn.Module):
         if class_agnostic:
             agnostic = [{**t, "labels": torch.zeros_like(t["labels"])} for t in targets]
             indices_enc = self.matcher(encoder["pred_logits"], encoder["pred_boxes"], agnostic)
-            losses.update(self._losses(encoder["pred_logits"], encoder["pred_boxes"], agnostic, indices_enc, num_boxes, ["_enc"]))
+            losses.update(
+                self._losses(encoder["pred_logits"], encoder["pred_boxes"], agnostic, indices_enc, num_boxes, ["_enc"])
+            )
         if "dn_outputs" in outputs:
             denoising = outputs["dn_outputs"]
             queries = denoising["queries"]
@@ -82,24 +88,47 @@ class DINOCriterion(nn.Module):
             layers_dn = len(dn_logits)
             dn_names = [f"_dn_{i}" for i in range(layers_dn - 1)] + ["_dn"]
             positives = queries.positive_indices(targets)
-            losses.update(self._losses(
-                dn_logits.flatten(0, 1), dn_boxes.flatten(0, 1), targets * layers_dn, positives * layers_dn,
-                num_boxes * queries.num_groups, dn_names,
-            ))
-            dn_layers = [{key: value[i] for key, value in denoising.items() if key != "queries"} for i in range(layers_dn)]
-            losses.update(self.layer_losses(dn_layers, dn_names, targets, positives * layers_dn, num_boxes * queries.num_groups))
+            losses.update(
+                self._losses(
+                    dn_logits.flatten(0, 1),
+                    dn_boxes.flatten(0, 1),
+                    targets * layers_dn,
+                    positives * layers_dn,
+                    num_boxes * queries.num_groups,
+                    dn_names,
+                )
+            )
+            dn_layers = [
+                {key: value[i] for key, value in denoising.items() if key != "queries"} for i in range(layers_dn)
+            ]
+            losses.update(
+                self.layer_losses(dn_layers, dn_names, targets, positives * layers_dn, num_boxes * queries.num_groups)
+            )
             if "dn_pre_outputs" in outputs:
                 pre = outputs["dn_pre_outputs"]
-                losses.update(self._losses(
-                    pre["pred_logits"], pre["pred_boxes"], targets, positives, num_boxes * queries.num_groups, ["_dn_pre"]
-                ))
+                losses.update(
+                    self._losses(
+                        pre["pred_logits"],
+                        pre["pred_boxes"],
+                        targets,
+                        positives,
+                        num_boxes * queries.num_groups,
+                        ["_dn_pre"],
+                    )
+                )
         losses["loss"] = sum(value * self.weights["_".join(key.split("_")[:2])] for key, value in losses.items())
         last = len(outputs.get("aux_outputs", [])) * len(targets)  # the last decoder layer's block of indices
         losses["class_error"] = self._class_error(outputs["pred_logits"], targets, indices[last : last + len(targets)])
         return losses
 
     def _losses(
-        self, logits: torch.Tensor, boxes: torch.Tensor, targets: list[dict], indices: Indices, num_boxes: torch.Tensor, names: list[str]
+        self,
+        logits: torch.Tensor,
+        boxes: torch.Tensor,
+        targets: list[dict],
+        indices: Indices,
+        num_boxes: torch.Tensor,
+        names: list[str],
     ) -> dict[str, torch.Tensor]:
         """Losses of ``len(names)`` layers stacked in ``logits [len(names)*B,Q,C]`` and ``boxes``."""
         num_layers, device = len(names), logits.device
@@ -112,7 +141,9 @@ class DINOCriterion(nn.Module):
         # Every layer has the same targets, hence the same number of matched pairs.
         matched = boxes[image_index, query_index].view(num_layers, -1, 4)
         target_boxes = target_boxes.view(num_layers, -1, 4)
-        classification = self.classification_loss(logits, onehot, (image_index, query_index, labels), matched, target_boxes)
+        classification = self.classification_loss(
+            logits, onehot, (image_index, query_index, labels), matched, target_boxes
+        )
         loss_ce = classification.view(num_layers, -1).sum(1) / num_boxes
         loss_bbox, loss_giou = box_losses(matched, target_boxes, num_boxes)
         losses = {}
@@ -130,8 +161,12 @@ class DINOCriterion(nn.Module):
         return {}
 
     def classification_loss(
-        self, logits: torch.Tensor, onehot: torch.Tensor, positives: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        matched: torch.Tensor, target_boxes: torch.Tensor,
+        self,
+        logits: torch.Tensor,
+        onehot: torch.Tensor,
+        positives: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        matched: torch.Tensor,
+        target_boxes: torch.Tensor,
     ) -> torch.Tensor:
         """The per-logit classification loss ``[N,Q,C]`` of ``logits`` against ``onehot`` (1 at the
         ``positives``' (image, query, label)), whose boxes ``matched [L,M,4]`` match ``target_boxes``:

@@ -61,7 +61,9 @@ class MultiScaleDeformableAttention(nn.Module):
         locations, weights = self.sampling(query, reference, shapes)
         return self.output_proj(ms_deform_attn(value, shapes, locations, weights))
 
-    def sampling(self, query: torch.Tensor, reference: torch.Tensor, shapes: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def sampling(
+        self, query: torch.Tensor, reference: torch.Tensor, shapes: list[tuple[int, int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Where each query reads and with what weight: ``locations [B,Q,heads,L,P,2]`` (x, y normalised
         per level) and ``weights [B,Q,heads,L,P]`` (summing to 1 over levels and points of a head), for
         ``query [B,Q,D]`` and ``reference [B,Q,L,2]`` points (x, y) or ``[B,Q,L,4]`` boxes (cx, cy, w, h),
@@ -79,7 +81,9 @@ class MultiScaleDeformableAttention(nn.Module):
             size = torch.tensor([[w, h] for h, w in shapes], dtype=query.dtype, device=query.device)
             locations = reference[:, :, None, :, None, :] + offsets / size[:, None, :]
         elif reference.shape[-1] == 4:
-            locations = reference[:, :, None, :, None, :2] + offsets * reference[:, :, None, :, None, 2:] * (0.5 / points)
+            locations = reference[:, :, None, :, None, :2] + offsets * reference[:, :, None, :, None, 2:] * (
+                0.5 / points
+            )
         else:
             raise ValueError(f"{__name__}: reference must end in 2 or 4 coordinates, got {reference.shape[-1]}")
         return locations, weights

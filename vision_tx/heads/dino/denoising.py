@@ -53,7 +53,12 @@ class ContrastiveDenoising(nn.Module):
     """
 
     def __init__(
-        self, num_classes: int, dim: int, num_queries: int = 100, label_noise_ratio: float = 0.5, box_noise_scale: float = 1.0,
+        self,
+        num_classes: int,
+        dim: int,
+        num_queries: int = 100,
+        label_noise_ratio: float = 0.5,
+        box_noise_scale: float = 1.0,
         eps: float = 1e-3,
     ) -> None:
         super().__init__()
@@ -108,7 +113,9 @@ class ContrastiveDenoising(nn.Module):
         )
 
 
-def denoising_attention_mask(num_groups: int, group_queries: int, num_matching: int, device: torch.device | None = None) -> torch.Tensor:
+def denoising_attention_mask(
+    num_groups: int, group_queries: int, num_matching: int, device: torch.device | None = None
+) -> torch.Tensor:
     """``[N+Q,N+Q]`` bool on ``device``, True where a query may not look: the ``num_matching`` matching queries (last
     ``Q``) see no denoising query, and each of the ``num_groups`` groups of ``group_queries`` denoising queries
     (``N = num_groups * group_queries``) sees no other group."""

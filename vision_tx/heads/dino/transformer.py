@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.necks.position_encoding import sine_embedding
 from vision_tx.heads.dino.deformable_attention import MultiScaleDeformableAttention
+from vision_tx.necks.position_encoding import sine_embedding
 from vision_tx.ops.feed_forward import residual_feed_forward
 
 
@@ -41,13 +41,17 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and self.dropout.p > 0:
             return self.norm(x + self.dropout(self.linear2(self.dropout(F.relu(self.linear1(x))))))
-        return self.norm(residual_feed_forward(x, self.linear1.weight, self.linear1.bias, self.linear2.weight, self.linear2.bias))
+        return self.norm(
+            residual_feed_forward(x, self.linear1.weight, self.linear1.bias, self.linear2.weight, self.linear2.bias)
+        )
 
 
 class DeformableEncoderLayer(nn.Module):
     """Deformable self-attention over the levels' tokens, then the FFN."""
 
-    def __init__(self, dim: int, num_heads: int, num_levels: int, num_points: int, dim_feedforward: int, dropout: float) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, num_levels: int, num_points: int, dim_feedforward: int, dropout: float
+    ) -> None:
         super().__init__()
         self.self_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points)
         self.norm1 = nn.LayerNorm(dim)
@@ -84,7 +88,11 @@ class DeformableEncoder(nn.Module):
                 indexing="ij",
             )
             ratio = valid_ratios[:, None, level]  # [B,1,2] (width, height)
-            points.append(torch.stack([x.flatten()[None] / (ratio[..., 0] * width), y.flatten()[None] / (ratio[..., 1] * height)], -1))
+            points.append(
+                torch.stack(
+                    [x.flatten()[None] / (ratio[..., 0] * width), y.flatten()[None] / (ratio[..., 1] * height)], -1
+                )
+            )
         return torch.cat(points, 1)[:, :, None] * valid_ratios[:, None]
 
 
@@ -92,7 +100,9 @@ class DeformableDecoderLayer(nn.Module):
     """Self-attention among the queries (``attn_mask`` True where a query may not look), deformable
     cross-attention to the encoder's tokens around each query's box, then the FFN."""
 
-    def __init__(self, dim: int, num_heads: int, num_levels: int, num_points: int, dim_feedforward: int, dropout: float) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, num_levels: int, num_points: int, dim_feedforward: int, dropout: float
+    ) -> None:
         super().__init__()
         self.self_attn = nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True)
         self.norm1 = nn.LayerNorm(dim)
@@ -125,8 +135,14 @@ class DeformableDecoder(nn.Module):
     """
 
     def __init__(
-        self, layer: DeformableDecoderLayer, num_layers: int, dim: int, query_pos_from_boxes: bool,
-        final_norm: bool = True, eps: float = 1e-3, box_encoding: str = "sine",
+        self,
+        layer: DeformableDecoderLayer,
+        num_layers: int,
+        dim: int,
+        query_pos_from_boxes: bool,
+        final_norm: bool = True,
+        eps: float = 1e-3,
+        box_encoding: str = "sine",
     ) -> None:
         super().__init__()
         if box_encoding not in ("sine", "linear"):

@@ -3,16 +3,16 @@ foreground of their previous mask prediction, one pyramid level per layer, round
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.heads.detr.mlp import MLP
-from vision_tx.necks.position_encoding import SinePositionEncoding
 from vision_tx.heads.detr.transformer import Attention
 from vision_tx.heads.dino.transformer import FeedForward
+from vision_tx.necks.position_encoding import SinePositionEncoding
 
 
 class MaskedAttentionLayer(nn.Module):
@@ -27,8 +27,14 @@ class MaskedAttentionLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.ffn = FeedForward(dim, dim_feedforward, dropout)
 
-    def forward(self, queries: torch.Tensor, query_pos: torch.Tensor, memory: torch.Tensor, memory_pos: torch.Tensor,
-                attn_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        queries: torch.Tensor,
+        query_pos: torch.Tensor,
+        memory: torch.Tensor,
+        memory_pos: torch.Tensor,
+        attn_mask: torch.Tensor,
+    ) -> torch.Tensor:
         """``queries``, ``query_pos [B,Q,D]``; ``memory``, ``memory_pos [B,S,D]``; ``attn_mask [B,Q,S]`` True where
         a query may not look -> ``[B,Q,D]``."""
         attended = self.cross_attn(queries + query_pos, memory + memory_pos, memory, attn_mask=attn_mask)
@@ -71,7 +77,9 @@ class MaskedAttentionDecoder(nn.Module):
         self.level_embed = nn.Embedding(num_levels, hidden_dim)
         self.query_feat = nn.Embedding(num_queries, hidden_dim)
         self.query_embed = nn.Embedding(num_queries, hidden_dim)
-        self.layers = nn.ModuleList(MaskedAttentionLayer(hidden_dim, num_heads, dim_feedforward, dropout) for _ in range(num_layers))
+        self.layers = nn.ModuleList(
+            MaskedAttentionLayer(hidden_dim, num_heads, dim_feedforward, dropout) for _ in range(num_layers)
+        )
         self.decoder_norm = nn.LayerNorm(hidden_dim)
         self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
         self.mask_embed = MLP(hidden_dim, hidden_dim, mask_dim, 3)
@@ -92,7 +100,11 @@ class MaskedAttentionDecoder(nn.Module):
         for level, (x, proj) in enumerate(zip(levels, self.input_proj)):
             sizes.append(tuple(x.shape[-2:]))
             no_padding = x.new_zeros((batch, *x.shape[-2:]), dtype=torch.bool)
-            memory_pos.append(self.position_encoding(no_padding, torch.promote_types(x.dtype, torch.float32)).to(x.dtype).flatten(1, 2))
+            memory_pos.append(
+                self.position_encoding(no_padding, torch.promote_types(x.dtype, torch.float32))
+                .to(x.dtype)
+                .flatten(1, 2)
+            )
             memory.append(proj(x).flatten(2).transpose(1, 2) + self.level_embed.weight[level])
         query_pos = self.query_embed.weight.expand(batch, -1, -1)
         queries = self.query_feat.weight.expand(batch, -1, -1)

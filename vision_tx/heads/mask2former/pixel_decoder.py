@@ -3,7 +3,7 @@ over the stride 8-32 maps, then FPN steps down to the stride-4 mask features."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +42,9 @@ class PixelDecoder(nn.Module):
             raise ValueError(f"{__name__}: {len(in_channels)} backbone maps, need at least num_levels={num_levels}")
         self.num_levels = num_levels
         # Positions 1..n normalised to 2 pi with temperature 10000, as the official PositionEmbeddingSine.
-        self.projection = MultiScaleProjection(list(in_channels[-num_levels:])[::-1], dim, num_levels, num_groups, temperature=10000.0)
+        self.projection = MultiScaleProjection(
+            list(in_channels[-num_levels:])[::-1], dim, num_levels, num_groups, temperature=10000.0
+        )
         layer = DeformableEncoderLayer(dim, num_heads, num_levels, num_points, dim_feedforward, dropout)
         self.encoder = DeformableEncoder(layer, num_layers)
         # Lateral and output convolutions, finest map last (the order they run in).
@@ -61,7 +63,7 @@ class PixelDecoder(nn.Module):
         nn.init.zeros_(self.mask_features.bias)
 
     def forward(self, maps: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        coarse = list(maps[-self.num_levels:])[::-1]
+        coarse = list(maps[-self.num_levels :])[::-1]
         no_padding = coarse[0].new_zeros((coarse[0].shape[0], *coarse[-1].shape[-2:]), dtype=torch.bool)
         levels = self.projection(coarse, no_padding)
         memory = self.encoder(levels.tokens, levels.position, None, levels.shapes, levels.valid_ratios)

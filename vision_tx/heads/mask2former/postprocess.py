@@ -3,7 +3,7 @@ one image's class logits ``[Q,C+1]`` and mask logits ``[Q,H,W]`` already at the 
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +18,13 @@ def resize_masks(masks: torch.Tensor, size: tuple[int, int], orig_size: tuple[in
     height, width = size
     padded = (4 * masks.shape[-2], 4 * masks.shape[-1])
     if height > padded[0] or width > padded[1]:
-        raise ValueError(f"{__name__}: size {list(size)} exceeds the padded input {list(padded)} that the stride-4 masks cover")
+        raise ValueError(
+            f"{__name__}: size {list(size)} exceeds the padded input {list(padded)} that the stride-4 masks cover"
+        )
     batched = masks.dim() == 4  # [B,Q,h,w]: every image of one size (the exported models')
-    masks = F.interpolate(masks if batched else masks[None], size=padded, mode="bilinear", align_corners=False)[:, :, :height, :width]
+    masks = F.interpolate(masks if batched else masks[None], size=padded, mode="bilinear", align_corners=False)[
+        :, :, :height, :width
+    ]
     masks = F.interpolate(masks, size=tuple(orig_size), mode="bilinear", align_corners=False)
     return masks if batched else masks[0]
 
@@ -47,12 +51,16 @@ def panoptic_inference(
     """
     thing, _ = thing_table(is_thing, logits.shape[-1] - 1)
     segment_ids, labels, scores = panoptic_segments(
-        logits[None], masks[None], thing, object_mask_threshold, overlap_threshold)
+        logits[None], masks[None], thing, object_mask_threshold, overlap_threshold
+    )
     return segments(segment_ids[0], labels[0], scores[0], is_thing)
 
 
 def panoptic_segments(
-    logits: torch.Tensor, masks: torch.Tensor, thing: torch.Tensor, object_mask_threshold: float = 0.8,
+    logits: torch.Tensor,
+    masks: torch.Tensor,
+    thing: torch.Tensor,
+    object_mask_threshold: float = 0.8,
     overlap_threshold: float = 0.8,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mask2Former's panoptic inference as batch tensors (eager and exported alike, no loop over queries).
@@ -79,8 +87,9 @@ def panoptic_segments(
     return segment_ids, per_segment(classes, starts, ids, -1), per_segment(scores, starts, ids, 0.0)
 
 
-def instance_inference(logits: torch.Tensor, masks: torch.Tensor, topk: int = 100,
-                       thing_classes: set[int] | None = None) -> dict[str, torch.Tensor]:
+def instance_inference(
+    logits: torch.Tensor, masks: torch.Tensor, topk: int = 100, thing_classes: set[int] | None = None
+) -> dict[str, torch.Tensor]:
     """One image's ``topk`` best instances (:func:`instance_detections` of ``logits [Q,C+1]`` and ``masks [Q,H,W]``),
     then, with
     ``thing_classes`` (panoptic models), only those of these classes. Returns ``{"scores" [N], "labels" [N] int64,
@@ -100,11 +109,16 @@ def instance_detections(logits: torch.Tensor, masks: torch.Tensor, topk: int) ->
     (logit > 0). Returns ``{"scores" [B,K], "labels" [B,K] int64, "masks" bool [B,K,H,W]}``."""
     scores, labels, foreground = instance_candidates(logits, masks, topk)
     order = scores.argsort(dim=1, descending=True)
-    return {"scores": scores.gather(1, order), "labels": labels.gather(1, order),
-            "masks": foreground.gather(1, order[..., None, None].expand_as(foreground))}
+    return {
+        "scores": scores.gather(1, order),
+        "labels": labels.gather(1, order),
+        "masks": foreground.gather(1, order[..., None, None].expand_as(foreground)),
+    }
 
 
-def instance_candidates(logits: torch.Tensor, masks: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def instance_candidates(
+    logits: torch.Tensor, masks: torch.Tensor, topk: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``topk`` best (query, class) pairs of each image's class probabilities (``logits [B,Q,C+1]``, mask
     logits ``masks [B,Q,H,W]``), in that ranking: ``scores [B,K]`` (class probability times the mean mask probability
     over the foreground), ``labels [B,K]`` and the foregrounds ``bool [B,K,H,W]``."""

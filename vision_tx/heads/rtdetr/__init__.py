@@ -8,6 +8,13 @@ from vision_tx.heads.rtdetr.criterion import RTDETRCriterion, paired_box_iou
 from vision_tx.heads.rtdetr.hybrid_encoder import HybridEncoder
 
 __all__ = [
-    "AIFI", "AIFILayer", "CSPRepLayer", "ConvNorm", "HybridEncoder", "RTDETRCriterion", "RepVGGBlock",
-    "paired_box_iou", "sincos_position_embedding",
+    "AIFI",
+    "AIFILayer",
+    "CSPRepLayer",
+    "ConvNorm",
+    "HybridEncoder",
+    "RTDETRCriterion",
+    "RepVGGBlock",
+    "paired_box_iou",
+    "sincos_position_embedding",
 ]

@@ -11,16 +11,25 @@ from torch import nn
 from vision_tx.ops import Linear
 
 
-def sincos_position_embedding(height: int, width: int, dim: int, temperature: float = 10000.0,
-                              dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> torch.Tensor:
+def sincos_position_embedding(
+    height: int,
+    width: int,
+    dim: int,
+    temperature: float = 10000.0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | None = None,
+) -> torch.Tensor:
     """``[h*w, dim]`` (row-major tokens of a ``height`` x ``width`` map, ``dim`` a multiple of 4) of ``dtype`` on
     ``device``: ``[sin(y w_k) | cos(y w_k) | sin(x w_k) | cos(x w_k)]`` with ``w_k = temperature ** (-k / (dim / 4))``
     (``temperature`` the wavelengths' base), ``x``, ``y`` the integer column and row."""
     if dim % 4:
         raise ValueError(f"{__name__}: the embedding width {dim} is not divisible by 4")
     omega = temperature ** -(torch.arange(dim // 4, dtype=torch.float64, device=device) / (dim // 4))
-    y, x = torch.meshgrid(torch.arange(height, dtype=torch.float64, device=device),
-                          torch.arange(width, dtype=torch.float64, device=device), indexing="ij")
+    y, x = torch.meshgrid(
+        torch.arange(height, dtype=torch.float64, device=device),
+        torch.arange(width, dtype=torch.float64, device=device),
+        indexing="ij",
+    )
     out_y, out_x = y.flatten()[:, None] * omega, x.flatten()[:, None] * omega
     return torch.cat([out_y.sin(), out_y.cos(), out_x.sin(), out_x.cos()], 1).to(dtype)
 
@@ -38,7 +47,9 @@ class AIFILayer(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, position: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, position: torch.Tensor, padding_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``x [B,S,D]``, ``position [1 or B,S,D]``, ``padding_mask [B,S]`` True on padding -> ``[B,S,D]``."""
         q = k = x + position
         x = self.norm1(x + self.dropout(self.self_attn(q, k, x, key_padding_mask=padding_mask, need_weights=False)[0]))

@@ -33,7 +33,13 @@ class RoIBoxRefinement(nn.Module):
     """
 
     def __init__(
-        self, dim: int, channels: int = 16, size: int = 7, enlarge: float = 1.25, max_shift: float = 0.25, samples_per_bin: int = 2
+        self,
+        dim: int,
+        channels: int = 16,
+        size: int = 7,
+        enlarge: float = 1.25,
+        max_shift: float = 0.25,
+        samples_per_bin: int = 2,
     ) -> None:
         super().__init__()
         self.size, self.enlarge, self.max_shift, self.samples_per_bin = size, enlarge, max_shift, samples_per_bin
@@ -46,7 +52,9 @@ class RoIBoxRefinement(nn.Module):
         """``feature_map [B,C,h,w]`` (padded), ``boxes [B,Q,4]``, ``valid_ratio [B,2]`` (the unpadded fraction of the
         map: width, height) -> the grid's samples ``[B,Q,C*size*size]`` (channel by channel, each row by row)."""
         size, per_side = self.size, self.samples_per_bin
-        points = box_grid_points(boxes, size * per_side, self.enlarge) * valid_ratio[:, None, None]  # fractions of the padded map
+        points = (
+            box_grid_points(boxes, size * per_side, self.enlarge) * valid_ratio[:, None, None]
+        )  # fractions of the padded map
         samples = F.grid_sample(feature_map, 2 * points - 1, mode="bilinear", padding_mode="zeros", align_corners=False)
         if per_side > 1:  # [B,C,Q,(size*per_side)^2] -> the mean of each bin's per_side x per_side samples
             samples = samples.unflatten(-1, (size, per_side, size, per_side)).mean((-3, -1)).flatten(-2)
@@ -54,6 +62,10 @@ class RoIBoxRefinement(nn.Module):
 
     def forward(self, boxes: torch.Tensor, feature_map: torch.Tensor, valid_ratio: torch.Tensor) -> torch.Tensor:
         """``boxes [B,Q,4]`` (cx, cy, w, h), ``feature_map [B,D,h,w]``, ``valid_ratio [B,2]`` -> the refined boxes ``[B,Q,4]``."""
-        shifts = self.max_shift * self.edges(self.sample(self.reduce(feature_map), boxes, valid_ratio)).tanh()  # [B,Q,4]
-        corners = box_convert(boxes, "cxcywh", "xyxy") + shifts * boxes[..., 2:].repeat(1, 1, 2)  # each edge by its side
+        shifts = (
+            self.max_shift * self.edges(self.sample(self.reduce(feature_map), boxes, valid_ratio)).tanh()
+        )  # [B,Q,4]
+        corners = box_convert(boxes, "cxcywh", "xyxy") + shifts * boxes[..., 2:].repeat(
+            1, 1, 2
+        )  # each edge by its side
         return box_convert(corners, "xyxy", "cxcywh")

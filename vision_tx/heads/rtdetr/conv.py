@@ -10,10 +10,18 @@ class ConvNorm(nn.Sequential):
     """``kernel_size`` conv (no bias, "same" padding, ``groups``) at ``stride``, BatchNorm, then SiLU (or nothing)."""
 
     def __init__(
-        self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, activation: bool = True, groups: int = 1
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        activation: bool = True,
+        groups: int = 1,
     ) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, (kernel_size - 1) // 2, groups=groups, bias=False)
+        self.conv = nn.Conv2d(
+            in_channels, out_channels, kernel_size, stride, (kernel_size - 1) // 2, groups=groups, bias=False
+        )
         self.norm = nn.BatchNorm2d(out_channels)
         self.act = nn.SiLU() if activation else nn.Identity()
 

@@ -62,8 +62,12 @@ class RTDETRCriterion(DINOCriterion):
         self.mal_alpha, self.mal_gamma = mal_alpha, mal_gamma
 
     def classification_loss(
-        self, logits: torch.Tensor, onehot: torch.Tensor, positives: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        matched: torch.Tensor, target_boxes: torch.Tensor,
+        self,
+        logits: torch.Tensor,
+        onehot: torch.Tensor,
+        positives: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        matched: torch.Tensor,
+        target_boxes: torch.Tensor,
     ) -> torch.Tensor:
         """The varifocal (or matchability-aware) loss ``[N,Q,C]``."""
         iou = paired_box_iou(matched.detach(), target_boxes).flatten()
@@ -71,7 +75,9 @@ class RTDETRCriterion(DINOCriterion):
         probability = logits.detach().sigmoid()
         if self.class_loss_name == "loss_mal":
             score[positives] = iou.to(logits.dtype).pow(self.mal_gamma)
-            weight = (1.0 if self.mal_alpha is None else self.mal_alpha) * probability.pow(self.mal_gamma) * (1 - onehot) + onehot
+            weight = (1.0 if self.mal_alpha is None else self.mal_alpha) * probability.pow(self.mal_gamma) * (
+                1 - onehot
+            ) + onehot
         else:
             score[positives] = iou.to(logits.dtype)
             weight = self.vfl_alpha * probability.pow(self.vfl_gamma) * (1 - onehot) + score

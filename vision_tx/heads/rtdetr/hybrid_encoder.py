@@ -3,7 +3,7 @@ then convolutional cross-scale fusion (CCFM): a top-down FPN and a bottom-up PAN
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,9 @@ class HybridEncoder(nn.Module):
         num_blocks: int = 3,
     ) -> None:
         super().__init__()
-        self.input_proj = nn.ModuleList(nn.Sequential(nn.Conv2d(c, dim, 1, bias=False), nn.BatchNorm2d(dim)) for c in in_channels)
+        self.input_proj = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(c, dim, 1, bias=False), nn.BatchNorm2d(dim)) for c in in_channels
+        )
         self.encoder = AIFI(AIFILayer(dim, num_heads, dim_feedforward, dropout), num_encoder_layers, temperature)
         fusions = len(in_channels) - 1
         self.lateral_convs = nn.ModuleList(self.lateral_conv(dim) for _ in range(fusions))
@@ -66,7 +68,11 @@ class HybridEncoder(nn.Module):
         if len(maps) != len(self.input_proj):
             raise ValueError(f"{__name__}: {len(maps)} backbone maps given, built for {len(self.input_proj)}")
         projected = [projection(x) for projection, x in zip(self.input_proj, maps)]
-        top_mask = None if pixel_mask is None else F.interpolate(pixel_mask[None].float(), size=projected[-1].shape[-2:])[0].bool()
+        top_mask = (
+            None
+            if pixel_mask is None
+            else F.interpolate(pixel_mask[None].float(), size=projected[-1].shape[-2:])[0].bool()
+        )
         projected[-1] = self.encoder(projected[-1], top_mask)
         # Top-down: each lateral conv's output replaces the upper map among the FPN's outputs.
         fpn = [projected[-1]]
