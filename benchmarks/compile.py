@@ -41,7 +41,8 @@ def run(device: str, quick: bool) -> list[Row]:
         start = time.perf_counter()
         training_step(compiled, compiled_optimizer, images, labels)
         print(
-            f"{name}, batch {batch}, {side}x{side}: first compiled training step (compilation) {time.perf_counter() - start:.1f} s",
+            f"{name}, batch {batch}, {side}x{side}: first compiled training step (compilation) "
+            f"{time.perf_counter() - start:.1f} s",
             flush=True,
         )
         rows.append(

@@ -89,6 +89,7 @@ def run(device: str, quick: bool) -> list[Row]:
         torch.cuda.synchronize()
     loss_s = (time.perf_counter() - start) / iters
     print(
-        f"matching + loss (all 6 layers, forward and backward): {loss_s * 1e3:.1f} ms = {100 * loss_s / row.ours_s:.1f}% of the step (target < 5%)"
+        f"matching + loss (all 6 layers, forward and backward): {loss_s * 1e3:.1f} ms = "
+        f"{100 * loss_s / row.ours_s:.1f}% of the step (target < 5%)"
     )
     return [row]

@@ -215,7 +215,8 @@ def run(device: str, quick: bool) -> list[Row]:
         rounds = ", ".join(f"{1 / speedup:.2f}" for speedup in row.round_speedups)
         print(
             f"{row.name}: time ratio vision_tx / transformers {1 / row.speedup:.2f} (rounds {rounds}; target <= 0.80); "
-            f"matching + loss {1e3 * sum(loss_seconds[name]) / len(loss_seconds[name]):.0f} ms = {share:.1f}% of the step (target < 5%)",
+            f"matching + loss {1e3 * sum(loss_seconds[name]) / len(loss_seconds[name]):.0f} ms = "
+            f"{share:.1f}% of the step (target < 5%)",
             flush=True,
         )
     return rows

@@ -96,8 +96,8 @@ def run(device: str, quick: bool) -> list[Row]:
         folder = Path(folder)
         yolo_version = ultralytics_version(folder)
         print(
-            f"onnxruntime {onnxruntime.__version__} (CPU provider, ORT_ENABLE_ALL, {threads} intra-op threads, 1 inter-op), "
-            f"torch {torch.__version__}, ultralytics {yolo_version or 'not installed'}"
+            f"onnxruntime {onnxruntime.__version__} (CPU provider, ORT_ENABLE_ALL, {threads} intra-op threads, "
+            f"1 inter-op), torch {torch.__version__}, ultralytics {yolo_version or 'not installed'}"
         )
         for size in SIZES:
             shape = f"batch 1, {size[0]}x{size[1]}"

@@ -30,7 +30,8 @@ class Case(NamedTuple):
 
     @property
     def name(self) -> str:
-        return f"{self.model} classifier, batch {BATCH}, 224x224, {self.dtype}, channels-last{', compiled' if self.compiled else ''}"
+        compiled = ", compiled" if self.compiled else ""
+        return f"{self.model} classifier, batch {BATCH}, 224x224, {self.dtype}, channels-last{compiled}"
 
 
 def cases(quick: bool) -> list[Case]:

@@ -111,7 +111,8 @@ def run(device: str, quick: bool) -> list[Row]:
     synchronize(device)
     loss_s = (time.perf_counter() - start) / iters
     print(
-        f"matching + point-sampled loss (10 predictions, forward and backward): {loss_s * 1e3:.1f} ms = {100 * loss_s / row.ours_s:.1f}% of the step"
+        f"matching + point-sampled loss (10 predictions, forward and backward): {loss_s * 1e3:.1f} ms = "
+        f"{100 * loss_s / row.ours_s:.1f}% of the step"
     )
     _print_saved_memory(device)
     return [row]
@@ -149,6 +150,7 @@ def _print_saved_memory(device: str, size: tuple[int, int] = (800, 1216)) -> Non
     )
     mib = 2**20
     print(
-        f"saved for backward, 1x{size[0]}x{size[1]}: vision_tx {ours / mib:.0f} MiB (largest tensor {ours_largest / mib:.1f} MiB), "
+        f"saved for backward, 1x{size[0]}x{size[1]}: vision_tx {ours / mib:.0f} MiB "
+        f"(largest tensor {ours_largest / mib:.1f} MiB), "
         f"transformers {theirs / mib:.0f} MiB (largest {their_largest / mib:.1f} MiB): ratio {theirs / ours:.2f}"
     )

@@ -22,7 +22,8 @@ BATCH, HEADS, HEAD_DIM, POINTS = 2, 8, 32, 4
 
 
 def encoder_inputs(device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """value ``[B, S, heads, head_dim]``, sampling_locations ``[B, S, heads, L, P, 2]``, attention_weights ``[B, S, heads, L, P]``."""
+    """value ``[B, S, heads, head_dim]``, sampling_locations ``[B, S, heads, L, P, 2]``,
+    attention_weights ``[B, S, heads, L, P]``."""
     generator = torch.Generator().manual_seed(seed)
     levels = len(SHAPES)
     centres = []

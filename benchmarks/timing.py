@@ -95,7 +95,8 @@ class Row:
             parts.append(f"rounds x{low:.2f}-x{high:.2f}")
         if len(self.process_speedups) > 1:
             parts.append(
-                f"{len(self.process_speedups)} processes x{min(self.process_speedups):.2f}-x{max(self.process_speedups):.2f}"
+                f"{len(self.process_speedups)} processes "
+                f"x{min(self.process_speedups):.2f}-x{max(self.process_speedups):.2f}"
             )
         return f" ({'; '.join(parts)})" if parts else ""
 

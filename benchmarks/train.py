@@ -5,10 +5,11 @@
   transformers' ``UperNetForSemanticSegmentation``; its Swin's separate q/k/v are our ``qkv`` split in three.
 - NAT-Tiny classifier, batch 2, 224x224, against the same model with ``na2d`` replaced by dense SDPA
   with the neighbourhood and the relative position bias as an additive mask (natten's CPU path has no backward).
-- CPU only: the README's main job, ``rtdetr_convnext_toy`` (its backbone included, 100 queries), batches of 8 at four of its
-  training sizes (144x192 to 192x256) in turn, 4 classes, 8 boxes an image: the training step with its linear layers' products on oneDNN
-  (:mod:`vision_tx.ops.linear_autograd`) against the same model on torch's own operators (MKL's ``sgemm``),
-  which :func:`vision_tx.ops.onednn.set_onednn_training` chooses between (by default by the CPU's vendor).
+- CPU only: the README's main job, ``rtdetr_convnext_toy`` (its backbone included, 100 queries), batches of 8 at four of
+  its training sizes (144x192 to 192x256) in turn, 4 classes, 8 boxes an image: the training step with its linear
+  layers' products on oneDNN (:mod:`vision_tx.ops.linear_autograd`) against the same model on torch's own operators
+  (MKL's ``sgemm``), which :func:`vision_tx.ops.onednn.set_onednn_training` chooses between (by default
+  by the CPU's vendor).
 
 Both sides use stochastic depth 0.2 (the recipes'); dropout and drop-path draw their own random numbers.
 """

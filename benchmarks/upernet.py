@@ -110,6 +110,21 @@ def train_step(device: str, quick: bool, drop_path_rate: float = 0.2) -> Row:
     )
 
 
+def _eval_row(ours: UperNetSegmentor, images: torch.Tensor, aux: bool, device: str, warmup: int, iters: int) -> Row:
+    """One eval row against transformers' model with or without its aux head; that model is freed on return."""
+    reference = transformers_upernet(aux, device)
+    label = "transformers" if aux else "transformers, no aux head"
+    return compare(
+        f"upernet swin_t 512x512 b1 eval ({'vs default' if aux else 'vs no aux'})",
+        lambda: ours.inference(images),
+        lambda: reference(pixel_values=images).logits,
+        label,
+        device=device,
+        warmup=warmup,
+        iters=iters,
+    )
+
+
 def run(device: str = "cpu", quick: bool = False) -> list[Row]:
     torch.manual_seed(0)
     ours = UperNetSegmentor(build_backbone("swin_t"), NUM_CLASSES).to(device).eval()
@@ -118,20 +133,7 @@ def run(device: str = "cpu", quick: bool = False) -> list[Row]:
     rows = []
     with torch.inference_mode():
         for aux in (True, False):
-            reference = transformers_upernet(aux, device)
-            label = "transformers" if aux else "transformers, no aux head"
-            rows.append(
-                compare(
-                    f"upernet swin_t 512x512 b1 eval ({'vs default' if aux else 'vs no aux'})",
-                    lambda: ours.inference(images),
-                    lambda: reference(pixel_values=images).logits,
-                    label,
-                    device=device,
-                    warmup=warmup,
-                    iters=iters,
-                )
-            )
-            del reference
+            rows.append(_eval_row(ours, images, aux, device, warmup, iters))
     if device.startswith("cuda"):
         rows.append(train_step(device, quick))
     return rows

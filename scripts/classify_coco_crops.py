@@ -6,8 +6,8 @@ square crops with some context, written in the ImageFolder layout, and split by 
 ``--val-every``-th image's crops are held out), so no object is seen in both splits. Each student is
 trained from scratch plainly, with DeiT's hard distillation from a teacher trained first (a student
 with a ``*_distilled`` form learns through its distillation token), and with SAM; top-1 and top-5 on
-the held-out crops are printed as a table, beside always answering the most frequent training class (for top-5: the five most frequent).
-The teacher's own run is the plain row of its architecture when that is a student (same seed, same
+the held-out crops are printed as a table, beside always answering the most frequent training class (for top-5: the five
+most frequent). The teacher's own run is the plain row of its architecture when that is a student (same seed, same
 recipe: the same run). The defaults take about 5 minutes of one CPU core in all (`--epochs 15`: about 25).
 
     python scripts/classify_coco_crops.py                                # deit_tiny and convnext_tiny
@@ -212,8 +212,8 @@ def main() -> None:
         record(f"{student} + SAM (rho {args.rho})", train(args, root, out / f"{student}_sam", student, sam=True))
 
     print(
-        f"\n| model (from scratch, {args.size} px, {args.epochs} epochs) | top-1 | top-5 | train crops | val crops | steps | "
-        f"minutes (wall) | CPU minutes |\n|---|---|---|---|---|---|---|---|"
+        f"\n| model (from scratch, {args.size} px, {args.epochs} epochs) | top-1 | top-5 | train crops | val crops "
+        f"| steps | minutes (wall) | CPU minutes |\n|---|---|---|---|---|---|---|---|"
     )
     train_size, val_size = counts["train"].total(), counts["val"].total()
     for name, run in rows:

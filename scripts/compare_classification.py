@@ -8,9 +8,9 @@ through vision_tx's CLI), its training time measured without its validations. Re
 (learning rate 2e-3, weight decay 0.05) under a cosine decay over the time budget after a warm-up
 of its first 5%, batches of 32, random resized crops (scale 0.35-1) at the same image size and
 horizontal flips. ``--budget-seconds`` gives both a fixed time instead (vision_tx trains with
-``--budget.minutes``: its epoch schedule as written, stopped at that time or at its end, whichever comes first). Same torch threads, seed, no loader
-workers. Both final models are scored by the same code on the same validation images, resized
-and centre-cropped by vision_tx's validation transform.
+``--budget.minutes``: its epoch schedule as written, stopped at that time or at its end, whichever comes first). Same
+torch threads, seed, no loader workers. Both final models are scored by the same code on the same validation images,
+resized and centre-cropped by vision_tx's validation transform.
 
     python scripts/make_shapes_classification.py /tmp/shapes_cls --seed 0
     python scripts/compare_classification.py /tmp/shapes_cls                       # classification_toy's own 120 epochs

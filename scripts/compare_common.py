@@ -25,7 +25,8 @@ def comparison_parser(
     doc: str, root_help: str, config: str, out: str, root_optional: bool = False
 ) -> argparse.ArgumentParser:
     """The options both comparisons take: the data ``root`` (optional where the script offers suites of sets), the
-    vision_tx ``--config``, ``--out``, the time budget, threads, loader workers and seed; each script adds its peer's own."""
+    vision_tx ``--config``, ``--out``, the time budget, threads, loader workers and seed; each script adds its peer's
+    own."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("root", type=Path, help=root_help, **({"nargs": "?"} if root_optional else {}))
     p.add_argument("--config", default=config, help="the vision_tx config")

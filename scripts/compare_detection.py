@@ -24,11 +24,13 @@ ultralytics``. Nothing is downloaded: the model comes from its YAML, its font is
 DejaVu Sans, its settings (no hub, no online checks, no TensorBoard) live in OUT/ultralytics_config.
 
     python scripts/make_shapes_dataset.py /tmp/shapes_a --seed 1
-    python scripts/compare_detection.py /tmp/shapes_a                            # rtdetr_convnext_toy, YOLOv8n the same time
-    python scripts/compare_detection.py /tmp/shapes_a --yolo yolov8n yolo11n yolo26n   # each of the three, the same time
+    python scripts/compare_detection.py /tmp/shapes_a  # rtdetr_convnext_toy, YOLOv8n the same time
+    python scripts/compare_detection.py /tmp/shapes_a --yolo yolov8n yolo11n yolo26n  # each of the three, the same time
     python scripts/compare_detection.py /tmp/shapes_a --budget-seconds 180 --seed 1
-    python scripts/compare_detection.py /tmp/shapes_a --budget-seconds 480 --threads 2 --processes 2  # two 1-thread processes
-    python scripts/compare_detection.py /tmp/shapes_a --config detr_swin_toy -- --model.lr 2e-4  # after --: vision_tx options
+    # two 1-thread processes:
+    python scripts/compare_detection.py /tmp/shapes_a --budget-seconds 480 --threads 2 --processes 2
+    # after --: vision_tx options
+    python scripts/compare_detection.py /tmp/shapes_a --config detr_swin_toy -- --model.lr 2e-4
     python scripts/compare_detection.py BCCD --accelerator gpu --budget-seconds 300 --workers 8 --imgsz 640 \
         -- --data.batch_size 16 --data.val_transform.init_args.size 480 --data.val_transform.init_args.max_size 640
     python scripts/compare_detection.py BCCD --no-vision-tx --budget-seconds 300 --yolo yolo26n   # a YOLO side alone
@@ -265,7 +267,8 @@ def worst_box_error(truth: Sequence[dict[str, Any]], back: Sequence[dict[str, An
 
 
 def both_scores(gt_file: Path, results: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
-    """:func:`coco_stats` of ``results`` by class and with the classes merged: the boxes' share of a gap and the classes'."""
+    """:func:`coco_stats` of ``results`` by class and with the classes merged: the boxes' share of a gap and the
+    classes'."""
     return coco_stats(gt_file, results), coco_stats(gt_file, results, classes=False)
 
 
@@ -452,7 +455,8 @@ def train_yolo(
         name=name,
         exist_ok=True,
     )
-    # Ultralytics' own validation of the same weights (best.pt is the last epoch's: the only one validated), a cross-check
+    # Ultralytics' own validation of the same weights (best.pt is the last epoch's: the only one validated),
+    # a cross-check
     own = {
         "own AP50": model.trainer.metrics.get("metrics/mAP50(B)"),
         "own AP": model.trainer.metrics.get("metrics/mAP50-95(B)"),
@@ -804,7 +808,8 @@ def compare(args: argparse.Namespace, out: Path, extra: Sequence[str]) -> dict[s
         )
     )
     print(
-        "no wrong classes: scored without the detections that overlap an object of another class and none of their own\n"
+        "no wrong classes: scored without the detections that overlap an object of another class "
+        "and none of their own\n"
         "(IoU 0.5; what the classes cost); wrong classes >= 0.2: how many of those score 0.2 or more\n"
         "own AP50, own AP: Ultralytics' validation of its final weights (its own mAP, not pycocotools'), a cross-check"
     )

@@ -8,16 +8,16 @@ detection and instances 91, COCO panoptic 201 with ids 1-90 things, ADE20K 150; 
 4), its weights moved off their initialisation (tests/parity.py ``perturb_``; class logits spread x20 except under
 sigmoid detectors, as in the tests), wrapped with its post-processing (``vision_tx.export.deployable``), exported at
 a dynamic batch and a fixed image size (the size the config's family is run at, below), and run in onnxruntime at
-batches 1 and 2 of other random images, against the eager wrapper. First with the tests' comparisons (tests/test_export.py:
-floating outputs within 1e-4, plus 1e-6 of the value here, as pixel boxes at 640 px are float32 to 6e-5; the others
-equal; detections up to near-tied scores): "exact". Random full-size models have more near-ties than float rounding
-leaves alone (queries alike, two-stage top-k over thousands of proposals, pixels between two alike masks), so a config
-passes when at least 99% of each output agrees: eager detections found in onnxruntime's (label, score, box), panoptic
-pixels in the same segment (whatever its number), labels and pixels equal, floats within tolerance. Below 99%, the
-network alone (its outputs before any post-processing) is exported and compared: within 1e-4, the difference lies in
-near-ties the post-processing decides (perturbed DETR panoptic's 100 masks differ by about 1e-6 from query to query,
-less than float rounding), and the config passes, reported as such; otherwise it fails. The export logic itself is held
-exactly by the tests on toy-sized models of every family.
+batches 1 and 2 of other random images, against the eager wrapper. First with the tests' comparisons
+(tests/test_export.py: floating outputs within 1e-4, plus 1e-6 of the value here, as pixel boxes at 640 px are float32
+to 6e-5; the others equal; detections up to near-tied scores): "exact". Random full-size models have more near-ties than
+float rounding leaves alone (queries alike, two-stage top-k over thousands of proposals, pixels between two alike
+masks), so a config passes when at least 99% of each output agrees: eager detections found in onnxruntime's (label,
+score, box), panoptic pixels in the same segment (whatever its number), labels and pixels equal, floats within
+tolerance. Below 99%, the network alone (its outputs before any post-processing) is exported and compared: within 1e-4,
+the difference lies in near-ties the post-processing decides (perturbed DETR panoptic's 100 masks differ by about 1e-6
+from query to query, less than float rounding), and the config passes, reported as such; otherwise it fails. The export
+logic itself is held exactly by the tests on toy-sized models of every family.
 
     python scripts/export_every_config.py --out runs/export_every_config.json
     python scripts/export_every_config.py --only dino_swin_l upernet_swin_b_ade20k
@@ -143,8 +143,9 @@ class NetworkOutputs(Deployable):
 
 
 def network_outputs_difference(model: Deployable, size: tuple[int, int], path: Path) -> tuple[float, tuple[str, ...]]:
-    """The largest difference between onnxruntime and eager on ``model``'s network outputs (see :class:`NetworkOutputs`),
-    exported at ``size``, on one image, beyond ``RTOL`` of their size; and the names of the outputs compared."""
+    """The largest difference between onnxruntime and eager on ``model``'s network outputs (see
+    :class:`NetworkOutputs`), exported at ``size``, on one image, beyond ``RTOL`` of their size; and the names of the
+    outputs compared."""
     images = example_images(size, 1, seed=11)
     with torch.no_grad():
         outputs = model.network(model.normalize(images))
@@ -202,7 +203,8 @@ def check_config(config: str, folder: Path) -> dict[str, Any]:
         if network_difference > TOLERANCE:
             raise AssertionError(
                 f"onnxruntime agrees with eager on {agreement:.2%} of the outputs (at least {AGREEMENT:.0%} "
-                f"needed), and the network's own outputs ({', '.join(network_compared)}) differ by {network_difference:.1e}"
+                f"needed), and the network's own outputs ({', '.join(network_compared)}) "
+                f"differ by {network_difference:.1e}"
             )
     return {
         "config": config,
@@ -262,7 +264,8 @@ def main() -> None:
             results.append(result)
             if result["ok"]:
                 print(
-                    f"ok   {config:36s} {result['model']:26s} {result['parameters_m']:6.1f} M  {result['size'][0]}x{result['size'][1]}  "
+                    f"ok   {config:36s} {result['model']:26s} {result['parameters_m']:6.1f} M  "
+                    f"{result['size'][0]}x{result['size'][1]}  "
                     f"export {result['export_s']:6.1f} s  {result['onnx_mb']:6.1f} MB  "
                     f"{outcome(result)}, largest difference "
                     f"{result['largest_difference']:.1e}  ({result['total_s']:.0f} s)",

@@ -161,8 +161,8 @@ def overfit_detr(
     linked: Sequence[str],
     monitor: str,
 ) -> tuple[pl.Trainer, float]:
-    """Trains ``module_class`` (``args.model``'s toy size on ``SMALL_BACKBONE``, from scratch) on the first ``args.images``
-    images of ``args.root`` (see :func:`write_coco_subset`) and validates on the same images until
+    """Trains ``module_class`` (``args.model``'s toy size on ``SMALL_BACKBONE``, from scratch) on the first
+    ``args.images`` images of ``args.root`` (see :func:`write_coco_subset`) and validates on the same images until
     ``monitor`` reaches ``args.target``; returns the trainer and the minutes it took."""
     pl.seed_everything(0)
     work_dir = Path(tempfile.mkdtemp(prefix="overfit_"))

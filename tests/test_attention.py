@@ -251,7 +251,8 @@ def test_dino_cross_attention_draws_the_last_layers_sampling_weights_per_query(n
     attention = result["attention"]
     assert attention.shape == (1, 5, *shapes[0]) and len(inputs) == 1
     probe = torch.randn(1, 1, *shapes[0])
-    # What each head reads from ``probe`` at its points, weighted, averaged over heads (all levels' points drawn on the finest grid).
+    # What each head reads from ``probe`` at its points, weighted, averaged over heads (all levels' points drawn on the
+    # finest grid).
     read = F.grid_sample(
         probe, (2 * locations[0].flatten(1, -2) - 1)[None], align_corners=False
     )  # [1, 1, queries, points]

@@ -57,7 +57,8 @@ def test_peaks_survive_the_hand_off_between_processes_and_merge_to_the_largest()
     worker = (
         f"from benchmarks.timing import Row, emit_row\n"
         f"import sys\n"
-        f"emit_row(Row('step', (1.0,), (2.0,), 'ref', ours_peak_bytes={GIB} * int(sys.argv[1]), reference_peak_bytes={2 * GIB}))\n"
+        f"emit_row(Row('step', (1.0,), (2.0,), 'ref', ours_peak_bytes={GIB} * int(sys.argv[1]), "
+        f"reference_peak_bytes={2 * GIB}))\n"
         f"emit_row(Row('cpu', (1.0,), (2.0,), 'ref'))\n"
     )
     (row, cpu_row) = list(rows_from_processes([sys.executable, "-c", worker, "3"], processes=1))

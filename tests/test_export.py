@@ -2,8 +2,8 @@
 
 Every task module is built from its config (the toy-sized ones; UperNet on a quarter-width Swin), its weights
 perturbed (tests/parity.py), exported to ONNX once and run in onnxruntime at two batch sizes, and, for the models whose
-image size is dynamic (not Swin's), at a second image size: floating outputs within 1e-4 of the eager wrapper's, which itself
-gives exactly the model's eager post-processing (the lists ``postprocess`` and friends return)."""
+image size is dynamic (not Swin's), at a second image size: floating outputs within 1e-4 of the eager wrapper's, which
+itself gives exactly the model's eager post-processing (the lists ``postprocess`` and friends return)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def detector_kwargs(config: str) -> dict[str, Any]:
 
 
 def run_onnx(path: Path, images: torch.Tensor) -> list[torch.Tensor]:
-    """The outputs of the ONNX model at ``path`` for ``images``, in onnxruntime (one thread: the CI's 2 cores are shared)."""
+    """The outputs of the ONNX model at ``path`` for ``images``, in onnxruntime (one thread: the CI's 2 cores are
+    shared)."""
     onnxruntime = require_reference("onnxruntime")
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
@@ -64,8 +65,8 @@ def run_onnx(path: Path, images: torch.Tensor) -> list[torch.Tensor]:
 def assert_outputs_close(
     got: list[torch.Tensor], expected: tuple[torch.Tensor, ...], names: tuple[str, ...], rtol: float = 0.0
 ) -> None:
-    """Floating outputs within ``TOLERANCE`` (plus ``rtol`` of their size: full-size pixel boxes, scripts/export_every_config.py),
-    the others (labels, masks, segment maps) equal."""
+    """Floating outputs within ``TOLERANCE`` (plus ``rtol`` of their size: full-size pixel boxes,
+    scripts/export_every_config.py), the others (labels, masks, segment maps) equal."""
     assert len(got) == len(expected) == len(names)
     for name, a, b in zip(names, got, expected):
         assert a.shape == b.shape, f"{name}: {tuple(a.shape)} against {tuple(b.shape)}"
@@ -193,7 +194,8 @@ CASES = {
     "mask2former_swin_toy_coco_instance": ({}, (96, 128), None),
     "mask2former_swin_toy_coco_panoptic": ({}, (128, 96), None),
     # perturbed DETR's queries come out alike (masks equal to 1e-3): they all pick stuff class 3, one segment; the
-    # segment rules are tested on hand-built outputs (test_exported_detr_panoptic_drops_small_segments_as_the_eager_loop)
+    # segment rules are tested on hand-built outputs
+    # (test_exported_detr_panoptic_drops_small_segments_as_the_eager_loop)
     "detr_panoptic_swin_toy": ({}, (96, 128), None),
 }
 
@@ -201,7 +203,8 @@ CASES = {
 @pytest.mark.parametrize("config", list(CASES))
 def test_exported_model_in_onnxruntime_gives_the_eager_outputs(config: str, tmp_path: Path) -> None:
     """One export per model (traced at batch 3), run at batches 1 and 2 (two different images), and at a second image
-    size where the size is dynamic; a Swin model's fixed-size export refuses another size (onnxruntime: invalid dimensions)."""
+    size where the size is dynamic; a Swin model's fixed-size export refuses another size (onnxruntime: invalid
+    dimensions)."""
     init_args, size, second_size = CASES[config]
     module = build_task(config, **init_args)
     model = deployable(module, config, IS_THING)
@@ -272,7 +275,8 @@ class _NeighborhoodAttention(torch.nn.Module):
 
 
 def onnx_session(module: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> Any:
-    """``module`` exported to ONNX on ``example`` (inputs ``input0``, ...; first dimensions dynamic), as an onnxruntime session."""
+    """``module`` exported to ONNX on ``example`` (inputs ``input0``, ...; first dimensions dynamic), as an onnxruntime
+    session."""
     onnxruntime = require_reference("onnxruntime")
     program = torch.export.export(module, example, dynamic_shapes=tuple({0: torch.export.Dim.AUTO} for _ in example))
     torch.onnx.export(
@@ -313,7 +317,8 @@ def test_ms_deform_attn_exports(shapes: list[tuple[int, int]], tmp_path: Path) -
 
 @pytest.mark.parametrize("size", [(14, 14), (11, 17)])
 def test_na2d_exports(size: tuple[int, int], tmp_path: Path) -> None:
-    """Kernel 5, dilation 2, a relative position bias; two map sizes (its tiling is planned per size), two batch sizes."""
+    """Kernel 5, dilation 2, a relative position bias; two map sizes (its tiling is planned per size), two batch
+    sizes."""
     generator = torch.Generator().manual_seed(size[1])
     module = _NeighborhoodAttention(heads=2)
 
@@ -462,7 +467,8 @@ def test_exported_nms_keeps_the_better_of_two_overlapping_boxes_of_a_class(tmp_p
 
 def test_exported_shared_scores_are_the_eager_ones(tmp_path: Path) -> None:
     """``share_scores``: query 1 is torn between classes 0 and 1 (0.8, 0.7), so its class 0 falls below query 2's
-    surer 0.6 (0.8 * 0.8 / 1.5 = 0.43 against 0.6 * 0.6 / 0.61 = 0.59); the exported order and scores are the eager ones."""
+    surer 0.6 (0.8 * 0.8 / 1.5 = 0.43 against 0.6 * 0.6 / 0.61 = 0.59); the exported order and scores are the eager
+    ones."""
     boxes = torch.tensor([[[0.2, 0.2, 0.1, 0.1], [0.5, 0.5, 0.1, 0.1], [0.8, 0.8, 0.1, 0.1]]])
     probabilities = torch.tensor([[[0.01, 0.02], [0.8, 0.7], [0.6, 0.01]]])
     network = _FixedDetector(probabilities.logit(), boxes, nms_threshold=0.5, share_scores=True)

@@ -2,7 +2,8 @@
 last layer's class-token attention per head; for DETR and DINO each detected object's last decoder layer
 cross-attention (DINO's deformable one drawn at its sampling points).
 
-    python tools/attention.py --config deit_small_imagenet --ckpt runs/.../last.ckpt --image cat.jpg --out cat_attention.png
+    python tools/attention.py --config deit_small_imagenet --ckpt runs/.../last.ckpt --image cat.jpg \
+        --out cat_attention.png
 """
 
 import argparse

@@ -2,7 +2,8 @@
 
     python tools/benchmark.py                 # every benchmark on the CPU
     python tools/benchmark.py swin na2d       # some of them
-    python tools/benchmark.py export --processes 1  # the main job's model in onnxruntime at 320 and 640, against eager and YOLOv8n's ONNX
+    # the main job's model in onnxruntime at 320 and 640, against eager and YOLOv8n's ONNX:
+    python tools/benchmark.py export --processes 1
     python tools/benchmark.py --device cuda --quick            # the GPU set, one process each (about 8 minutes, H100)
     python tools/benchmark.py --device cuda --quick --dry-run  # what it would run, on any machine
 
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(
-            f"error: --device {args.device}: no CUDA device here (torch {torch.__version__}, CUDA build {torch.version.cuda})"
+            f"error: --device {args.device}: no CUDA device here "
+            f"(torch {torch.__version__}, CUDA build {torch.version.cuda})"
         )
     if not args.worker:
         print(f"machine: {machine(args.device)}", flush=True)

@@ -5,7 +5,8 @@ native vision_tx one, reporting what matched.
     python tools/convert_weights.py --arch nat_tiny --form backbone --src nat_tiny.pth --dst nat_tiny_backbone.pth
     python tools/convert_weights.py --arch detr_resnet50 --num-classes 91 --src detr-r50-e632da11.pth --dst detr_r50.pth
     python tools/convert_weights.py --arch dino_resnet50 --src checkpoint0011_4scale.pth --dst dino_r50.pth
-    python tools/convert_weights.py --arch detr_panoptic_resnet50 --src detr-r50-panoptic-00ce5173.pth --dst detr_r50_panoptic.pth
+    python tools/convert_weights.py --arch detr_panoptic_resnet50 --src detr-r50-panoptic-00ce5173.pth \
+        --dst detr_r50_panoptic.pth
 """
 
 import argparse
@@ -17,14 +18,16 @@ if __name__ == "__main__":
     parser.add_argument(
         "--arch",
         required=True,
-        help="a backbone name (see vision_tx.backbones.list_backbones()) detr_<backbone>, detr_panoptic_<backbone> or dino_<backbone>",
+        help="a backbone name (see vision_tx.backbones.list_backbones()) detr_<backbone>, detr_panoptic_<backbone> "
+        "or dino_<backbone>",
     )
     parser.add_argument("--form", choices=("classifier", "backbone"), default="classifier")
     parser.add_argument(
         "--num-classes",
         type=int,
         default=None,
-        help="classes of the head (default: 1000; 91 for DETR and DINO, 250 for DETR panoptic); a whole model of another count than the checkpoint keeps its own class tensors, named in the report",
+        help="classes of the head (default: 1000; 91 for DETR and DINO, 250 for DETR panoptic); a whole model of "
+        "another count than the checkpoint keeps its own class tensors, named in the report",
     )
     parser.add_argument("--src", required=True)
     parser.add_argument("--dst", required=True)

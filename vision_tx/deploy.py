@@ -155,7 +155,8 @@ class GridSampleDeformableAttention(MultiScaleDeformableAttention):
         shapes: list[tuple[int, int]],
         padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """As the parent's: ``query [B,Q,D]``, ``reference``, ``value [B,S,D]``, ``padding_mask [B,S]`` -> ``[B,Q,D]``."""
+        """As the parent's: ``query [B,Q,D]``, ``reference``, ``value [B,S,D]``, ``padding_mask [B,S]`` ->
+        ``[B,Q,D]``."""
         value = self.value_proj(value)
         if padding_mask is not None:
             value = value.masked_fill(padding_mask[..., None], 0.0)

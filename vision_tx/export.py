@@ -184,9 +184,9 @@ def export_program(
     model: Deployable, images: torch.Tensor, dynamic_size: bool = True, dynamic_batch: bool = True
 ) -> torch.export.ExportedProgram:
     """``torch.export`` of ``model`` on ``images``, its batch dynamic (``dynamic_batch``: ``Dim.DYNAMIC``, an error
-    if the code fixes it) and its image size (``dynamic_size``) where the code allows (``Dim.AUTO``), fixed at ``images``' otherwise. Raises :class:`ExportError` (one
-    line: the model and the operator or reason) when it fails. A dynamic image size makes the trace several
-    times slower (symbolic shapes)."""
+    if the code fixes it) and its image size (``dynamic_size``) where the code allows (``Dim.AUTO``), fixed at
+    ``images``' otherwise. Raises :class:`ExportError` (one line: the model and the operator or reason) when it
+    fails. A dynamic image size makes the trace several times slower (symbolic shapes)."""
     dims = {
         **({0: torch.export.Dim.DYNAMIC} if dynamic_batch else {}),
         **({2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO} if dynamic_size else {}),
@@ -333,5 +333,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"error: {err}") from None
     dims = ", ".join(f"{k} {'dynamic' if v is None else v}" for k, v in info["dims"].items())
     print(
-        f"wrote {info['path']} ({info['format']}): input images [B,3,H,W] in [0, 1] ({dims}); outputs {', '.join(info['outputs'])}"
+        f"wrote {info['path']} ({info['format']}): input images [B,3,H,W] in [0, 1] ({dims}); "
+        f"outputs {', '.join(info['outputs'])}"
     )

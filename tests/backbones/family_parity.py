@@ -13,7 +13,8 @@ timm = require_reference("timm")
 
 
 def timm_and_ours(name: str, timm_name: str, **timm_kwargs) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """timm's ``timm_name`` with moved weights and our ``name`` classifier loaded (strictly) from its state dict, in eval mode."""
+    """timm's ``timm_name`` with moved weights and our ``name`` classifier loaded (strictly) from its state dict, in
+    eval mode."""
     reference = perturb_(timm.create_model(timm_name, pretrained=False, **timm_kwargs)).eval()
     with torch.device("meta"):  # no initialisation: every tensor comes from the state dict (strict)
         ours = build_classifier(name).eval()
@@ -29,7 +30,8 @@ def max_difference(reference: torch.nn.Module, ours: torch.nn.Module, images: to
 
 
 def params_and_gflops(name: str, size: int = 224, **kwargs) -> tuple[float, float, torch.nn.Module]:
-    """Parameters (millions) and multiply-add GFLOPs of the ``name`` classifier on one ``size x size`` image, on the meta device."""
+    """Parameters (millions) and multiply-add GFLOPs of the ``name`` classifier on one ``size x size`` image, on the
+    meta device."""
     with torch.device("meta"):
         model = build_classifier(name, **kwargs).eval()
         images = torch.empty(1, 3, size, size)

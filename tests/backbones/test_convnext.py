@@ -166,7 +166,8 @@ def _small_data_stage_maps(
     """Each stage's output of the small-data variant written out from its description, NCHW: 4x4 stem
     (image zero-padded to a multiple of 4 at the bottom and right) and BatchNorm; each later stage
     entered by a 2x2 max-pool (odd maps rounded up), BatchNorm and a 1x1 convolution; blocks of 7x7
-    depthwise convolution, BatchNorm, ``C -> 4C -> C`` GELU MLP and layer scale (``statistics``: see :func:`_batch_norm`)."""
+    depthwise convolution, BatchNorm, ``C -> 4C -> C`` GELU MLP and layer scale (``statistics``: see
+    :func:`_batch_norm`)."""
     images = F.pad(images, (0, -images.shape[-1] % 4, 0, -images.shape[-2] % 4))
     x = F.conv2d(images, model.stem.proj.weight, model.stem.proj.bias, stride=4)
     x = _batch_norm(x, model.stem.norm.bn, training, statistics)

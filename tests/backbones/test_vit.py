@@ -1,4 +1,5 @@
-"""ViT and DeiT against timm: logits, resized position embeddings, the official DeiT layout, dense form, paper tables."""
+"""ViT and DeiT against timm: logits, resized position embeddings, the official DeiT layout, dense form, paper
+tables."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def test_non_square_inputs_give_timm_dynamic_size_logits() -> None:
 
 
 def test_224_weights_loaded_into_a_384_model_give_the_same_logits() -> None:
-    """A model built for 384 resizes the position embeddings once, at loading, as every forward of a 224 model at 384 does."""
+    """A model built for 384 resizes the position embeddings once, at loading, as every forward of a 224 model at 384
+    does."""
     reference = perturb_(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False)).eval()
     ours = build_classifier("deit_tiny_distilled", img_size=384).eval()
     load_weights(ours, reference.state_dict(), strict=True)

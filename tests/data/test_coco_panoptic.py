@@ -121,7 +121,7 @@ def test_transforms_and_collate_carry_the_masks(sample: tuple[Path, Path, Path])
     transforms = DetrTrainTransform(scales=(96,), max_size=160, crop_scales=(96,), crop_size=(64, 96))
     dataset = CocoPanoptic(*sample, transforms=transforms)
     batch = collate_detection([dataset[0], dataset[1]])
-    for image, target in zip(batch["images"], batch["targets"]):
+    for _image, target in zip(batch["images"], batch["targets"]):
         h, w = target["size"].tolist()
         assert target["masks"].shape[1:] == (h, w)
         assert len(target["masks"]) == len(target["labels"]) == len(target["boxes"])
@@ -196,7 +196,7 @@ def test_toy_dataset_is_deterministic_and_loads(tmp_path: Path) -> None:
     assert all((first / f).read_bytes() == (second / f).read_bytes() for f in files)
     dataset = CocoPanoptic(*coco_panoptic_split_paths(first, "train2017"))
     isthing = {c["id"]: c["isthing"] for c in TOY_CATEGORIES}
-    for image, target in (dataset[i] for i in range(len(dataset))):
+    for _image, target in (dataset[i] for i in range(len(dataset))):
         labels = target["labels"].tolist()
         assert sorted(label for label in labels if not isthing[label]) == [4, 5]  # sky and ground
         assert 1 <= sum(isthing[label] for label in labels) <= 3

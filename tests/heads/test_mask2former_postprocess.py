@@ -25,7 +25,8 @@ def processor():
 
 
 def random_outputs(seed: int, saturated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Class logits ``[1,Q,C+1]`` and mask logits ``[1,Q,SIZE,SIZE]`` (smooth blobs; where ``saturated``, +-20 with about a tenth of each mask positive)."""
+    """Class logits ``[1,Q,C+1]`` and mask logits ``[1,Q,SIZE,SIZE]`` (smooth blobs; where ``saturated``, +-20 with
+    about a tenth of each mask positive)."""
     generator = torch.Generator().manual_seed(seed)
     logits = 3 * torch.randn(1, QUERIES, NUM_CLASSES + 1, generator=generator, dtype=torch.float64)
     coarse = 4 * torch.randn(1, QUERIES, 6, 6, generator=generator, dtype=torch.float64)

@@ -18,7 +18,7 @@ from vision_tx.heads.upernet import UperNetHead
 transformers = require_reference("transformers")
 from transformers import UperNetConfig  # noqa: E402
 from transformers.models.upernet.modeling_upernet import UperNetFCNHead  # noqa: E402
-from transformers.models.upernet.modeling_upernet import UperNetHead as HFUperNetHead
+from transformers.models.upernet.modeling_upernet import UperNetHead as HFUperNetHead  # noqa: E402
 
 IN_CHANNELS = [12, 24, 48, 96]
 NUM_CLASSES = 7

@@ -103,7 +103,8 @@ class ProbeData(pl.LightningDataModule):
 
 
 class Recorder(pl.LightningModule):
-    """Records (epoch, mosaic, mixup, affine, permutation, vertical flip, quarter turn and copy-paste probabilities) of every batch; the rate
+    """Records (epoch, mosaic, mixup, affine, permutation, vertical flip, quarter turn and copy-paste probabilities) of
+    every batch; the rate
     drops by 10 at ``DROP_STEP``. With ``first_draw``, training starts only once a loader worker has drawn a sample: the
     race a fast worker wins, made certain."""
 
@@ -326,7 +327,8 @@ def test_a_resumed_run_draws_its_first_batches_as_the_run_it_continues(tmp_path:
 def test_batches_per_epoch_read_before_lightning_iterates(
     world_size: int, limit: float, distributed: bool, batches: int
 ) -> None:
-    """A plain sampler is split over the processes (5 batches: 3 each on 2), a DistributedSampler is already the process's
+    """A plain sampler is split over the processes (5 batches: 3 each on 2), a DistributedSampler is already the
+    process's
     share; ``limit_train_batches`` caps by count or fraction."""
     dataset = list(range(10))
     sampler = DistributedSampler(dataset, num_replicas=1, rank=0) if distributed else None

@@ -92,7 +92,8 @@ def test_without_minutes_it_counts_and_the_run_is_the_configs() -> None:
 
 
 def test_minutes_stretch_the_step_plan_and_stop_the_run_with_a_validation() -> None:
-    seconds = 3.0  # long enough for 3x the planned steps on a loaded CI machine (a step costs 0.02 s and Lightning's overhead)
+    # long enough for 3x the planned steps on a loaded CI machine (a step costs 0.02 s and Lightning's overhead)
+    seconds = 3.0
     budget, model = TrainingBudget(minutes=seconds / 60, planned_steps=PLANNED_STEPS), Sleepy()
     total = fit(budget, model)
     summary = budget.summary()

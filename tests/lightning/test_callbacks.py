@@ -112,7 +112,8 @@ def test_unknown_policy_is_refused() -> None:
 
 @pytest.mark.parametrize("keep_random_state", [True, False])
 def test_random_state_is_restored_on_resume(tmp_path: Path, keep_random_state: bool) -> None:
-    """Dropout after resuming draws what it would have drawn in a run never interrupted (and does not without the callback)."""
+    """Dropout after resuming draws what it would have drawn in a run never interrupted (and does not without the
+    callback)."""
 
     def callbacks() -> list[pl.Callback]:
         return [RandomStateCheckpoint()] if keep_random_state else []

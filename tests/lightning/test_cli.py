@@ -132,8 +132,8 @@ def test_unknown_option_lists_the_valid_ones(tiny_coco: Path, tmp_path: Path, ca
         run_cli("fit", _tiny_args(tiny_coco, tmp_path, "--model.lrr", "1e-4"))
     err = capsys.readouterr().err
     assert (
-        "error: DetectionModule has no option 'lrr' (did you mean 'lr'?). Valid options: backbone, detector, num_classes"
-        in err
+        "error: DetectionModule has no option 'lrr' (did you mean 'lr'?). "
+        "Valid options: backbone, detector, num_classes" in err
     )
     misspelt = tmp_path / "misspelt.yaml"
     misspelt.write_text("data:\n  init_args:\n    batch_sise: 2\n")
@@ -186,7 +186,8 @@ def _bad_checkpoint(path: Path, kind: str) -> Path:
         ("plain weights", "not a training checkpoint written by tools/train.py"),
         (
             "another model",
-            r"shapes differ from this DetectionModule, .*model\.class_embed\.weight \(checkpoint \(92, 32\), model \(5, 32\)\)",
+            r"shapes differ from this DetectionModule, .*model\.class_embed\.weight "
+            r"\(checkpoint \(92, 32\), model \(5, 32\)\)",
         ),
     ],
 )

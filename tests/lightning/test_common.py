@@ -77,7 +77,8 @@ def test_param_groups_split_backbone_and_decay() -> None:
 
 
 def test_param_groups_follow_no_weight_decay() -> None:
-    """Exactly the parameters ``no_weight_decay()`` names are undecayed: ViT/DeiT's tokens and position embeddings among them."""
+    """Exactly the parameters ``no_weight_decay()`` names are undecayed: ViT/DeiT's tokens and position embeddings among
+    them."""
     model = _BackboneAndHead(build_backbone("deit_tiny_distilled", depth=1))
     groups = param_groups(model, lr=1e-4, weight_decay=0.05, decay_norms_and_biases=False)
     undecayed = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}

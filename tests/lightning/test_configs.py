@@ -1,5 +1,6 @@
 """Every config in vision_tx/configs/ trains 2 steps and validates on its toy set on a CPU, as written but for the
-sizes set on the command line (a small backbone, the detector's or head's toy size, small images); all in this one process."""
+sizes set on the command line (a small backbone, the detector's or head's toy size, small images); all in this one
+process."""
 
 from __future__ import annotations
 
@@ -134,10 +135,10 @@ def checkpoint_callbacks(config: Path) -> list[tuple[str, dict]]:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_every_config_keeps_its_best_checkpoint_and_the_latest_as_last_ckpt(config: Path) -> None:
-    """Lightning (2.6 on) writes a ModelCheckpoint's ``save_last`` only in a step where it saves a top-k checkpoint: with a
-    monitored metric, ``last.ckpt`` would be the best weights and ``--ckpt_path last`` would resume from them. Each config
-    keeps the best by its metric in a ModelCheckpoint and writes ``last.ckpt`` from a LatestCheckpoint, and no callback
-    also saves a ``last.ckpt`` of its own (two writers make ``last-v1.ckpt``)."""
+    """Lightning (2.6 on) writes a ModelCheckpoint's ``save_last`` only in a step where it saves a top-k checkpoint:
+    with a monitored metric, ``last.ckpt`` would be the best weights and ``--ckpt_path last`` would resume from them.
+    Each config keeps the best by its metric in a ModelCheckpoint and writes ``last.ckpt`` from a LatestCheckpoint, and
+    no callback also saves a ``last.ckpt`` of its own (two writers make ``last-v1.ckpt``)."""
     (best_class, best), (latest_class, latest) = checkpoint_callbacks(config)
     assert best_class == CHECKPOINT_CLASSES[0] and best["monitor"].startswith("val/") and best["mode"] == "max"
     assert not best.get("save_last")
@@ -178,8 +179,8 @@ def fit_with_the_configs_checkpoints(
 
 
 def test_last_ckpt_holds_the_latest_weights_when_the_metric_falls_and_a_run_resumes_from_them(tmp_path: Path) -> None:
-    """A metric at 0.2, 0.5, 0.3 at steps 2, 4, 6 leaves the best checkpoint at step 4 and ``last.ckpt`` at step 6, which
-    ``ckpt_path="last"`` resumes."""
+    """A metric at 0.2, 0.5, 0.3 at steps 2, 4, 6 leaves the best checkpoint at step 4 and ``last.ckpt`` at step 6,
+    which ``ckpt_path="last"`` resumes."""
     _, (best, _) = fit_with_the_configs_checkpoints(tmp_path, 6)
     assert torch.load(best.best_model_path, weights_only=False)["global_step"] == 4
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 6
@@ -197,8 +198,8 @@ def test_last_ckpt_holds_the_final_weights_of_a_run_that_ends_between_validation
 
 
 def test_dino_swin_toy_reads_each_level_at_the_pixel_a_box_names() -> None:
-    """The toy DINO config turns ``exact_valid_ratios`` on (docs/LEARNING.md, "What each lever gave": ahead at 800 steps in all
-    five pairs, +0.02 to +0.20 AP); DINO itself and the official-size configs keep the official convention."""
+    """The toy DINO config turns ``exact_valid_ratios`` on (docs/LEARNING.md, "What each lever gave": ahead at 800 steps
+    in all five pairs, +0.02 to +0.20 AP); DINO itself and the official-size configs keep the official convention."""
     from tests.test_export import build_task
 
     assert build_task("dino_swin_toy").model.exact_valid_ratios is True

@@ -62,7 +62,8 @@ def train_on(args: list[str], run_dir: Path, devices: int) -> tuple[dict, dict]:
     the final checkpoint and the first step's gradients."""
     run_dir.mkdir()
     callbacks = (
-        "[{class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: {monitor: null, mode: min, save_last: true, save_top_k: 0}}, "
+        "[{class_path: lightning.pytorch.callbacks.ModelCheckpoint, "
+        "init_args: {monitor: null, mode: min, save_last: true, save_top_k: 0}}, "
         f"{{class_path: tests.lightning.test_ddp.SaveFirstGradients, init_args: {{path: {run_dir / 'gradients.pt'}}}}}]"
     )
     strategy = ["--trainer.devices", str(devices), "--trainer.strategy", "ddp" if devices > 1 else "auto"]
@@ -115,7 +116,10 @@ def assert_detr_trains_the_same(args: list[str], run_dir: Path, steps: int) -> d
 # No dropout below: processes seeded alike draw the same masks, one process draws one per image.
 def test_detection_trains_the_same_on_two_processes(tmp_path: Path) -> None:
     root = make_toy_coco(tmp_path / "toy", num_train=12, num_val=3, min_side=64, max_side=64)
-    detr = "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}"
+    detr = (
+        "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, "
+        "dim_feedforward: 64, dropout: 0.0}"
+    )
     assert_detr_trains_the_same([*SMALL, "--data.root", str(root), "--model.detector_kwargs", detr], tmp_path, steps=3)
 
 
@@ -133,7 +137,8 @@ def test_panoptic_trains_the_same_on_two_processes(tmp_path: Path) -> None:
         "--model.backbone_kwargs",
         "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.0}",
         "--model.detector_kwargs",
-        "{num_queries: 5, hidden_dim: 128, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.0}",
+        "{num_queries: 5, hidden_dim: 128, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, "
+        "dim_feedforward: 64, dropout: 0.0}",
     ]
     gradients = assert_detr_trains_the_same(args, tmp_path, steps=2)
     assert any(name.startswith("model.mask_head.") for name in gradients)  # the mask losses reach the head

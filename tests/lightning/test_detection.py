@@ -93,7 +93,8 @@ SMALL_DINO = [
     "--config",
     "dino_swin_toy",
     "--model.detector_kwargs",
-    "{num_queries: 6, hidden_dim: 64, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 64, num_denoising: 6}",
+    "{num_queries: 6, hidden_dim: 64, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, "
+    "dim_feedforward: 64, num_denoising: 6}",
     *SMALL[4:],
 ]
 

@@ -1,8 +1,9 @@
 """One short RT-DETR training (``rtdetr_convnext_toy``), shared by the module's tests: its validation writes the
 detection report (the three pictures, the numbers in ``metrics.json``, the pictures in TensorBoard), and its checkpoint
-exported to ONNX (``vision_tx.export.export_checkpoint``, what tools/export.py runs) and scored by ``tools/eval.py --onnx``
-in onnxruntime gives the AP of the checkpoint's own validation (``tools/eval.py --ckpt``). The training set is 8 small
-toy images, validated on themselves: a few steps find the shapes, so that equal AP compares real detections."""
+exported to ONNX (``vision_tx.export.export_checkpoint``, what tools/export.py runs) and scored by
+``tools/eval.py --onnx`` in onnxruntime gives the AP of the checkpoint's own validation (``tools/eval.py --ckpt``). The
+training set is 8 small toy images, validated on themselves: a few steps find the shapes, so that equal AP compares real
+detections."""
 
 from __future__ import annotations
 

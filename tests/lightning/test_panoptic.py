@@ -244,7 +244,8 @@ def test_second_stage_trains_the_mask_head_on_a_frozen_detector(toy_cache: Path,
 
 
 def test_cli_lists_the_options_panoptic_module_passes_on() -> None:
-    """A misspelt option's message lists PanopticModule's own options and DetectionModule's, which it takes through ``**kwargs``."""
+    """A misspelt option's message lists PanopticModule's own options and DetectionModule's, which it takes through
+    ``**kwargs``."""
     options = class_options("vision_tx.lightning.panoptic.PanopticModule")
     assert options[:2] == ["panoptic_kwargs", "postprocess_kwargs"] and {"lr", "detector_kwargs", "weights"} <= set(
         options

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
-import pytest
 import torch
 
 from tests.lightning.test_detection import SMALL
@@ -48,7 +47,8 @@ DETECTION = [
     "--model.backbone_kwargs",
     "{embed_dim: 16, depths: [1, 1, 1, 1], num_heads: [1, 2, 4, 8], drop_path_rate: 0.1}",
     "--model.detector_kwargs",
-    "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, dim_feedforward: 64, dropout: 0.1}",
+    "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 1, "
+    "dim_feedforward: 64, dropout: 0.1}",
     "--data.train_transform.init_args.scales",
     "[64, 80]",
     "--data.train_transform.init_args.max_size",
@@ -61,7 +61,10 @@ DETECTION = [
     "2",
 ]
 # DINO's tiny form; training draws denoising noise, so resuming must restore the generators exactly.
-DINO_KWARGS = "{num_queries: 10, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 64, num_denoising: 10"
+DINO_KWARGS = (
+    "{num_queries: 10, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, "
+    "dim_feedforward: 64, num_denoising: 10"
+)
 DINO_SMALL = [
     *SMALL,
     "--config",

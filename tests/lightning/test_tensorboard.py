@@ -17,13 +17,15 @@ from tests.lightning.test_panoptic import SMALL as PANOPTIC
 from tests.lightning.test_resume import SEGMENTATION
 from tests.lightning.tools import run_tool_in_process
 
-# Each task: its arguments, its loss terms, its validation metrics, its per-category table (drawn with the ground truth).
+# Each task: its arguments, its loss terms, its validation metrics, its per-category table (drawn with the ground
+# truth).
 TASKS = {
     "detection": (
         [
             *DETECTION,
             "--model.detector_kwargs",
-            "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 64}",
+            "{num_queries: 5, hidden_dim: 32, num_heads: 2, num_encoder_layers: 1, num_decoder_layers: 2, "
+            "dim_feedforward: 64}",
         ],
         ["loss", "loss_ce", "loss_bbox", "loss_giou", "loss_aux", "loss_ce_0"],
         ["AP", "AP50", "AP75", "APs", "APm", "APl"],
@@ -33,7 +35,8 @@ TASKS = {
         [
             *PANOPTIC,
             "--model.detector_kwargs",
-            "{num_queries: 8, hidden_dim: 128, num_heads: 4, num_encoder_layers: 1, num_decoder_layers: 2, dim_feedforward: 128}",
+            "{num_queries: 8, hidden_dim: 128, num_heads: 4, num_encoder_layers: 1, num_decoder_layers: 2, "
+            "dim_feedforward: 128}",
         ],
         ["loss", "loss_ce", "loss_bbox", "loss_giou", "loss_mask", "loss_dice", "loss_aux"],
         ["PQ", "SQ", "RQ", "PQ_th", "SQ_th", "RQ_th", "PQ_st", "SQ_st", "RQ_st", "AP"],

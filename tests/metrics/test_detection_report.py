@@ -158,7 +158,8 @@ def test_precision_recall_and_f1_over_the_confidence_by_hand() -> None:
     assert list(report.curves) == [1, 2]  # c has no ground truth
     np.testing.assert_array_equal(report.confidences, np.arange(101) / 100)
     a = report.curves[1]
-    # confidence: [0, 0.50] 2 true 2 false; (0.50, 0.65] 2 true 1 false; (0.65, 0.85] 1 and 1; (0.85, 0.95] 1 and 0; above: none
+    # confidence: [0, 0.50] 2 true 2 false; (0.50, 0.65] 2 true 1 false; (0.65, 0.85] 1 and 1; (0.85, 0.95] 1 and 0;
+    # above: none
     np.testing.assert_allclose(
         a["precision"], by_confidence([(0, 50, 1 / 2), (51, 65, 2 / 3), (66, 85, 1 / 2), (86, 95, 1), (96, 100, 1)])
     )
@@ -228,9 +229,9 @@ def test_confusion_matrix_is_at_the_best_f1_confidence_unless_given() -> None:
 
 
 def test_a_validations_own_evaluation_gives_the_report_of_a_fresh_one() -> None:
-    """The validation's full COCOeval (ten IoU thresholds, four area ranges, three maxDets) read at its IoU 0.5 row, area
-    "all", 100 detections: the same curves, precision and matrix as an evaluation at IoU 0.5 alone; another first IoU
-    threshold is refused."""
+    """The validation's full COCOeval (ten IoU thresholds, four area ranges, three maxDets) read at its IoU 0.5 row,
+    area "all", 100 detections: the same curves, precision and matrix as an evaluation at IoU 0.5 alone; another first
+    IoU threshold is refused."""
     for truth, count, categories, detections in (
         (TRUTH, 3, CATEGORIES, DETECTIONS),
         (CURVE_TRUTH, 2, CURVE_CATEGORIES, CURVE_DETECTIONS),

@@ -16,13 +16,15 @@ _OFFICIAL_TO_TRANSFORMERS = [
     (
         r"^(detr\.)?backbone\.0\.body\.layer(\d)\.(\d+)\.conv(\d)\.",
         lambda m: (
-            f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}.layer.{int(m[4]) - 1}.convolution."
+            f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}"
+            f".layer.{int(m[4]) - 1}.convolution."
         ),
     ),
     (
         r"^(detr\.)?backbone\.0\.body\.layer(\d)\.(\d+)\.bn(\d)\.",
         lambda m: (
-            f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}.layer.{int(m[4]) - 1}.normalization."
+            f"{m[1] or ''}model.backbone.model.encoder.stages.{int(m[2]) - 1}.layers.{m[3]}"
+            f".layer.{int(m[4]) - 1}.normalization."
         ),
     ),
     (
@@ -120,7 +122,8 @@ def padded_batch(
 
 
 def transformers_config(num_classes: int, stages: list[str], **overrides: object):
-    """transformers' ``DetrConfig`` of a randomly initialised ResNet-50 DETR returning ``stages``, without auxiliary loss."""
+    """transformers' ``DetrConfig`` of a randomly initialised ResNet-50 DETR returning ``stages``, without auxiliary
+    loss."""
     import transformers
 
     return transformers.DetrConfig(

@@ -40,7 +40,8 @@ def build(name: str, **kwargs) -> torch.nn.Module:
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor, list[dict], list[dict]]:
-    """Images, padding and the same targets twice: as the data pipeline gives them (absolute xyxy, ``size``) and normalised."""
+    """Images, padding and the same targets twice: as the data pipeline gives them (absolute xyxy, ``size``) and
+    normalised."""
     generator = torch.Generator().manual_seed(1)
     images = torch.randn(2, 3, 64, 96, generator=generator)
     pixel_mask = torch.zeros(2, 64, 96, dtype=torch.bool)

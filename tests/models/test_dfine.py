@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import re
 
-import pytest
 import torch
 from torch import nn
 
@@ -47,7 +46,8 @@ def to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def ours_and_transformers(dtype: torch.dtype = torch.float32, **overrides) -> tuple[DFINE, nn.Module]:
-    """Our D-FINE with moved weights and transformers' loaded from it (in ``dtype``), both given the same backbone maps."""
+    """Our D-FINE with moved weights and transformers' loaded from it (in ``dtype``), both given the same backbone
+    maps."""
     maps = backbone_maps(dtype)
     torch.manual_seed(0)
     kwargs = dict(

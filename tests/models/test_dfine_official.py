@@ -32,7 +32,9 @@ def test_l_head_loads_every_tensor_and_runs() -> None:
     state = model.state_dict()
     same = {  # ours: official
         "encoder.input_proj.2.1.running_var": "encoder.input_proj.2.norm.running_var",
-        "encoder.fpn_blocks.1.csp_rep1.bottlenecks.2.conv1.conv.weight": "encoder.fpn_blocks.1.cv2.0.bottlenecks.2.conv1.conv.weight",
+        "encoder.fpn_blocks.1.csp_rep1.bottlenecks.2.conv1.conv.weight": (
+            "encoder.fpn_blocks.1.cv2.0.bottlenecks.2.conv1.conv.weight"
+        ),
         "encoder.pan_blocks.0.conv3.norm.bias": "encoder.pan_blocks.0.cv3.1.norm.bias",
         "encoder.pan_blocks.1.conv4.conv.weight": "encoder.pan_blocks.1.cv4.conv.weight",
         "encoder.downsample_convs.1.conv2.conv.weight": "encoder.downsample_convs.1.0.cv2.conv.weight",

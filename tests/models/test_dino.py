@@ -113,7 +113,8 @@ def batch():
 
 
 def ours_and_transformers(maps: list[torch.Tensor]) -> tuple[DINO, nn.Module]:
-    """Our two-stage DINO with moved weights, and transformers' DeformableDetr loaded from it (in ``maps``' dtype, eval mode)."""
+    """Our two-stage DINO with moved weights, and transformers' DeformableDetr loaded from it (in ``maps``' dtype, eval
+    mode)."""
     torch.manual_seed(0)
     ours = tiny_dino(maps).eval()
     perturb_(ours)

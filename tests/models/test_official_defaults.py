@@ -23,11 +23,17 @@ RT_YML = "lyuwenyu/RT-DETR rtdetr_pytorch/configs/rtdetr/include/rtdetr_r50vd.ym
 RT_DECODER = (
     "lyuwenyu/RT-DETR rtdetr_pytorch/src/zoo/rtdetr/rtdetr_decoder.py (RTDETRTransformer's defaults, kept by the yml)"
 )
-RT_ENCODER = "lyuwenyu/RT-DETR rtdetr_pytorch/src/zoo/rtdetr/hybrid_encoder.py (CSPRepLayer of round(3 * depth_mult) blocks, depth_mult 1)"
+RT_ENCODER = (
+    "lyuwenyu/RT-DETR rtdetr_pytorch/src/zoo/rtdetr/hybrid_encoder.py "
+    "(CSPRepLayer of round(3 * depth_mult) blocks, depth_mult 1)"
+)
 M2F_YML = "facebookresearch/Mask2Former configs/ade20k/semantic-segmentation/maskformer2_R50_bs16_160k.yaml"
 M2F_PIXEL = "facebookresearch/Mask2Former mask2former/modeling/pixel_decoder/msdeformattn.py"
 M2F_MODEL = "facebookresearch/Mask2Former mask2former/maskformer_model.py (the matcher's costs are the loss weights)"
-D2_DEFAULTS = "facebookresearch/detectron2 detectron2/config/defaults.py (TEST.DETECTIONS_PER_IMAGE, kept by Mask2Former's configs)"
+D2_DEFAULTS = (
+    "facebookresearch/detectron2 detectron2/config/defaults.py "
+    "(TEST.DETECTIONS_PER_IMAGE, kept by Mask2Former's configs)"
+)
 DETR_MAIN = "facebookresearch/detr main.py (the argument defaults of the training command)"
 DETR_MODEL = "facebookresearch/detr models/detr.py (build: weight_dict)"
 MMSEG = "open-mmlab/mmsegmentation configs/_base_/models/upernet_swin.py"

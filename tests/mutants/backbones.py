@@ -8,7 +8,6 @@ from tests.mutants.targets import (
     CONVNEXT_SMALL_DATA,
     CONVNEXT_SMALL_DATA_DENSE,
     CONVNEXT_SYNC_BN,
-    DETR,
     DISTILLATION,
     FUSED_ADAMW,
     MIXER,

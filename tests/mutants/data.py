@@ -5,7 +5,6 @@ from tests.mutants.targets import (
     AFFINE,
     AUGMENTATION_SCHEDULE,
     CHANNEL_PERMUTATION,
-    COCO,
     CROP_PROBABILITY,
     LAYOUTS,
     MOSAIC,

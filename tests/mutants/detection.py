@@ -3,7 +3,6 @@
 from tests.mutants.mutant import Mutant
 from tests.mutants.targets import (
     BOX_REFINEMENT,
-    COCO,
     DETR,
     DETR_PANOPTIC,
     DFINE_LOSS,
@@ -30,7 +29,6 @@ from tests.mutants.targets import (
     DN_MASK_BOTH,
     DN_RT_DETR,
     EXPORT_NMS,
-    FFN,
     FINETUNE_CLASSIFIER,
     FINETUNE_DETR,
     FINETUNE_DINO,

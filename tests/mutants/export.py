@@ -4,7 +4,6 @@ from tests.mutants.mutant import Mutant
 from tests.mutants.targets import (
     BATCH_NMS,
     DEPLOY,
-    DETR,
     DETR_PANOPTIC_RESIZE,
     DETR_PANOPTIC_SMALL,
     DETR_PIXELS,

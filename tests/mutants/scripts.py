@@ -3,7 +3,6 @@
 from tests.mutants.mutant import Mutant
 from tests.mutants.targets import (
     BENCHMARK_PEAKS,
-    COCO,
     COCO_INSTANCES,
     COPY_PASTE_DATA,
     EXPORT_EVERY,

@@ -132,12 +132,12 @@ def test_gradients_only_where_asked() -> None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda v, s, l, w: (v, s[:3], l, w), "value has 310 tokens but spatial_shapes"),
-        (lambda v, s, l, w: (v[:, :-1], s, l, w), "value has 309 tokens"),
-        (lambda v, s, l, w: (v, s, l[:, :, :, :3], w[:, :, :, :3]), "3 levels but spatial_shapes has 4"),
-        (lambda v, s, l, w: (v, s, l, w[..., :2]), "attention_weights must have"),
-        (lambda v, s, l, w: (v, s, l[..., :1], w), "expected value"),
-        (lambda v, s, l, w: (v[:1], s, l, w), "batch size or heads"),
+        (lambda v, s, p, w: (v, s[:3], p, w), "value has 310 tokens but spatial_shapes"),
+        (lambda v, s, p, w: (v[:, :-1], s, p, w), "value has 309 tokens"),
+        (lambda v, s, p, w: (v, s, p[:, :, :, :3], w[:, :, :, :3]), "3 levels but spatial_shapes has 4"),
+        (lambda v, s, p, w: (v, s, p, w[..., :2]), "attention_weights must have"),
+        (lambda v, s, p, w: (v, s, p[..., :1], w), "expected value"),
+        (lambda v, s, p, w: (v[:1], s, p, w), "batch size or heads"),
     ],
 )
 def test_mismatched_shapes_raise(change, message: str) -> None:

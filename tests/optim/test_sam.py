@@ -48,7 +48,7 @@ def test_rho_zero_is_the_base_optimizer() -> None:
     twin.load_state_dict(model.state_dict())
     sam = SAM(model.parameters(), torch.optim.AdamW, rho=0.0, lr=1e-2, weight_decay=0.05)
     adamw = torch.optim.AdamW(twin.parameters(), lr=1e-2, weight_decay=0.05)
-    for step in range(4):
+    for _step in range(4):
         x, y = torch.randn(6, 5), torch.randint(0, 3, (6,))
 
         def closure(net=model, opt=sam):

@@ -73,9 +73,9 @@ def converted(script: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) 
             ]
         )
     )
-    for annotations in (root / "annotations").glob("*.json"):  # categories listed in no particular order
-        dataset = json.loads(annotations.read_text())
-        annotations.write_text(json.dumps({**dataset, "categories": dataset["categories"][::-1]}))
+    for annotation_file in (root / "annotations").glob("*.json"):  # categories listed in no particular order
+        dataset = json.loads(annotation_file.read_text())
+        annotation_file.write_text(json.dumps({**dataset, "categories": dataset["categories"][::-1]}))
     yolo_root = root.parent / "yolo"
     with without_ultralytics():
         script["write_yolo_dataset"](root, yolo_root)

@@ -1,6 +1,6 @@
-"""The planted-bug list (``tests/mutants/``, run by ``scripts/mutants.py``) stays runnable: each mutant's line occurs exactly once in its file
-(a mutant whose line was edited away would be reported as not applied only when the slow run reaches it), its
-replacement differs, and each test it names exists."""
+"""The planted-bug list (``tests/mutants/``, run by ``scripts/mutants.py``) stays runnable: each mutant's line occurs
+exactly once in its file (a mutant whose line was edited away would be reported as not applied only when the slow run
+reaches it), its replacement differs, and each test it names exists."""
 
 from __future__ import annotations
 

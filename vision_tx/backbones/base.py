@@ -1,4 +1,5 @@
-"""What every dense-prediction backbone shares: output naming, channel/stride tables, freezing, weight-decay exemptions."""
+"""What every dense-prediction backbone shares: output naming, channel/stride tables, freezing, weight-decay
+exemptions."""
 
 from __future__ import annotations
 
@@ -79,5 +80,6 @@ class Backbone(nn.Module):
         return norms_and_biases(self)
 
     def freezable_parts(self) -> list[nn.Module]:
-        """What ``freeze_stages(n)`` freezes the first ``n + 1`` of, in input-to-output order: the stem and the stages."""
+        """What ``freeze_stages(n)`` freezes the first ``n + 1`` of, in input-to-output order: the stem and the
+        stages."""
         return [self.stem, *self.stages]

@@ -102,7 +102,8 @@ class MaxPoolDownsample(nn.Module):
 
 
 class ConvNeXtBlock(nn.Module):
-    """7x7 depthwise convolution, norm, ``C -> 4C -> C`` MLP, layer scale, stochastic depth: ``[N,H,W,C] -> [N,H,W,C]``."""
+    """7x7 depthwise convolution, norm, ``C -> 4C -> C`` MLP, layer scale, stochastic depth:
+    ``[N,H,W,C] -> [N,H,W,C]``."""
 
     def __init__(self, dim: int, layer_scale: float | None, drop_path_rate: float, norm: str = "layernorm") -> None:
         super().__init__()
@@ -133,7 +134,8 @@ def _init_convnext(module: nn.Module) -> None:
 
 @register_backbone(VARIANTS)
 class ConvNeXt(StagedBackbone):
-    """ConvNeXt dense-prediction backbone: ``images [N,3,H,W] -> {"res2": [N,C,H/4,W/4], ..., "res5": [N,8C,H/32,W/32]}``.
+    """ConvNeXt dense-prediction backbone:
+    ``images [N,3,H,W] -> {"res2": [N,C,H/4,W/4], ..., "res5": [N,8C,H/32,W/32]}``.
 
     Any input size works (the image is padded to a multiple of 4, odd maps before each downsampling;
     output sizes are ``ceil`` divisions). Each returned stage has its own LayerNorm (``out_norm``, the

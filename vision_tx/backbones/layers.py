@@ -135,7 +135,8 @@ class Stage(nn.Module):
 
 
 class StagedBackbone(Backbone):
-    """A ``stem`` to ``[N, H, W, C]`` tokens and :class:`Stage` s: ``images [N,3,H,W] -> {"res{i+2}": [N,C_i,H_i,W_i]}``."""
+    """A ``stem`` to ``[N, H, W, C]`` tokens and :class:`Stage` s:
+    ``images [N,3,H,W] -> {"res{i+2}": [N,C_i,H_i,W_i]}``."""
 
     stages: nn.ModuleList
 

@@ -47,7 +47,8 @@ class MixerBlock(nn.Module):
 
 @register_classifier(VARIANTS)
 class MLPMixer(nn.Module):
-    """Classifier: ``images [N, 3, img_size, img_size] -> logits [N, num_classes]`` (blocks, norm, mean over patches, head)."""
+    """Classifier: ``images [N, 3, img_size, img_size] -> logits [N, num_classes]`` (blocks, norm, mean over patches,
+    head)."""
 
     no_dense_form = (
         "MLP-Mixer's token-mixing MLPs are tied to one input size (one weight per patch position), so it "

@@ -107,7 +107,8 @@ class NeighborhoodAttention(nn.Module):
 
 
 class NATBlock(nn.Module):
-    """Pre-norm neighborhood attention and MLP, each a residual branch with optional layer scale and stochastic depth."""
+    """Pre-norm neighborhood attention and MLP, each a residual branch with optional layer scale and stochastic
+    depth."""
 
     def __init__(
         self,
@@ -283,4 +284,5 @@ def resize_rpb(rpb: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 @register_classifier(VARIANTS)
 class NATClassifier(ClassifierMixin, NAT):
-    """The ImageNet form: ``images [N,3,H,W] -> logits [N,num_classes]`` (last stage, its norm, average pool, ``head``)."""
+    """The ImageNet form: ``images [N,3,H,W] -> logits [N,num_classes]`` (last stage, its norm, average pool,
+    ``head``)."""

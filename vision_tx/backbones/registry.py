@@ -73,7 +73,8 @@ def build_backbone(name: str, out_indices: Sequence[int] = (0, 1, 2, 3), **kwarg
     if name in _CLASSIFIERS and name not in _BACKBONES:
         reason = getattr(_CLASSIFIERS[name].func, "no_dense_form", "it has no dense-prediction form")
         raise ValueError(
-            f"{name} is a classifier only: {reason}; use build_classifier({name!r}) or a backbone such as vit_base or convnext_tiny"
+            f"{name} is a classifier only: {reason}; use build_classifier({name!r}) "
+            "or a backbone such as vit_base or convnext_tiny"
         )
     return _lookup(_BACKBONES, name, "backbone")(out_indices=tuple(out_indices), **kwargs)
 

@@ -425,4 +425,5 @@ def resize_bias_table(table: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 @register_classifier(VARIANTS)
 class SwinClassifier(ClassifierMixin, SwinTransformer):
-    """The ImageNet form: ``images [N,3,H,W] -> logits [N,num_classes]`` (last stage, its norm, average pool, ``head``)."""
+    """The ImageNet form: ``images [N,3,H,W] -> logits [N,num_classes]`` (last stage, its norm, average pool,
+    ``head``)."""

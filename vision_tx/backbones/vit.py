@@ -170,7 +170,8 @@ class ViTEncoder(nn.Module):
         self.grad_checkpointing = enable
 
     def forward_tokens(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """``images [N,3,H,W]`` -> normalised tokens ``[N, P + h*w, C]`` (prefix tokens first) and the grid ``(h, w)``."""
+        """``images [N,3,H,W]`` -> normalised tokens ``[N, P + h*w, C]`` (prefix tokens first) and the grid
+        ``(h, w)``."""
         x, grid = self.stem(images)
         for block in self.blocks:
             if self.grad_checkpointing and torch.is_grad_enabled():
@@ -220,7 +221,8 @@ class ViTClassifier(ViTEncoder):
         self.apply(init_weights)
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
-        """Normalised tokens ``[N, P + h*w, C]``: class token, distillation token (if any), patches in row-major order."""
+        """Normalised tokens ``[N, P + h*w, C]``: class token, distillation token (if any), patches in row-major
+        order."""
         return self.forward_tokens(images)[0]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

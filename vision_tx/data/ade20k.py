@@ -24,7 +24,7 @@ from vision_tx.data.invalid import InvalidDataError, SkippingDataset, warn_skipp
 
 IGNORE_INDEX = 255
 
-# The first name of each class in objectInfo150 (the release's class list), in label order 1..150.
+# The first name of each class in objectInfo150 (the release's class list), in label order 1..150, ten a row.
 ADE20K_CLASSES = (
     "wall", "building", "sky", "floor", "tree", "ceiling", "road", "bed", "windowpane", "grass",
     "cabinet", "sidewalk", "person", "earth", "door", "table", "mountain", "plant", "curtain", "chair",
@@ -33,7 +33,7 @@ ADE20K_CLASSES = (
     "base", "box", "column", "signboard", "chest of drawers", "counter", "sand", "sink", "skyscraper", "fireplace",
     "refrigerator", "grandstand", "path", "stairs", "runway", "case", "pool table", "pillow", "screen door", "stairway",
     "river", "bridge", "bookcase", "blind", "coffee table", "toilet", "flower", "book", "hill", "bench",
-    "countertop", "stove", "palm", "kitchen island", "computer", "swivel chair", "boat", "bar", "arcade machine", "hovel",
+    "countertop", "stove", "palm", "kitchen island", "computer", "swivel chair", "boat", "bar", "arcade machine", "hovel",  # noqa: E501
     "bus", "towel", "light", "truck", "tower", "chandelier", "awning", "streetlight", "booth", "television",
     "airplane", "dirt track", "apparel", "pole", "land", "bannister", "escalator", "ottoman", "bottle", "buffet",
     "poster", "stage", "van", "ship", "fountain", "conveyer belt", "canopy", "washer", "plaything", "swimming pool",
@@ -124,7 +124,8 @@ class ADE20KDataset(SkippingDataset[tuple[Any, Any]]):
         largest = self.num_classes if self.reduce_zero_label else self.num_classes - 1
         if label.max() > largest:
             raise ADE20KFormatError(
-                f"{path}: label {int(label.max())} above {largest}, the largest of this dataset's {self.num_classes} classes"
+                f"{path}: label {int(label.max())} above {largest}, "
+                f"the largest of this dataset's {self.num_classes} classes"
             )
         if self.reduce_zero_label:
             label = np.where(label == 0, IGNORE_INDEX, label - 1).astype(np.uint8)

@@ -72,7 +72,8 @@ class CocoInstances(CocoDetection):
                 masks.append(annotation_mask(self.segmentations[row], height, width))
             except (ValueError, TypeError, KeyError) as err:
                 raise CocoFormatError(
-                    f"{self.ann_file}: annotation {int(self.annotation_index[row])} of image {int(self.image_ids[index])}: {err}"
+                    f"{self.ann_file}: annotation {int(self.annotation_index[row])} "
+                    f"of image {int(self.image_ids[index])}: {err}"
                 ) from err
         stacked = np.stack(masks) if masks else np.zeros((0, height, width), dtype=bool)
         return tv_tensors.Mask(torch.from_numpy(stacked))

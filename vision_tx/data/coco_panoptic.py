@@ -264,7 +264,8 @@ class CocoPanoptic(SkippingDataset[tuple[Any, Target]]):
         for image in images:
             if not isinstance(image, dict) or not all(key in image for key in ("id", "file_name", "height", "width")):
                 raise CocoFormatError(
-                    f"{self.ann_file}: every entry of 'images' needs 'id', 'file_name', 'height' and 'width', got {image!r}"
+                    f"{self.ann_file}: every entry of 'images' needs 'id', 'file_name', 'height' and 'width', "
+                    f"got {image!r}"
                 )
         return {image["id"]: image for image in images}
 

@@ -79,7 +79,8 @@ class CocoDetectionDataModule(LightningDataModule):
         if root is None:
             root = str(self.toy_root(toy_cache_dir))
             logger.info(
-                "Using the built-in toy dataset (%s); pass --data.root /path/to/coco (with %s/, %s/ and %s) to train on COCO.",
+                "Using the built-in toy dataset (%s); pass --data.root /path/to/coco (with %s/, %s/ and %s) "
+                "to train on COCO.",
                 root,
                 train_split,
                 val_split,

@@ -108,9 +108,9 @@ def _coco_dict(images: list[tuple[str, tuple[int, int], list[dict[str, Any]]]], 
         "annotations": [],
         "categories": [{"id": i, "name": n} for i, n in sorted(categories.items())],
     }
-    for image_id, (file_name, (height, width), annotations) in enumerate(images, 1):
+    for image_id, (file_name, (height, width), image_annotations) in enumerate(images, 1):
         coco["images"].append({"id": image_id, "file_name": file_name, "height": height, "width": width})
-        for ann in annotations:
+        for ann in image_annotations:
             w, h = ann["bbox"][2:]
             coco["annotations"].append({"id": len(coco["annotations"]) + 1, "image_id": image_id, "area": w * h, **ann})
     return coco
@@ -459,7 +459,8 @@ class VocLayout:
         x, y, w, h = xmin - 1, ymin - 1, xmax - xmin + 1, ymax - ymin + 1
         if not all(map(_finite, (x, y, w, h))) or w < 0 or h < 0:
             raise error(
-                f"box xmin {box['xmin']}, ymin {box['ymin']}, xmax {box['xmax']}, ymax {box['ymax']} has a negative size"
+                f"box xmin {box['xmin']}, ymin {box['ymin']}, xmax {box['xmax']}, ymax {box['ymax']} "
+                "has a negative size"
             )
         if far_outside(x, y, x + w, y + h, height, width):
             raise error(

@@ -97,7 +97,8 @@ class MosaicDetection(Dataset):
         return self.transform(image, target)
 
     def paste_source(self, index: int) -> tuple[tv_tensors.Image, Target]:
-        """The wrapped dataset's item ``index`` with its ``masks``, where ``masks`` gives them: what copy-paste cuts from."""
+        """The wrapped dataset's item ``index`` with its ``masks``, where ``masks`` gives them: what copy-paste cuts
+        from."""
         image, target = self.dataset[index]
         if self.masks is None:
             return image, target

@@ -67,7 +67,8 @@ class LongRunAugmentation(pl.Callback):
         restored = {float(length): epoch for length, epoch in state_dict["on_epochs"].items()}
         self.on_epochs = {length: restored.get(length) for length in self.on_epochs}
         self.drop_epoch = state_dict["drop_epoch"]
-        # Lightning draws the resumed run's first batches before any epoch start (mid-epoch, it calls none): set them now
+        # Lightning draws the resumed run's first batches before any epoch start (mid-epoch, it calls none): set them
+        # now
         if state_dict.get("next_epoch") is not None:
             self._apply(state_dict["next_epoch"])
 
@@ -107,7 +108,8 @@ class LongRunAugmentation(pl.Callback):
         return max(min(batches, limit) if isinstance(limit, int) else int(batches * limit), 1)
 
     def planned_epochs(self, trainer: pl.Trainer) -> float:
-        """The run's length in epochs as far as it is known now, in ``setup`` or at an epoch's start (0 while unknown)."""
+        """The run's length in epochs as far as it is known now, in ``setup`` or at an epoch's start (0 while
+        unknown)."""
         budget: TrainingBudget | None = budget_of(trainer)
         if budget is not None:
             seconds = budget.elapsed()

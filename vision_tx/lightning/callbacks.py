@@ -154,11 +154,11 @@ class LatestCheckpoint(ModelCheckpoint):
 class SharpnessAwareMinimization(pl.Callback):
     """Trains any task with :class:`vision_tx.optim.SAM` around the optimiser its module configures.
 
-    Add it to a config's ``trainer.callbacks`` (or ``--trainer.callbacks+=vision_tx.lightning.callbacks.SharpnessAwareMinimization
-    --trainer.callbacks.rho 0.05``). Lightning's closure runs the forward and backward passes, the
-    non-finite loss guard and the gradient clipping; SAM calls it twice per step. Learning-rate
-    schedules and checkpoints are the base optimiser's, so a run can resume with or without SAM.
-    Needs automatic optimisation, ``accumulate_grad_batches=1`` (the second pass re-evaluates one
+    Add it to a config's ``trainer.callbacks`` (or
+    ``--trainer.callbacks+=vision_tx.lightning.callbacks.SharpnessAwareMinimization --trainer.callbacks.rho 0.05``).
+    Lightning's closure runs the forward and backward passes, the non-finite loss guard and the gradient clipping; SAM
+    calls it twice per step. Learning-rate schedules and checkpoints are the base optimiser's, so a run can resume with
+    or without SAM. Needs automatic optimisation, ``accumulate_grad_batches=1`` (the second pass re-evaluates one
     batch) and a precision without a gradient scaler (32 or bf16-mixed).
     """
 

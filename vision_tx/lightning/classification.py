@@ -75,10 +75,10 @@ class ClassificationModule(TaskModule):
     ``num_classes=None`` and ``class_names=None`` are taken from the datamodule when the model is built
     and recorded, so that a checkpoint rebuilds the same model and names its classes.
     ``pretrained`` is a classifier checkpoint (official layouts included); a head of another number
-    of classes keeps the new model's initialisation (fine-tuning), and the log names it. The learning rate is ``lr * global batch / lr_batch_size``
-    (DeiT: 5e-4 x 1024 / 512), warmed up linearly from ``warmup_lr`` over ``warmup_epochs`` and then
-    decayed by a half cosine to ``min_lr``, updated every step. Training batches are mixed by Mixup
-    (``mixup_alpha``) or CutMix (``cutmix_alpha``), one of the two at random (0 turns one off). The
+    of classes keeps the new model's initialisation (fine-tuning), and the log names it. The learning rate is
+    ``lr * global batch / lr_batch_size`` (DeiT: 5e-4 x 1024 / 512), warmed up linearly from ``warmup_lr`` over
+    ``warmup_epochs`` and then decayed by a half cosine to ``min_lr``, updated every step. Training batches are mixed by
+    Mixup (``mixup_alpha``) or CutMix (``cutmix_alpha``), one of the two at random (0 turns one off). The
     parameters the model's ``no_weight_decay()`` names are not decayed unless ``decay_norms_and_biases=True``.
 
     With ``teacher`` (a checkpoint path) and ``teacher_backbone`` (a factory name or ``torchvision:NAME``)
@@ -230,7 +230,8 @@ class ClassificationModule(TaskModule):
             betas=hp.betas,
         )
         total = int(self.trainer.estimated_stepping_batches)
-        self.trainer.fit_loop.setup_data()  # with max_steps alone, the estimate above leaves the batches per epoch unknown
+        # with max_steps alone, the estimate above leaves the batches per epoch unknown
+        self.trainer.fit_loop.setup_data()
         steps_per_epoch = max(self.trainer.num_training_batches // self.trainer.accumulate_grad_batches, 1)
         warmup = int(hp.warmup_epochs * steps_per_epoch)
         schedule = torch.optim.lr_scheduler.LambdaLR(

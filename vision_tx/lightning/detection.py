@@ -1,4 +1,5 @@
-"""LightningModule for object detection: a named detector (DETR, DINO, RT-DETR, Mask2Former) on a named backbone, COCO evaluation."""
+"""LightningModule for object detection: a named detector (DETR, DINO, RT-DETR, Mask2Former) on a named backbone, COCO
+evaluation."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ class DetectionModule(TaskModule):
     ``detr-r50-e632da11.pth``); both are read with ``load_weights`` when training starts. Weights of
     another number of classes fine-tune: all but the detector's ``class_keys`` tensors load, those
     keep the new model's initialisation, and the log names them.
-    ``detector_kwargs`` (over the named size's), ``matcher_kwargs`` and ``criterion_kwargs`` go to the detector, which builds its
-    matcher and criterion from the last two (``HungarianMatcher``, ``SetCriterion``/``DINOCriterion``;
+    ``detector_kwargs`` (over the named size's), ``matcher_kwargs`` and ``criterion_kwargs`` go to the detector, which
+    builds its matcher and criterion from the last two (``HungarianMatcher``, ``SetCriterion``/``DINOCriterion``;
     their signatures hold the papers' defaults). The model computes its loss and post-processing from
     the batch's targets; this module only calls them (the protocol: docs/CONVENTIONS.md, "Detectors"). The
     optimiser is DETR's: AdamW, the backbone at ``backbone_lr``, every parameter decayed unless
@@ -236,7 +237,8 @@ class DetectionModule(TaskModule):
         picture = save_grid(self.preview, log_dir / f"predictions_step{self.global_step}.png") if self.preview else None
         best_f1, best_threshold = report.best
         rank_zero_info(
-            f"step {self.global_step}: COCO box AP {stats['AP']:.3f}, AP50 {stats['AP50']:.3f}, AP75 {stats['AP75']:.3f}\n"
+            f"step {self.global_step}: COCO box AP {stats['AP']:.3f}, AP50 {stats['AP50']:.3f}, "
+            f"AP75 {stats['AP75']:.3f}\n"
             f"{self.evaluator.table()}\n"
             f"best F1 {best_f1:.3f} at confidence {best_threshold:.2f}; confusion matrix, PR and F1 curves: "
             f"{', '.join(f'{name}.png' for name in pictures)}\n"

@@ -80,7 +80,8 @@ class InstanceSegmentationModule(DetectionModule):
         self.segm_evaluator.write_results(log_dir / "segm_results.json")
         self.segm_evaluator.write_metrics(stats, log_dir / "metrics.json")
         rank_zero_info(
-            f"step {self.global_step}: COCO mask AP {stats['AP']:.3f}, AP50 {stats['AP50']:.3f}, AP75 {stats['AP75']:.3f}\n"
+            f"step {self.global_step}: COCO mask AP {stats['AP']:.3f}, AP50 {stats['AP50']:.3f}, "
+            f"AP75 {stats['AP75']:.3f}\n"
             f"{self.segm_evaluator.table()}\nsegmentations: {log_dir / 'segm_results.json'}"
         )
 

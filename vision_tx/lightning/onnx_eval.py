@@ -1,5 +1,6 @@
 """An exported detector scored on a config's validation set in onnxruntime: the COCO table, ``metrics.json``, the
-COCO results and the validation report (:mod:`vision_tx.metrics.detection_report`), as a checkpoint's validation gives them.
+COCO results and the validation report (:mod:`vision_tx.metrics.detection_report`), as a checkpoint's validation gives
+them.
 
     python tools/eval.py --onnx rtdetr.onnx --config rtdetr_convnext_toy --data.root /data/coco --out eval_onnx
 
@@ -120,7 +121,8 @@ def evaluate_onnx(
         for image, target in zip(batch["images"], batch["targets"]):
             if fixed is not None and tuple(target["size"].tolist()) != fixed:
                 raise OnnxEvalError(
-                    f"{onnx_path}: exported at a fixed size {fixed[0]}x{fixed[1]}, but image {int(target['image_id'])} is "
+                    f"{onnx_path}: exported at a fixed size {fixed[0]}x{fixed[1]}, "
+                    f"but image {int(target['image_id'])} is "
                     f"{int(target['size'][0])}x{int(target['size'][1])} after {config_name(args)}'s validation resize: "
                     "export it with a dynamic size (tools/export.py without --fixed-size)"
                 )

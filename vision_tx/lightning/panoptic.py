@@ -43,8 +43,8 @@ class PanopticModule(DetectionModule):
     Takes every argument of :class:`DetectionModule` (backbone, detector, matcher, criterion — with
     ``weight_mask`` and ``weight_dice`` for DETR — and optimiser settings), plus, for DETR, ``panoptic_kwargs``
     for ``DETRPanoptic`` and ``postprocess_kwargs`` for ``postprocess_panoptic`` (their signatures hold
-    the paper's defaults; Mask2Former takes its thresholds in ``detector_kwargs``). Training is joint by default; DETR's two stages are a detection run
-    (``DetectionModule``) and then this module with ``weights: <its checkpoint>`` and
+    the paper's defaults; Mask2Former takes its thresholds in ``detector_kwargs``). Training is joint by default; DETR's
+    two stages are a detection run (``DetectionModule``) and then this module with ``weights: <its checkpoint>`` and
     ``panoptic_kwargs: {freeze_detr: true}``, which trains the mask head alone.
 
     Validation scores PQ (printed per category) and the box AP of the things, and writes
@@ -79,7 +79,8 @@ class PanopticModule(DetectionModule):
         return DetectionModule.backbone_prefix if wrapper is None else wrapper.backbone_prefix
 
     def build_model(self, backbone: torch.nn.Module) -> torch.nn.Module:
-        """The detector wrapped by its ``PANOPTIC_WRAPPERS`` entry (DETR in ``DETRPanoptic``), or as it is when it segments by itself."""
+        """The detector wrapped by its ``PANOPTIC_WRAPPERS`` entry (DETR in ``DETRPanoptic``), or as it is when it
+        segments by itself."""
         detector, wrapper = super().build_model(backbone), PANOPTIC_WRAPPERS[self.detector_class]
         if wrapper is None:
             return detector
@@ -149,7 +150,8 @@ class PanopticModule(DetectionModule):
         )
         merge_metrics_json("panoptic", {**stats, "per_category": per_category}, log_dir / "metrics.json")
         rank_zero_info(
-            f"step {self.global_step}: panoptic quality over {len(predictions)} images\n{self.panoptic_evaluator.table(count=10)}\n"
+            f"step {self.global_step}: panoptic quality over {len(predictions)} images\n"
+            f"{self.panoptic_evaluator.table(count=10)}\n"
             f"predictions: {log_dir / PREDICTIONS}.json and {log_dir / PREDICTIONS}/"
         )
 

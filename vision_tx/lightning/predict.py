@@ -45,7 +45,8 @@ CUT_MARGIN = 0.01
 Window = tuple[int, int, int, int]
 """A window of an image: (x0, y0, x1, y1) in pixels, the far sides excluded."""
 Detector = Callable[[list[Tensor]], list[dict[str, Tensor]]]
-"""uint8 images ``[3,H_i,W_i]`` -> per image ``{"boxes" [K,4] xyxy in its pixels, "scores" [K], "labels" [K] int64}``."""
+"""uint8 images ``[3,H_i,W_i]`` -> per image ``{"boxes" [K,4] xyxy in its pixels, "scores" [K], "labels" [K]
+int64}``."""
 
 
 @dataclass
@@ -318,8 +319,8 @@ def predict_main(argv: Sequence[str] | None = None) -> None:
         prog="tools/predict.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Every other option is the config's: --config NAME [--data.X VALUE ...] (its datamodule gives the resize "
-        "and the class names).",
+        epilog="Every other option is the config's: --config NAME [--data.X VALUE ...] "
+        "(its datamodule gives the resize and the class names).",
     )
     add, switch = parser.add_argument, argparse.BooleanOptionalAction
     add("--ckpt", required=True, help="Lightning checkpoint of a detection model")

@@ -59,8 +59,8 @@ class TaskModule(pl.LightningModule):
         source, largest, name = extent()
         if largest >= num_classes:
             raise InvalidDataError(
-                f"{source}: label {largest} ({name}) is beyond this model's {num_classes} classes (0-{num_classes - 1}): "
-                "the checkpoint or num_classes was made for other data"
+                f"{source}: label {largest} ({name}) is beyond this model's {num_classes} classes "
+                f"(0-{num_classes - 1}): the checkpoint or num_classes was made for other data"
             )
 
     def on_fit_start(self) -> None:

@@ -58,7 +58,8 @@ def run_cocoeval(
         raise ValueError(f"iou_type must be one of {IOU_TYPES}, got {iou_type!r}")
     if not results:
         warnings.warn(
-            "COCO evaluation of an empty prediction set: every stat is 0 (or -1 where there is no ground truth)"
+            "COCO evaluation of an empty prediction set: every stat is 0 (or -1 where there is no ground truth)",
+            stacklevel=2,
         )
     evaluator = COCOeval(coco_gt, results_coco(coco_gt, results), iou_type)
     if image_ids is not None:

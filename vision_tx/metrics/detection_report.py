@@ -38,7 +38,8 @@ LEGEND_CLASSES = 10  # more classes than this: their curves thin and grey, witho
 def match_boxes(truth: Tensor, detections: Tensor, iou_threshold: float = IOU_THRESHOLD) -> list[tuple[int, int]]:
     """One-to-one ``(ground truth, detection)`` index pairs of ``truth [G,4]`` and ``detections [D,4]`` (xyxy), whatever
     their classes: every pair of IoU >= ``iou_threshold`` in order of decreasing IoU, each taken when neither its ground
-    truth nor its detection is taken yet (greedy one-to-one matching by IoU, as Ultralytics' ConfusionMatrix matches)."""
+    truth nor its detection is taken yet (greedy one-to-one matching by IoU, as Ultralytics' ConfusionMatrix
+    matches)."""
     if not len(truth) or not len(detections):
         return []
     iou = box_iou(truth.double(), detections.double())
@@ -186,8 +187,10 @@ def mean_f1(curves: dict[int, dict[str, np.ndarray]], confidences: np.ndarray = 
 
 @dataclass
 class DetectionReport:
-    """What :func:`detection_report` finds: ``matrix`` ``[C+1,C+1]`` (:func:`confusion_matrix`, rows true, columns predicted,
-    last background) over ``category_ids`` named ``names``; per category with ground truth, ``curves`` over ``confidences``
+    """What :func:`detection_report` finds: ``matrix`` ``[C+1,C+1]`` (:func:`confusion_matrix`, rows true, columns
+    predicted,
+    last background) over ``category_ids`` named ``names``; per category with ground truth, ``curves`` over
+    ``confidences``
     (:func:`confidence_curves`) and ``pr_precision`` (COCO's interpolated precision ``[R]`` at ``recall_levels``, whose
     mean is that category's AP50)."""
 
@@ -212,7 +215,8 @@ class DetectionReport:
         return best_f1(self.mean_f1, self.confidences)
 
     def to_json(self) -> dict[str, Any]:
-        """The numbers for ``metrics.json``'s ``bbox`` section: ``best_f1`` and ``best_f1_threshold`` (of :attr:`mean_f1`),
+        """The numbers for ``metrics.json``'s ``bbox`` section: ``best_f1`` and ``best_f1_threshold`` (of
+        :attr:`mean_f1`),
         ``confusion_matrix`` (``classes``, ``counts`` as a list of rows) and ``curves`` per category."""
         f1, threshold = self.best
         name = dict(zip(self.category_ids, self.names))
@@ -257,8 +261,10 @@ def detection_report(
     iou_threshold: float = IOU_THRESHOLD,
     evaluated: COCOeval | None = None,
 ) -> DetectionReport:
-    """The report of COCO results dicts ``results`` (``bbox`` xywh) over ``image_ids`` against ``coco_gt``: the curves of
-    every detection, and the confusion matrix of the detections scoring at least ``score_threshold`` (None: the confidence
+    """The report of COCO results dicts ``results`` (``bbox`` xywh) over ``image_ids`` against ``coco_gt``: the curves
+    of
+    every detection, and the confusion matrix of the detections scoring at least ``score_threshold`` (None: the
+    confidence
     of the best mean F1, where the detector does best, so that the matrix shows what is left to fix there).
     ``evaluated``: the box evaluation of the same results and images already evaluated and accumulated (a validation's,
     whose first IoU threshold is ``iou_threshold``), read instead of evaluating them again."""

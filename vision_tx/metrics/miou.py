@@ -113,6 +113,7 @@ class MeanIoU(Metric):
         )
         if absent:
             lines.append(
-                f"({absent} of {len(self.class_names)} classes are in neither the ground truth nor the predictions: not listed)"
+                f"({absent} of {len(self.class_names)} classes are in neither the ground truth nor the predictions: "
+                "not listed)"
             )
         return "\n".join(lines)

@@ -40,8 +40,9 @@ class DETR(nn.Module):
     ``num_classes`` real classes (``max_id + 1``, 91 for COCO) plus a last no-object class.
     ``backbone`` is any module returning an ordered dict of feature maps with ``out_channels``;
     DETR uses its last (lowest-resolution) map. :meth:`loss` computes ``SetCriterion(num_classes,
-    HungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` (the paper's defaults when not given). ``grad_checkpointing`` recomputes the transformer layers' activations
-    in the backward pass (the backbone has its own option).
+    HungarianMatcher(**matcher_kwargs), **criterion_kwargs)`` (the paper's defaults when not given).
+    ``grad_checkpointing`` recomputes the transformer layers' activations in the backward pass (the backbone has its
+    own option).
     """
 
     backbone_out_indices = (3,)  # the last stage only
@@ -165,7 +166,8 @@ class DETR(nn.Module):
         return outputs
 
     def no_weight_decay(self) -> set[str]:
-        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's
+        exemptions."""
         return norms_and_biases_and(self, "backbone")
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

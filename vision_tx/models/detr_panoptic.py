@@ -118,7 +118,8 @@ class DETRPanoptic(nn.Module):
         return postprocess_panoptic(outputs, sizes, orig_sizes, is_thing, **self.postprocess_kwargs)
 
     def no_weight_decay(self) -> set[str]:
-        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the detector's exemptions."""
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the detector's
+        exemptions."""
         return norms_and_biases_and(self, "detr")
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -290,15 +290,18 @@ class Mask2Former(nn.Module):
 
     @classmethod
     def for_conversion(cls, backbone: str, num_classes: int | None = None) -> Mask2Former:
-        """The model an official checkpoint with backbone ``backbone`` loads into (COCO panoptic's 133 classes by default)."""
+        """The model an official checkpoint with backbone ``backbone`` loads into (COCO panoptic's 133 classes by
+        default)."""
         return cls(build_backbone(backbone, out_indices=cls.backbone_out_indices), num_classes or 133)
 
     def no_weight_decay(self) -> set[str]:
-        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's
+        exemptions."""
         return norms_and_biases_and(self, "backbone")
 
     def convert_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Reads facebookresearch/Mask2Former checkpoints (see :func:`convert_official_mask2former`); native keys pass."""
+        """Reads facebookresearch/Mask2Former checkpoints (see :func:`convert_official_mask2former`); native keys
+        pass."""
         if not is_official_mask2former(state_dict):
             return dict(state_dict)
         return convert_official_mask2former(state_dict, self.backbone, len(self.pixel_decoder.lateral_convs))

@@ -149,7 +149,8 @@ class DeformableQueryDetector(nn.Module):
         self.share_scores = share_scores
 
     def level_strides(self, num_levels: int) -> list[int]:
-        """The pixel strides of the decoder's ``num_levels`` levels: the backbone's, then twice the last per extra level."""
+        """The pixel strides of the decoder's ``num_levels`` levels: the backbone's, then twice the last per extra
+        level."""
         strides = [int(s) for s in self.backbone.strides]
         return strides + [strides[-1] * 2 ** (i + 1) for i in range(num_levels - len(strides))]
 
@@ -181,7 +182,8 @@ class DeformableQueryDetector(nn.Module):
         return deformable_cross_attention(self, self.decoder, images, pixel_mask)
 
     def no_weight_decay(self) -> set[str]:
-        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's
+        exemptions."""
         return norms_and_biases_and(self, "backbone")
 
     def with_denoising(

@@ -105,7 +105,8 @@ class UperNetSegmentor(nn.Module):
         return losses
 
     def no_weight_decay(self) -> set[str]:
-        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's exemptions."""
+        """Names of the parameters the optimiser does not decay (timm's convention): norms, biases and the backbone's
+        exemptions."""
         return norms_and_biases_and(self, "backbone")
 
     def _logits(self, images: torch.Tensor) -> torch.Tensor:

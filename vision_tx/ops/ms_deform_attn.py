@@ -72,7 +72,10 @@ def _check_shapes(
 ) -> None:
     problem = None
     if value.dim() != 4 or locations.dim() != 6 or locations.shape[-1] != 2 or weights.dim() != 5:
-        problem = "expected value [B, S, heads, head_dim], sampling_locations [B, Q, heads, L, P, 2], attention_weights [B, Q, heads, L, P]"
+        problem = (
+            "expected value [B, S, heads, head_dim], sampling_locations [B, Q, heads, L, P, 2], "
+            "attention_weights [B, Q, heads, L, P]"
+        )
     elif sum(h * w for h, w in shapes) != value.shape[1]:
         problem = f"value has {value.shape[1]} tokens but spatial_shapes {shapes} give {sum(h * w for h, w in shapes)}"
     elif locations.shape[3] != len(shapes):

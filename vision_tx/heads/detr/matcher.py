@@ -41,7 +41,8 @@ class HungarianMatcher(nn.Module):
     def forward(
         self, pred_logits: torch.Tensor, pred_boxes: torch.Tensor, targets: list[dict[str, torch.Tensor]]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Matches ``pred_logits [B,Q,C+1]`` (``[B,Q,C]`` with ``focal_alpha``) and ``pred_boxes [B,Q,4]`` (normalised cxcywh) to ``targets``.
+        """Matches ``pred_logits [B,Q,C+1]`` (``[B,Q,C]`` with ``focal_alpha``) and ``pred_boxes [B,Q,4]`` (normalised
+        cxcywh) to ``targets``.
 
         ``targets[b]`` holds ``labels`` int64 ``[K_b]`` and ``boxes [K_b,4]`` (normalised cxcywh).
         Returns per image ``(query_indices, target_indices)``, int64 CPU tensors of length
@@ -74,7 +75,8 @@ class HungarianMatcher(nn.Module):
         return [assign(block) for block in cost.float().cpu().split(sizes, dim=-1)]
 
     def _class_cost(self, logits: torch.Tensor, queries: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """``[Q, K]``: the cost of giving query ``queries[q, k]`` (a row of ``logits [N, C]``) the class ``labels[k]``."""
+        """``[Q, K]``: the cost of giving query ``queries[q, k]`` (a row of ``logits [N, C]``) the class
+        ``labels[k]``."""
         if self.focal_alpha is None:
             return -logits.softmax(-1)[queries, labels]
         prob = logits.sigmoid()[queries, labels]

@@ -36,7 +36,9 @@ class PointsPerLevelAttention(nn.Module):
             "points_scale", torch.cat([torch.full((n,), 1.0 / n) for n in self.num_points]), persistent=False
         )
         self.register_buffer(
-            "point_level", torch.cat([torch.full((n,), l) for l, n in enumerate(self.num_points)]), persistent=False
+            "point_level",
+            torch.cat([torch.full((n,), level) for level, n in enumerate(self.num_points)]),
+            persistent=False,
         )
         angles = torch.arange(num_heads, dtype=torch.float32) * (2 * math.pi / num_heads)
         ring = torch.stack([angles.cos(), angles.sin()], -1)

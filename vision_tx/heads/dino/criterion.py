@@ -59,7 +59,8 @@ class DINOCriterion(nn.Module):
     def forward(self, outputs: dict, targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         if outputs["pred_logits"].shape[-1] != self.num_classes:
             raise ValueError(
-                f"{__name__}: logits have {outputs['pred_logits'].shape[-1]} classes, expected num_classes = {self.num_classes}"
+                f"{__name__}: logits have {outputs['pred_logits'].shape[-1]} classes, "
+                f"expected num_classes = {self.num_classes}"
             )
         num_boxes = num_boxes_in_batch(targets, outputs["pred_logits"].device)
         layers = [*outputs.get("aux_outputs", []), outputs]

@@ -43,12 +43,12 @@ class ContrastiveDenoising(nn.Module):
     ``num_queries`` is the official ``dn_number``: with at most ``K`` targets per image, it makes
     ``num_queries // K`` groups (at least one), each of ``K`` positive and ``K`` negative queries, so
     ``2 * K * (num_queries // K)`` queries in all, up to twice ``num_queries`` (DINO's 100 gives 25
-    groups, 200 queries, for 4 targets; 33 groups, 198 queries, for 3). Each group copies every target twice. A label is replaced by a
-    random class with probability ``label_noise_ratio / 2``. Each box edge moves by ``box_noise_scale``
+    groups, 200 queries, for 4 targets; 33 groups, 198 queries, for 3). Each group copies every target twice. A label is
+    replaced by a random class with probability ``label_noise_ratio / 2``. Each box edge moves by ``box_noise_scale``
     times half the box's width (or height) times a random factor: below 1 for positives, between 1
     and 2 for negatives, so positives stay closer to their target than negatives (defaults: the official
-    DINO training command's ``dn_label_noise_ratio`` 0.5 and ``dn_box_noise_scale`` 1.0, ``scripts/DINO_train.sh``). The noised corners
-    are clamped to the image and the boxes go through ``inverse_sigmoid(., eps)`` and back, as the
+    DINO training command's ``dn_label_noise_ratio`` 0.5 and ``dn_box_noise_scale`` 1.0, ``scripts/DINO_train.sh``). The
+    noised corners are clamped to the image and the boxes go through ``inverse_sigmoid(., eps)`` and back, as the
     official ``prepare_for_cdn`` stores them, so the decoder reads sizes of at least about ``eps``.
     """
 

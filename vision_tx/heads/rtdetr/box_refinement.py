@@ -61,7 +61,8 @@ class RoIBoxRefinement(nn.Module):
         return samples.transpose(1, 2).flatten(2)  # [B,C,Q,size*size] -> [B,Q,C*size*size]
 
     def forward(self, boxes: torch.Tensor, feature_map: torch.Tensor, valid_ratio: torch.Tensor) -> torch.Tensor:
-        """``boxes [B,Q,4]`` (cx, cy, w, h), ``feature_map [B,D,h,w]``, ``valid_ratio [B,2]`` -> the refined boxes ``[B,Q,4]``."""
+        """``boxes [B,Q,4]`` (cx, cy, w, h), ``feature_map [B,D,h,w]``, ``valid_ratio [B,2]`` -> the refined boxes
+        ``[B,Q,4]``."""
         shifts = (
             self.max_shift * self.edges(self.sample(self.reduce(feature_map), boxes, valid_ratio)).tanh()
         )  # [B,Q,4]
