@@ -4,6 +4,8 @@
     python tools/benchmark.py swin na2d       # some of them
     # the main job's model in onnxruntime at 320 and 640, against eager and YOLOv8n's ONNX:
     python tools/benchmark.py export --processes 1
+    # the main job's training step against YOLOv8n's, then its export: both YOLO comparisons in one run
+    python tools/benchmark.py main_job export --processes 1
     python tools/benchmark.py --device cuda --quick            # the GPU set, one process each (about 8 minutes, H100)
     python tools/benchmark.py --device cuda --quick --dry-run  # what it would run, on any machine
 
@@ -40,6 +42,7 @@ BENCHMARKS = (
     "compile",
     "mask2former",
     "export",
+    "main_job",
     "gpu_classifiers",
 )
 # What ``--device cuda`` runs when no name is given: the classifiers' inference matrix, the detectors' and

@@ -2,6 +2,7 @@
 
 from tests.mutants.mutant import Mutant
 from tests.mutants.targets import (
+    BENCHMARK_MAIN_JOB,
     BENCHMARK_PEAKS,
     COCO_INSTANCES,
     COPY_PASTE_DATA,
@@ -545,6 +546,13 @@ MUTANTS = [
         "            largest([r.ours_peak_bytes for r in rows]),\n            largest([r.reference_peak_bytes for r in rows]),",
         "",
         (f"{BENCHMARK_PEAKS}::test_peaks_survive_the_hand_off_between_processes_and_merge_to_the_largest",),
+    ),
+    Mutant(
+        "main job vs YOLOv8n: each YOLO box's image counted over the whole list, not its batch",
+        "benchmarks/main_job.py",
+        'torch.full((len(t["labels"]),), i, dtype=torch.float)',
+        'torch.full((len(t["labels"]),), start + i, dtype=torch.float)',
+        (f"{BENCHMARK_MAIN_JOB}::test_yolo_batches_hold_the_boxes_in_ultralytics_layout",),
     ),
     Mutant(
         "export every config: a detection must sit at its eager position",

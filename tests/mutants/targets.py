@@ -176,6 +176,7 @@ QUARTER_TURN = (
     "tests/data/test_transforms.py::test_flip_and_turn_move_the_image_its_canvas_and_the_boxes_together[quarter_turn]"
 )
 BENCHMARK_PEAKS = "tests/test_benchmark_gpu_paths.py"
+BENCHMARK_MAIN_JOB = "tests/test_benchmark_main_job.py"
 LAYOUTS = "tests/data/test_yolo_voc.py"
 DEPLOY = "tests/test_deploy.py"
 PREDICT = "tests/lightning/test_predict.py"
