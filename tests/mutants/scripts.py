@@ -548,6 +548,20 @@ MUTANTS = [
         (f"{BENCHMARK_PEAKS}::test_peaks_survive_the_hand_off_between_processes_and_merge_to_the_largest",),
     ),
     Mutant(
+        "round trip: AP scored at 100 detections an image (a crowd of more objects fails the check)",
+        "scripts/compare_detection.py",
+        "max_detections=max(most, MAX_DETECTIONS))",
+        "max_detections=MAX_DETECTIONS)",
+        (YOLO_LABELS,),
+    ),
+    Mutant(
+        "round trip: pycocotools' AP summary read at another number of detections than 100",
+        "scripts/compare_detection.py",
+        "    if max_detections != 100:  # pycocotools' summary reads AP",
+        "    if False:  # pycocotools' summary reads AP",
+        (YOLO_LABELS,),
+    ),
+    Mutant(
         "main job vs YOLOv8n: each YOLO box's image counted over the whole list, not its batch",
         "benchmarks/main_job.py",
         'torch.full((len(t["labels"]),), i, dtype=torch.float)',

@@ -504,3 +504,39 @@ def test_the_suite_runs_each_real_set_into_its_folder_and_writes_the_means(
     (data / "plates").rmdir()
     with pytest.raises(SystemExit, match="plates: no such folder"):
         script["run_suite"](args, [])
+
+
+def test_the_scripts_check_passes_an_image_with_more_objects_than_the_detections_scored(
+    script: dict[str, Any], converted: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # A crowd of 130 faces in one image (../shared/data/masks has an image of 115): written and read back exactly,
+    # the check must count them all, not the 100 detections an image the comparison scores.
+    import shutil
+
+    root, yolo_root = tmp_path / "set", tmp_path / "yolo"
+    shutil.copytree(converted[0], root)
+    shutil.copytree(converted[1], yolo_root)
+    gt_file = root / "annotations" / "instances_val2017.json"
+    dataset = json.loads(gt_file.read_text())
+    image = max(dataset["images"], key=lambda i: i["width"] * i["height"])
+    crowd = [
+        {
+            "id": 100_000 + k,
+            "image_id": image["id"],
+            "category_id": 4,
+            "bbox": [float(k % 13) * 4, float(k // 13) * 4, 3.0, 3.0],
+            "area": 9.0,
+            "iscrowd": 0,
+        }
+        for k in range(130)
+    ]
+    gt_file.write_text(json.dumps({**dataset, "annotations": dataset["annotations"] + crowd}))
+    label = yolo_root / "labels" / "val" / f"{Path(image['file_name']).stem}.txt"
+    width, height = image["width"], image["height"]
+    lines = [
+        f"0 {(x + w / 2) / width:.10f} {(y + h / 2) / height:.10f} {w / width:.10f} {h / height:.10f}\n"
+        for x, y, w, h in (a["bbox"] for a in crowd)
+    ]
+    label.write_text(label.read_text() + "".join(lines))
+    with without_ultralytics():
+        assert max(script["check_round_trip"](root, yolo_root).values()) < 1e-6
