@@ -2,14 +2,14 @@
 wall-clock sees.
 
 - vision_tx: ``rtdetr_convnext_toy`` as its config builds it (the task module's detector, its optimiser's parameter
-  groups, the config's gradient clipping), four batches of 8 taken in turn from its own training loader (the
+  groups, the config's gradient clipping), eight batches of 8 taken in turn from its own training loader (the
   built-in toy set, its augmentations and multi-scale sizes, shorter side 144-192): forward with the denoising queries,
   the loss with its matching, backward, clipping, AdamW.
-- YOLOv8n (Ultralytics, ``DetectionModel("yolov8n.yaml")`` with 4 classes, random weights): two batches of 16 (its
+- YOLOv8n (Ultralytics, ``DetectionModel("yolov8n.yaml")`` with 4 classes, random weights): four batches of 16 (its
   trainer's default batch) at 192x192 (the comparison's ``imgsz``; docs/LEARNING.md), holding the same boxes: its
   ``v8DetectionLoss``, backward, clipping at its trainer's 10.0, the same fused AdamW.
 
-A call of each side trains 32 images. On a GPU (``--device cuda``) both sides run under bf16 autocast. Ultralytics is
+A call of each side trains 64 images. On a GPU (``--device cuda``) both sides run under bf16 autocast. Ultralytics is
 AGPL-3.0 and no dependency of vision_tx: it is imported here only; without it the benchmark prints a line and no row.
 """
 
@@ -29,7 +29,7 @@ from benchmarks.timing import Row, compare
 from vision_tx.heads.detr.criterion import normalize_targets
 from vision_tx.lightning.cli import VisionTxCLI, resolve_config
 
-BATCHES = 4  # of the main job's 8 images: one timed call trains 32 images on each side
+BATCHES = 8  # of the main job's 8 images (each at its own drawn scale): one timed call trains 64 images on each side
 YOLO_BATCH, YOLO_SIZE = 16, 192
 
 
@@ -133,7 +133,7 @@ def run(device: str, quick: bool) -> list[Row]:
         )
         return [
             compare(
-                f"{CONFIG} training step, 4x8 toy-set images vs YOLOv8n 2x16 at {YOLO_SIZE}",
+                f"{CONFIG} training step, {BATCHES}x8 toy-set images vs YOLOv8n {BATCHES // 2}x16 at {YOLO_SIZE}",
                 ours,
                 reference,
                 "YOLOv8n",

@@ -160,3 +160,31 @@ def test_a_schedule_of_an_unknown_augmentation_is_refused(tmp_path: Path) -> Non
         LongRun(-1)
     with pytest.raises(TypeError):
         DetrTrainTransform(vertical_flip_probability=0.5, augmentation_schedule={"vertical_flip": {"from_epoch": 40}})
+
+
+@pytest.mark.parametrize("copy_paste", [0.0, 1.0])  # the training split read directly, or through its wrapper
+def test_batches_of_one_orientation_at_one_scale(tmp_path: Path, copy_paste: float) -> None:
+    scales = (96, 112, 128)
+    data = CocoDetectionDataModule(
+        toy_cache_dir=str(tmp_path / "toy"),
+        train_transform=DetrTrainTransform(scales=scales, max_size=400, crop_probability=0.0, scale_per_batch=True),
+        batch_size=4,
+        num_workers=0,
+        copy_paste_probability=copy_paste,
+        group_by_orientation=True,
+    )
+    data.setup("fit")
+    shorter_sides, mixed = set(), 0
+    for batch in data.train_dataloader():
+        heights, widths = zip(*(t["orig_size"].tolist() for t in batch["targets"]))
+        mixed += len({h > w for h, w in zip(heights, widths)}) > 1
+        sides = {min(t["size"].tolist()) for t in batch["targets"]}
+        assert len(sides) == 1  # the whole batch at one scale (max_size never binds here)
+        shorter_sides |= sides
+    assert mixed <= 1  # the run left over at the end of the epoch may mix them
+    assert shorter_sides == set(scales)
+    # per image without the option: a batch's images at several scales
+    data.train_transform = DetrTrainTransform(scales=scales, max_size=400, crop_probability=0.0)
+    data.train_dataset = None
+    data.setup("fit")
+    assert any(len({min(t["size"].tolist()) for t in b["targets"]}) > 1 for b in data.train_dataloader())

@@ -157,6 +157,8 @@ AUGMENTATION_SCHEDULE = (
     "test_the_augmentation_schedule_is_declared_beside_the_probabilities_and_read_through_the_datamodule"
 )
 SCHEDULE_REFUSED = "tests/data/test_detection.py::test_a_schedule_of_an_unknown_augmentation_is_refused"
+BATCH_SHAPES = "tests/data/test_detection.py::test_batches_of_one_orientation_at_one_scale"
+SAMPLING = "tests/data/test_sampling.py"
 MAL = "tests/heads/test_rtdetr_criterion.py"
 BOX_REFINEMENT = "tests/heads/test_rtdetr_box_refinement.py"
 RT_REFINEMENT = (

@@ -23,7 +23,7 @@ from vision_tx.data.coco_instances import CocoInstances
 from vision_tx.data.collate import collate_detection
 from vision_tx.data.layouts import VocLayout, YoloLayout, find_layout
 from vision_tx.data.mosaic import MosaicDetection
-from vision_tx.data.sampling import ResumableLoader
+from vision_tx.data.sampling import ResumableLoader, portrait_images
 from vision_tx.data.schedule import LongRun, read_schedule
 from vision_tx.data.toy import toy_coco_root
 from vision_tx.data.transforms import DetectionTransform, DetrTrainTransform, DetrValTransform
@@ -50,7 +50,9 @@ class CocoDetectionDataModule(LightningDataModule):
     ``augmentation_schedule`` attribute holds these and the training transform's, which
     :class:`vision_tx.lightning.augmentation.LongRunAugmentation` applies through ``augmentation_probabilities()``
     and ``set_augmentation_probabilities()``.
-    Batches come from ``collate_detection``. Another annotation format reuses this class by
+    Batches come from ``collate_detection``; with ``group_by_orientation`` each training batch holds images of one
+    orientation (portrait or landscape, from the annotation file's sizes: less padding; see
+    :class:`~vision_tx.data.sampling.EpochSampler`). Another annotation format reuses this class by
     overriding ``toy_root``, ``split_paths``, ``make_dataset`` and ``val_coco``.
     """
 
@@ -73,6 +75,7 @@ class CocoDetectionDataModule(LightningDataModule):
         mixup_probability: float = 0.0,
         copy_paste_probability: float = 0.0,
         augmentation_schedule: Mapping[str, LongRun | Mapping[str, Any]] | None = None,
+        group_by_orientation: bool = False,
     ):
         super().__init__()
         self.given_root = root is not None
@@ -98,6 +101,7 @@ class CocoDetectionDataModule(LightningDataModule):
         self.mosaic_size = mosaic_size
         self.mixup_probability = mixup_probability
         self.copy_paste_probability = copy_paste_probability
+        self.group_by_orientation = group_by_orientation
         own = read_schedule(type(self).__name__, augmentation_schedule, self._configured_probabilities())
         self.augmentation_schedule: dict[str, LongRun] = {**own, **self.train_transform.augmentation_schedule}
         self.collate_fn = functools.partial(collate_detection, size_divisibility=size_divisibility)
@@ -260,15 +264,17 @@ class CocoDetectionDataModule(LightningDataModule):
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
-        loader = ResumableLoader if train else DataLoader
-        return loader(
-            dataset,
+        options = dict(
             batch_size=self.batch_size,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
             collate_fn=self.collate_fn,
         )
+        if not train:
+            return DataLoader(dataset, **options)
+        portrait = portrait_images(dataset) if self.group_by_orientation else None
+        return ResumableLoader(dataset, portrait=portrait, **options)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, train=True)

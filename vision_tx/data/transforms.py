@@ -16,6 +16,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from vision_tx.data.mosaic import FILL
+from vision_tx.data.sampling import batch_draw
 from vision_tx.data.schedule import LongRun, read_schedule
 from vision_tx.data.shared_probability import SharedProbability
 
@@ -34,19 +35,23 @@ def _image_size(flat_inputs: list[Any]) -> tuple[int, int]:
 class RandomShortestSide(v2.Transform):
     """Resizes so that the shorter side is a size drawn from ``sizes``, keeping the aspect ratio;
     when that makes the longer side exceed ``max_size``, the longer side becomes (at most) ``max_size``.
+    With ``per_batch`` the size is drawn once per training batch (:func:`~vision_tx.data.sampling.batch_draw`, as
+    RT-DETR's and YOLO's multi-scale training do: a batch pads less), per image where no batch draw is given.
 
     Unlike ``v2.RandomShortestSize`` the shorter side is exactly the size drawn (no truncation).
     """
 
-    def __init__(self, sizes: Sequence[int], max_size: int | None = None):
+    def __init__(self, sizes: Sequence[int], max_size: int | None = None, per_batch: bool = False):
         super().__init__()
         self.sizes = list(sizes)
         self.max_size = max_size
+        self.per_batch = per_batch
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
         height, width = _image_size(flat_inputs)
         short, long = min(height, width), max(height, width)
-        size = self.sizes[_randint(0, len(self.sizes) - 1)]
+        shared = batch_draw() if self.per_batch else None
+        size = self.sizes[_randint(0, len(self.sizes) - 1) if shared is None else shared % len(self.sizes)]
         if self.max_size is not None and size * long / short > self.max_size:
             size = self.max_size * short // long
         new_long = int(size * long / short)
@@ -140,7 +145,8 @@ class DetrTrainTransform(DetectionTransform):
     the defaults; for images without an up, such as smears, top views or shapes), then either a
     multi-scale resize (shorter side from ``scales``, longer side at most ``max_size``) or, for a
     ``crop_probability`` share of the images (DETR's 0.5), [shorter
-    side from ``crop_scales``, random crop of ``crop_size`` = (min, max) side, multi-scale resize];
+    side from ``crop_scales``, random crop of ``crop_size`` = (min, max) side, multi-scale resize] (with
+    ``scale_per_batch`` the multi-scale size is drawn once per training batch: less padding);
     then, for an ``affine_probability`` share of the images (0: none, the default), YOLO's random
     affine at the same canvas size: zoomed by a factor drawn from ``affine_scale`` and shifted by up
     to ``translate`` of each side, the uncovered area grey (YOLO's letterbox colour; ``self.affine.p``
@@ -167,6 +173,7 @@ class DetrTrainTransform(DetectionTransform):
         vertical_flip_probability: float = 0.0,
         quarter_turn_probability: float = 0.0,
         augmentation_schedule: Mapping[str, LongRun | Mapping[str, Any]] | None = None,
+        scale_per_batch: bool = False,
     ):
         for name, probability in (
             ("crop_probability", crop_probability),
@@ -177,7 +184,7 @@ class DetrTrainTransform(DetectionTransform):
         ):
             if not 0.0 <= probability <= 1.0:
                 raise ValueError(f"{__name__}: {name} must be in [0, 1], got {probability}")
-        multi_scale = RandomShortestSide(scales, max_size=max_size)
+        multi_scale = RandomShortestSide(scales, max_size=max_size, per_batch=scale_per_batch)
         zoom_and_shift = v2.RandomAffine(
             0, (translate, translate), tuple(affine_scale), fill={tv_tensors.Image: FILL, "others": 0}
         )
