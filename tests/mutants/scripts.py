@@ -101,8 +101,8 @@ MUTANTS = [
     Mutant(
         "compare detection: 101 detections an image kept",
         "scripts/compare_detection.py",
-        'key=lambda r: -r["score"])[:MAX_DETECTIONS]]',
-        'key=lambda r: -r["score"])[:MAX_DETECTIONS + 1]]',
+        'key=lambda r: -r["score"])[:max_detections]]',
+        'key=lambda r: -r["score"])[:max_detections + 1]]',
         (YOLO_LABELS,),
     ),
     Mutant(
