@@ -22,12 +22,11 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from lightning.pytorch import LightningDataModule, LightningModule
 
 from benchmarks.export import CONFIG, ultralytics_version
 from benchmarks.timing import Row, compare
 from vision_tx.heads.detr.criterion import normalize_targets
-from vision_tx.lightning.cli import VisionTxCLI, resolve_config
+from vision_tx.lightning.cli import configured, resolve_config
 
 BATCHES = 8  # of the main job's 8 images (each at its own drawn scale): one timed call trains 64 images on each side
 YOLO_BATCH, YOLO_SIZE = 16, 192
@@ -36,15 +35,7 @@ YOLO_BATCH, YOLO_SIZE = 16, 192
 def main_job(device: str) -> tuple[torch.nn.Module, torch.optim.Optimizer, float | None, list[dict]]:
     """The main job's detector on ``device``, its optimiser, gradient clipping value and ``BATCHES`` training batches
     (the config's data module, seeded)."""
-    cli = VisionTxCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        run=False,
-        save_config_callback=None,
-        args=["--config", str(resolve_config(CONFIG)), "--trainer.logger", "false"],
-    )
+    cli = configured(["--config", str(resolve_config(CONFIG)), "--trainer.logger", "false"])
     module, datamodule = cli.model, cli.datamodule
     datamodule.setup("fit")
     module.hparams.num_classes = datamodule.num_classes

@@ -305,6 +305,20 @@ def run_cli(subcommand: str, argv: Sequence[str] | None = None) -> VisionTxCLI:
         end_process_group()
 
 
+def configured(args: Sequence[str]) -> VisionTxCLI:
+    """The model, datamodule and trainer that the resolved ``args`` (``--config NAME [--section.key value ...]``,
+    see :func:`resolve_config_args`) build, without running anything or saving the config."""
+    return VisionTxCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        save_config_callback=None,
+        args=list(args),
+    )
+
+
 def end_process_group() -> None:
     """Destroys the process group Lightning's DDP left behind: one still alive when the interpreter
     shuts down can abort the process (``terminate called without an active exception``) from gloo's

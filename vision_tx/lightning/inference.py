@@ -15,7 +15,7 @@ from PIL import Image, ImageOps
 from torchvision.io import write_png
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from vision_tx.lightning.cli import VisionTxCLI, resolve_config_args
+from vision_tx.lightning.cli import configured, resolve_config_args
 
 
 def read_rgb_image(path: str | Path) -> torch.Tensor:
@@ -35,17 +35,7 @@ def load_trained(config_args: Sequence[str], ckpt: str | Path) -> tuple[Any, Any
 
     ``config_args`` are the usual ``--config NAME [--section.key value ...]``.
     """
-    from lightning.pytorch import LightningDataModule, LightningModule
-
-    cli = VisionTxCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        run=False,
-        save_config_callback=None,
-        args=resolve_config_args(config_args),
-    )
+    cli = configured(resolve_config_args(config_args))
     return type(cli.model).load_from_checkpoint(ckpt, map_location="cpu").eval(), cli.datamodule
 
 

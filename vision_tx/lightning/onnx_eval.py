@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningDataModule, LightningModule
 
 from vision_tx.data.invalid import InvalidDataError
 from vision_tx.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from vision_tx.lightning.cli import VisionTxCLI, config_name, resolve_config_args, show_library_log
+from vision_tx.lightning.cli import config_name, configured, resolve_config_args, show_library_log
 from vision_tx.lightning.detection import DetectionModule
 from vision_tx.metrics.coco import CocoEvaluator
 from vision_tx.metrics.detection_report import write_validation_report
@@ -100,15 +99,7 @@ def evaluate_onnx(
     ``bbox_results.json`` and the report's pictures into ``out``; returns the bbox section written."""
     session = open_session(onnx_path, threads)
     args = resolve_config_args(config_args)
-    cli = VisionTxCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        run=False,
-        save_config_callback=None,
-        args=args,
-    )
+    cli = configured(args)
     module, datamodule = cli.model, cli.datamodule
     if not isinstance(module, DetectionModule):
         raise OnnxEvalError(
