@@ -40,10 +40,11 @@ def brute_force_cost(logits, boxes, labels, target_boxes, weights) -> float:
     )
 
 
+@pytest.mark.parametrize("solver", ["scipy", "batched"])
 @pytest.mark.parametrize("weights", [(1.0, 5.0, 2.0), (2.0, 0.0, 1.0)])
-def test_matches_brute_force_optimum(weights) -> None:
+def test_matches_brute_force_optimum(weights, solver) -> None:
     generator = torch.Generator().manual_seed(0)
-    matcher = HungarianMatcher(*weights)
+    matcher = HungarianMatcher(*weights, solver=solver)
     num_classes = 5
     for trial in range(8):
         num_queries = 3 + trial % 4
@@ -70,6 +71,23 @@ def test_matches_brute_force_optimum(weights) -> None:
             assert found == pytest.approx(best, abs=1e-5)
 
 
+def test_batched_solver_gives_scipys_pairs_on_the_devices_side() -> None:
+    """Focal class costs, a batch of images with 0 to Q targets: the same pairs, ordered by target."""
+    generator = torch.Generator().manual_seed(1)
+    counts, num_queries, num_classes = [0, 3, 1, 20, 7, 0, 20], 20, 4
+    logits = torch.randn(len(counts), num_queries, num_classes, generator=generator)
+    boxes = torch.stack([random_boxes(num_queries, generator) for _ in counts])
+    targets = [
+        {"labels": torch.randint(0, num_classes, (k,), generator=generator), "boxes": random_boxes(k, generator)}
+        for k in counts
+    ]
+    scipy = HungarianMatcher(2.0, 5.0, 2.0, focal_alpha=0.25)(logits, boxes, targets)
+    batched = HungarianMatcher(2.0, 5.0, 2.0, focal_alpha=0.25, solver="batched")(logits, boxes, targets)
+    for (queries, target_index), (batched_queries, batched_targets) in zip(scipy, batched):
+        assert batched_targets.tolist() == list(range(len(target_index)))
+        assert batched_queries.tolist() == queries[target_index.argsort()].tolist()
+
+
 def test_images_without_targets() -> None:
     matcher = HungarianMatcher()
     logits, boxes = torch.randn(2, 4, 3), torch.rand(2, 4, 4) * 0.5 + 0.25
@@ -88,3 +106,11 @@ def test_bad_input_is_named() -> None:
         )
     with pytest.raises(ValueError, match="detr.matcher: all matching costs are 0"):
         HungarianMatcher(0, 0, 0)
+    with pytest.raises(ValueError, match="solver must be one of"):
+        HungarianMatcher(solver="auction")
+    with pytest.raises(ValueError, match="solver 'batched' needs at most 4 targets an image"):
+        HungarianMatcher(solver="batched")(
+            torch.randn(1, 4, 3),
+            torch.rand(1, 4, 4),
+            [{"labels": torch.zeros(5, dtype=torch.int64), "boxes": torch.rand(5, 4)}],
+        )

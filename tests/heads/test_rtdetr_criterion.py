@@ -1,11 +1,14 @@
-"""RT-DETR's classification losses: DEIM's matchability-aware loss against transformers' DEIMv2 loss."""
+"""RT-DETR's criterion: DEIM's matchability-aware loss against transformers' DEIMv2 loss; the batched
+matching against scipy's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tests.conftest import require_reference
+from vision_tx.heads.detr import HungarianMatcher
 from vision_tx.heads.rtdetr.criterion import RTDETRCriterion
 
 transformers = require_reference("transformers")
@@ -79,3 +82,45 @@ def test_matchability_aware_loss_is_logged_and_weighted_as_the_class_term() -> N
     )  # floats: pytest 9.2's approx refuses 0-d tensors
     with pytest.raises(ValueError, match="class_loss must be one of"):
         RTDETRCriterion(CLASSES, class_loss="focal")
+
+
+def criterion_outputs(requires_grad: bool) -> dict:
+    """Three decoder layers and the class-aware encoder proposals, random, for a batch of 3 images."""
+    generator = torch.Generator().manual_seed(2)
+
+    def layer() -> dict[str, torch.Tensor]:
+        logits = torch.randn(BATCH, QUERIES, CLASSES, generator=generator).requires_grad_(requires_grad)
+        boxes = (torch.rand(BATCH, QUERIES, 4, generator=generator) * 0.4 + 0.3).requires_grad_(requires_grad)
+        return {"pred_logits": logits, "pred_boxes": boxes}
+
+    return {**layer(), "aux_outputs": [layer(), layer()], "enc_outputs": layer()}
+
+
+def criterion_targets() -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(3)
+    return [
+        {"labels": torch.randint(0, CLASSES, (k,), generator=generator), "boxes": torch.rand(k, 4, generator=generator)}
+        for k in (2, 0, QUERIES)
+    ]
+
+
+def test_batched_matching_gives_scipys_losses_and_gradients_and_reads_nothing_back() -> None:
+    results = []
+    for solver in ("scipy", "batched"):
+        outputs = criterion_outputs(requires_grad=True)
+        criterion = RTDETRCriterion(CLASSES, HungarianMatcher(2.0, 5.0, 2.0, focal_alpha=0.25, solver=solver))
+        losses = criterion(outputs, criterion_targets())
+        losses["loss"].backward()
+        layers = [*outputs["aux_outputs"], outputs, outputs["enc_outputs"]]
+        results.append((losses, [layer[key].grad for layer in layers for key in ("pred_logits", "pred_boxes")]))
+    (scipy, scipy_grads), (batched, batched_grads) = results
+    assert scipy.keys() == batched.keys()
+    for name in scipy:
+        torch.testing.assert_close(batched[name], scipy[name])
+    for mine, reference in zip(batched_grads, scipy_grads):
+        torch.testing.assert_close(mine, reference)
+    with FakeTensorMode():  # shapes only: a read of any value back to the host raises
+        losses = RTDETRCriterion(CLASSES, HungarianMatcher(2.0, 5.0, 2.0, focal_alpha=0.25, solver="batched"))(
+            criterion_outputs(requires_grad=False), criterion_targets()
+        )
+        assert losses["loss"].shape == ()

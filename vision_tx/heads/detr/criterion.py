@@ -7,8 +7,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import box_convert, generalized_box_iou_loss, sigmoid_focal_loss
+from torchvision.ops import box_convert, sigmoid_focal_loss
 
+from vision_tx.heads.detr.giou import paired_giou_loss
 from vision_tx.heads.detr.matcher import HungarianMatcher
 
 
@@ -49,9 +50,7 @@ def box_losses(
     target_boxes = target_boxes.to(boxes.dtype)
     loss_bbox = F.l1_loss(boxes, target_boxes, reduction="none").sum((-2, -1)) / num_boxes
     loss_giou = (
-        generalized_box_iou_loss(box_convert(boxes, "cxcywh", "xyxy"), box_convert(target_boxes, "cxcywh", "xyxy")).sum(
-            -1
-        )
+        paired_giou_loss(box_convert(boxes, "cxcywh", "xyxy"), box_convert(target_boxes, "cxcywh", "xyxy")).sum(-1)
         / num_boxes
     )
     return loss_bbox, loss_giou

@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
-from torchvision.ops import box_convert, generalized_box_iou_loss
+from torchvision.ops import box_convert
+
+from vision_tx.heads.detr.assignment import batched_linear_assignment
+from vision_tx.heads.detr.giou import paired_giou_loss
+
+SOLVERS = ("scipy", "batched")
 
 
 class HungarianMatcher(nn.Module):
@@ -18,6 +23,11 @@ class HungarianMatcher(nn.Module):
     The costs are computed in one pass for the pairs of each image's queries with its own targets
     (``Q x sum K`` pairs, not every query of the batch against every target: ``B`` times fewer), moved to
     the CPU once and cut into one block per image for ``linear_sum_assignment``.
+
+    ``solver="batched"`` finds the same optimum on the costs' device with
+    :func:`~vision_tx.heads.detr.assignment.batched_linear_assignment` (no read back to the host, shapes fixed by the
+    target counts: for CUDA graphs and whole-step compilation; slower than scipy on the CPU). It needs at most as
+    many targets in an image as queries, and does not check the costs for NaN.
     """
 
     def __init__(
@@ -27,15 +37,19 @@ class HungarianMatcher(nn.Module):
         cost_giou: float = 2.0,
         focal_alpha: float | None = None,
         focal_gamma: float = 2.0,
+        solver: str = "scipy",
     ) -> None:
         super().__init__()
         if cost_class == cost_bbox == cost_giou == 0:
             raise ValueError(f"{__name__}: all matching costs are 0")
+        if solver not in SOLVERS:
+            raise ValueError(f"{__name__}: solver must be one of {SOLVERS}, got {solver!r}")
         self.cost_class = cost_class
         self.cost_bbox = cost_bbox
         self.cost_giou = cost_giou
         self.focal_alpha = focal_alpha
         self.focal_gamma = focal_gamma
+        self.solver = solver
 
     @torch.no_grad()
     def forward(
@@ -45,8 +59,8 @@ class HungarianMatcher(nn.Module):
         cxcywh) to ``targets``.
 
         ``targets[b]`` holds ``labels`` int64 ``[K_b]`` and ``boxes [K_b,4]`` (normalised cxcywh).
-        Returns per image ``(query_indices, target_indices)``, int64 CPU tensors of length
-        ``min(Q, K_b)``, empty for an image without targets.
+        Returns per image ``(query_indices, target_indices)``, int64 tensors of length ``min(Q, K_b)``, empty for an
+        image without targets: on the CPU (with ``solver="batched"``: on the device, the targets in their order).
         """
         batch, num_queries = pred_logits.shape[:2]
         sizes = [len(t["labels"]) for t in targets]
@@ -66,12 +80,14 @@ class HungarianMatcher(nn.Module):
 
         out_boxes = pred_boxes.flatten(0, 1)
         corners = box_convert(out_boxes, "cxcywh", "xyxy")[queries]  # [Q, K, 4]
-        giou = 1 - generalized_box_iou_loss(corners, box_convert(boxes, "cxcywh", "xyxy").expand_as(corners))
+        giou = 1 - paired_giou_loss(corners, box_convert(boxes, "cxcywh", "xyxy").expand_as(corners))
         cost = (
             self.cost_class * self._class_cost(pred_logits.flatten(0, 1), queries, labels)
             + self.cost_bbox * (out_boxes[queries] - boxes).abs().sum(-1)
             - self.cost_giou * giou
         )
+        if self.solver == "batched":
+            return batched_indices(cost, sizes)
         return [assign(block) for block in cost.float().cpu().split(sizes, dim=-1)]
 
     def _class_cost(self, logits: torch.Tensor, queries: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -84,6 +100,22 @@ class HungarianMatcher(nn.Module):
         positive = alpha * (1 - prob) ** gamma * -(prob + eps).log()
         negative = (1 - alpha) * prob**gamma * -(1 - prob + eps).log()
         return positive - negative
+
+
+def batched_indices(cost: torch.Tensor, sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:meth:`HungarianMatcher.forward`'s indices from ``cost [Q, sum(sizes)]``, the costs of each image's queries with
+    its ``sizes[b]`` targets, all images solved at once on ``cost``'s device."""
+    num_queries, most = cost.shape[0], max(sizes)
+    if most > num_queries:
+        raise ValueError(
+            f"{__name__}: solver 'batched' needs at most {num_queries} targets an image (the queries), got {most}"
+        )
+    device = cost.device
+    # Each image's targets padded with zero-cost ones (any query may take them: the real targets' optimum holds).
+    columns = torch.tensor([image * most + k for image, size in enumerate(sizes) for k in range(size)], device=device)
+    dense = cost.new_zeros(num_queries, len(sizes) * most).index_copy_(1, columns, cost)
+    query_of_target = batched_linear_assignment(dense.view(num_queries, len(sizes), most).permute(1, 2, 0))
+    return [(query_of_target[image, :size], torch.arange(size, device=device)) for image, size in enumerate(sizes)]
 
 
 def assign(cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
