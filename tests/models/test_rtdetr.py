@@ -9,10 +9,13 @@ import re
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+from torch.func import functional_call
 
 from tests.conftest import require_reference
 from tests.models.test_dino import MapsBackbone
 from tests.parity import perturb_
+from vision_tx.backbones import build_backbone
 from vision_tx.heads.rtdetr import sincos_position_embedding
 from vision_tx.models import DETECTORS, RTDETR
 from vision_tx.models.query_detector import proposal_anchors
@@ -436,3 +439,31 @@ def test_memory_levels_and_proposal_anchors_name_each_tokens_pixel() -> None:
         torch.testing.assert_close(centres[ok], (pixels[None] / image[:, None])[ok])
         start += height * width
     assert valid[1].sum() < valid[0].sum() and valid[1].any()
+
+
+@pytest.mark.parametrize("solver", ["batched", "scipy"])
+def test_training_forward_and_loss_on_a_gpu_read_no_value_back(solver: str) -> None:
+    """The main job's network (ConvNeXt-toy under the rtdetr_toy size) trains its forward pass, denoising and loss on a
+    GPU without waiting for the device, as a CUDA graph needs, with the batched matcher: run on fake CUDA tensors
+    (shapes only, no GPU needed), where reading any value raises. scipy's matcher reads the costs: it must raise."""
+    matcher = {"cost_class": 2.0, "cost_bbox": 5.0, "cost_giou": 2.0, "focal_alpha": 0.25, "solver": solver}
+    backbone = build_backbone("convnext_toy", out_indices=(1, 2, 3))
+    model = RTDETR.build(backbone, 3, **{**RTDETR.variants["rtdetr_toy"], "matcher_kwargs": matcher}).train()
+    params, real = dict(model.named_parameters()), model.state_dict()
+    pixel_mask = torch.zeros(2, 160, 224, dtype=torch.bool)
+    pixel_mask[1, :, 96:] = True  # the second image is narrower: its padding is masked at every level
+    boxes = [torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.6, 0.5, 0.3, 0.2]]), torch.tensor([[0.5, 0.5, 0.4, 0.4]])]
+    with FakeTensorMode() as mode:
+        state = {name: mode.from_tensor(value).cuda().requires_grad_(name in params) for name, value in real.items()}
+        images, pixel_mask = torch.randn(2, 3, 160, 224, device="cuda"), mode.from_tensor(pixel_mask).cuda()
+        targets = [
+            {"labels": torch.tensor([0, 2], device="cuda"), "boxes": mode.from_tensor(boxes[0]).cuda()},
+            {"labels": torch.tensor([1], device="cuda"), "boxes": mode.from_tensor(boxes[1]).cuda()},
+        ]
+        if solver == "scipy":
+            with pytest.raises(DataDependentOutputException):
+                model.loss(functional_call(model, state, (images, pixel_mask, targets)), targets)
+            return
+        losses = model.loss(functional_call(model, state, (images, pixel_mask, targets)), targets)
+    assert losses["loss"].shape == () and losses["loss"].device.type == "cuda"
+    assert any(name.startswith("loss_bbox_dn") for name in losses)  # the denoising queries were in the step

@@ -498,6 +498,13 @@ MUTANTS = [
         ("tests/heads/test_detr_matcher.py",),
     ),
     Mutant(
+        "AIFI: a GPU mask read back to the host to skip it when it pads nothing",
+        "vision_tx/heads/rtdetr/aifi.py",
+        'padding_mask.device.type == "cpu" and',
+        "",
+        ("tests/models/test_rtdetr.py::test_training_forward_and_loss_on_a_gpu_read_no_value_back",),
+    ),
+    Mutant(
         "generalized IoU: disjoint boxes given a (negative) intersection",
         "vision_tx/heads/detr/giou.py",
         "torch.where((width > 0) & (height > 0), width * height, 0.0)",

@@ -69,8 +69,10 @@ class AIFI(nn.Module):
         batch, dim, height, width = x.shape
         position = sincos_position_embedding(height, width, dim, self.temperature, x.dtype, x.device)[None]
         tokens = x.flatten(2).transpose(1, 2)
-        # An exported model reads the mask as it is (the shortcut is a data-dependent branch torch.export cannot trace).
-        shortcut = padding_mask is None or (not torch.compiler.is_exporting() and not padding_mask.any())
+        # Skipping a mask without padding needs its values on the host: taken on the CPU only (on a GPU the read would
+        # wait for the device and keep the step out of a CUDA graph), and never in export (a data-dependent branch).
+        on_host = padding_mask is not None and padding_mask.device.type == "cpu" and not torch.compiler.is_exporting()
+        shortcut = padding_mask is None or (on_host and not padding_mask.any())
         flat_mask = None if shortcut else padding_mask.flatten(1)
         for layer in self.layers:
             tokens = layer(tokens, position, flat_mask)
