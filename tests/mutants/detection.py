@@ -1148,8 +1148,8 @@ MUTANTS = [
     Mutant(
         "rtdetr loss: IoU normalised by union plus intersection",
         "vision_tx/heads/rtdetr/criterion.py",
-        "return inter / union",
-        "return inter / (union + inter)",
+        "return intersection / union",
+        "return intersection / (union + intersection)",
         (RT_TRAIN,),
     ),
     Mutant(

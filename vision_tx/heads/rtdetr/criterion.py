@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import box_convert
 
+from vision_tx.heads.detr.giou import paired_intersection_union
 from vision_tx.heads.detr.matcher import HungarianMatcher
 from vision_tx.heads.dino.criterion import DINOCriterion
 
@@ -16,11 +17,10 @@ CLASS_LOSSES = ("vfl", "mal")
 
 def paired_box_iou(boxes: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """IoU of each box of ``boxes [..., 4]`` with the box at the same place of ``other`` (both cxcywh) -> ``[...]``."""
-    a, b = box_convert(boxes, "cxcywh", "xyxy"), box_convert(other, "cxcywh", "xyxy")
-    size = (torch.minimum(a[..., 2:], b[..., 2:]) - torch.maximum(a[..., :2], b[..., :2])).clamp(min=0)
-    inter = size[..., 0] * size[..., 1]
-    union = boxes[..., 2] * boxes[..., 3] + other[..., 2] * other[..., 3] - inter
-    return inter / union
+    intersection, union = paired_intersection_union(
+        box_convert(boxes, "cxcywh", "xyxy"), box_convert(other, "cxcywh", "xyxy")
+    )
+    return intersection / union
 
 
 class RTDETRCriterion(DINOCriterion):
