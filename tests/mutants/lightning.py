@@ -89,6 +89,13 @@ MUTANTS = [
         ("tests/lightning/test_configs.py::test_dino_swin_toy_reads_each_level_at_the_pixel_a_box_names",),
     ),
     Mutant(
+        "configs: the main job back on the paper's 100 denoising queries",
+        "vision_tx/configs/rtdetr_convnext_toy.yaml",
+        "      num_denoising: 50",
+        "      num_denoising: 100",
+        ("tests/test_config_loader.py::test_each_config_resolves_to_the_fixture",),
+    ),
+    Mutant(
         "configs: the COCO detection base writes no last.ckpt",
         "vision_tx/configs/_base/coco_detection.yaml",
         "    - class_path: vision_tx.lightning.callbacks.LatestCheckpoint",
