@@ -33,6 +33,7 @@ BENCHMARKS = (
     "vit_convnext",
     "na2d",
     "ms_deform_attn",
+    "conv",
     "matcher",
     "detr",
     "dino",

@@ -75,7 +75,7 @@ def fuse_sequential(sequence: nn.Sequential) -> None:
     names = list(sequence._modules)
     for first, second in zip(names, names[1:]):
         conv, norm = sequence._modules[first], sequence._modules[second]
-        if type(conv) is nn.Conv2d and type(norm) is nn.BatchNorm2d and norm.track_running_stats:
+        if isinstance(conv, nn.Conv2d) and type(norm) is nn.BatchNorm2d and norm.track_running_stats:
             sequence._modules[first], sequence._modules[second] = fuse_conv_bn_eval(conv, norm), nn.Identity()
 
 

@@ -1,9 +1,38 @@
-"""Planted bugs in the operators: deformable attention, the fused feed-forward block, the oneDNN training path (see ``tests/mutants/__init__.py``)."""
+"""Planted bugs in the operators: deformable attention, the 1x1 convolution as a matrix product, the fused feed-forward block, the oneDNN training path (see ``tests/mutants/__init__.py``)."""
 
 from tests.mutants.mutant import Mutant
-from tests.mutants.targets import DINO_TX, DINO_TX_GRAD, FFN, LINEAR_TRAINING, MSDA, ONEDNN
+from tests.mutants.targets import DINO_TX, DINO_TX_GRAD, FFN, LINEAR_TRAINING, MSDA, ONEDNN, POINTWISE_CONV
 
 MUTANTS = [
+    # The 1x1 convolution as a matrix product (against F.conv2d)
+    Mutant(
+        "1x1 conv as a product: the bias left out",
+        "vision_tx/ops/conv.py",
+        "        if self.bias is None:\n            product = torch.bmm(",
+        "        if True:\n            product = torch.bmm(",
+        (POINTWISE_CONV,),
+    ),
+    Mutant(
+        "1x1 conv as a product: a channels-last map read as channels-first",
+        "vision_tx/ops/conv.py",
+        "        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():",
+        "        if False:",
+        (POINTWISE_CONV,),
+    ),
+    Mutant(
+        "1x1 conv as a product: a strided 1x1 convolution taken as one",
+        "vision_tx/ops/conv.py",
+        "            and self.stride == (1, 1)\n",
+        "",
+        (POINTWISE_CONV,),
+    ),
+    Mutant(
+        "1x1 conv as a product: the weight's input and output channels swapped (square layers agree)",
+        "vision_tx/ops/conv.py",
+        "        weight = self.weight.reshape(self.out_channels, channels)",
+        "        weight = self.weight.reshape(channels, self.out_channels).t()",
+        (POINTWISE_CONV,),
+    ),
     # Multi-scale deformable attention (the operator, against transformers' grid_sample version)
     Mutant(
         "ms_deform_attn: half-pixel offset dropped (align_corners=True)",

@@ -27,6 +27,7 @@ from torch import nn
 
 from vision_tx.backbones.layers import Mlp, PatchEmbed, Stage, StagedBackbone, drop_path, init_weights
 from vision_tx.backbones.registry import register_backbone, register_classifier
+from vision_tx.ops.conv import Conv2d
 
 # Widths, depths and the stochastic depth of the ImageNet-1K recipe of each size (the paper's Section 3 and Table 9).
 # convnext_toy is the small-data form at a third of Tiny's width (BatchNorm, max-pool downsampling, 1-1-2-1 blocks),
@@ -92,7 +93,7 @@ class MaxPoolDownsample(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, norm: str = "layernorm") -> None:
         super().__init__()
         self.norm = channel_norm(norm, in_dim)
-        self.conv = nn.Conv2d(in_dim, out_dim, kernel_size=1)
+        self.conv = Conv2d(in_dim, out_dim, kernel_size=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(x.permute(0, 3, 1, 2), kernel_size=2, ceil_mode=True).permute(0, 2, 3, 1)

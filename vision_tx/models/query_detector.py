@@ -23,6 +23,7 @@ from vision_tx.heads.detr.postprocess import checked_sizes, per_image, postproce
 from vision_tx.heads.dino.denoising import ContrastiveDenoising, DenoisingQueries
 from vision_tx.heads.dino.transformer import DeformableDecoder
 from vision_tx.necks.multiscale import MultiScaleLevels, flatten_levels
+from vision_tx.ops.conv import Conv2d
 
 
 def checked_pixel_mask(images: torch.Tensor, pixel_mask: torch.Tensor | None, where: str) -> torch.Tensor:
@@ -102,7 +103,7 @@ def level_projections(*, hidden_dim: int, num_maps: int, num_levels: int, projec
         raise ValueError(f"{__name__}: num_levels={num_levels} is below the {num_maps} backbone maps")
 
     def projection(kernel: int, stride: int) -> nn.Module:
-        convolution = nn.Conv2d(hidden_dim, hidden_dim, kernel, stride, kernel // 2, bias=False)
+        convolution = Conv2d(hidden_dim, hidden_dim, kernel, stride, kernel // 2, bias=False)
         return nn.Sequential(convolution, nn.BatchNorm2d(hidden_dim))
 
     maps = [projection(1, 1) if project_maps else nn.Identity() for _ in range(num_maps)]

@@ -10,6 +10,7 @@ from torch import nn
 from torchvision.ops import box_convert
 
 from vision_tx.heads.detr.mlp import MLP
+from vision_tx.ops.conv import Conv2d
 
 
 def box_grid_points(boxes: torch.Tensor, size: int, enlarge: float) -> torch.Tensor:
@@ -43,7 +44,7 @@ class RoIBoxRefinement(nn.Module):
     ) -> None:
         super().__init__()
         self.size, self.enlarge, self.max_shift, self.samples_per_bin = size, enlarge, max_shift, samples_per_bin
-        self.reduce = nn.Sequential(nn.Conv2d(dim, channels, 1, bias=False), nn.BatchNorm2d(channels), nn.SiLU())
+        self.reduce = nn.Sequential(Conv2d(dim, channels, 1, bias=False), nn.BatchNorm2d(channels), nn.SiLU())
         self.edges = MLP(channels * size * size, dim, 4, 3)
         nn.init.zeros_(self.edges.layers[-1].weight)
         nn.init.zeros_(self.edges.layers[-1].bias)

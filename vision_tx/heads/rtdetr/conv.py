@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vision_tx.ops.conv import Conv2d
+
 
 class ConvNorm(nn.Sequential):
     """``kernel_size`` conv (no bias, "same" padding, ``groups``) at ``stride``, BatchNorm, then SiLU (or nothing)."""
@@ -19,7 +21,7 @@ class ConvNorm(nn.Sequential):
         groups: int = 1,
     ) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(
+        self.conv = Conv2d(
             in_channels, out_channels, kernel_size, stride, (kernel_size - 1) // 2, groups=groups, bias=False
         )
         self.norm = nn.BatchNorm2d(out_channels)

@@ -11,6 +11,7 @@ from torch import nn
 
 from vision_tx.heads.rtdetr.aifi import AIFI, AIFILayer
 from vision_tx.heads.rtdetr.conv import ConvNorm, CSPRepLayer
+from vision_tx.ops.conv import Conv2d
 
 
 class HybridEncoder(nn.Module):
@@ -38,7 +39,7 @@ class HybridEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.input_proj = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(c, dim, 1, bias=False), nn.BatchNorm2d(dim)) for c in in_channels
+            nn.Sequential(Conv2d(c, dim, 1, bias=False), nn.BatchNorm2d(dim)) for c in in_channels
         )
         self.encoder = AIFI(AIFILayer(dim, num_heads, dim_feedforward, dropout), num_encoder_layers, temperature)
         fusions = len(in_channels) - 1
