@@ -4,10 +4,11 @@ A 1x1 convolution (stride 1, no padding, no groups) is a product of the ``[C_out
 ``[C_in, H*W]`` map. On the CPU, PyTorch hands it to oneDNN whenever more than one thread runs, and there, with its
 layout conversions in and out of oneDNN's blocked format, it scales badly on small maps: in the main job's training
 step (2-vCPU Intel Xeon, two threads, torch 2.14) the 1x1 convolutions took 39% of the time spent in convolutions,
-forward and backward, for about a fifth of their arithmetic. As one batched product per layer (``torch.bmm`` on a channels-first map, ``F.linear`` on a
-channels-last one) they run 1.7 times as fast, forward and backward (``python tools/benchmark.py conv``). Every
-other case, and code being compiled or exported (where the graph keeps its ``Conv`` node for onnxruntime's fusions),
-runs ``nn.Conv2d``'s own forward. The parameters and their names are ``nn.Conv2d``'s.
+forward and backward, for about a fifth of their arithmetic. As one batched product per layer (``torch.bmm`` on a
+channels-first map, ``F.linear`` on a channels-last one) they run 1.7 times as fast, forward and backward (``python
+tools/benchmark.py conv``). Every other case, and code being compiled or exported (where the graph keeps its
+``Conv`` node for onnxruntime's fusions), runs ``nn.Conv2d``'s own forward. The parameters and their names are
+``nn.Conv2d``'s.
 """
 
 from __future__ import annotations
