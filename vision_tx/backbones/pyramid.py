@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vision_tx.ops.conv import Conv2d
+
 PYRAMID_STRIDES = (4, 8, 16, 32)  # of a stride-16 input: levels 0..3
 
 
@@ -47,7 +49,7 @@ class PyramidLevel(nn.Module):
             layers, channels = [nn.MaxPool2d(2, ceil_mode=True)], dim
         self.resample = nn.Sequential(*layers)
         self.project = nn.Sequential(
-            nn.Conv2d(channels, out_channels, 1, bias=False),
+            Conv2d(channels, out_channels, 1, bias=False),
             LayerNorm2d(out_channels, eps=1e-6),
             nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
             LayerNorm2d(out_channels, eps=1e-6),

@@ -7,6 +7,8 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from vision_tx.ops.conv import Conv2d
+
 
 class ConvBNReLU(nn.Sequential):
     """``conv (no bias) -> BatchNorm -> ReLU`` with "same" padding; submodules ``conv``, ``bn``, ``act``.
@@ -46,7 +48,7 @@ class FCNHead(nn.Module):
             *(ConvBNReLU(in_channels if i == 0 else channels, channels, 3) for i in range(num_convs))
         )
         self.dropout = nn.Dropout2d(dropout)
-        self.classifier = nn.Conv2d(channels if num_convs else in_channels, num_classes, 1)
+        self.classifier = Conv2d(channels if num_convs else in_channels, num_classes, 1)
         init_classifier(self.classifier)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:

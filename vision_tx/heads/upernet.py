@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.heads.fcn import ConvBNReLU, init_classifier
+from vision_tx.ops.conv import Conv2d
 from vision_tx.ops.resize_concat_conv import resize_concat_conv2d
 
 
@@ -60,7 +61,7 @@ class UperNetHead(nn.Module):
         self.fpn_convs = nn.ModuleList(ConvBNReLU(channels, channels, 3) for _ in in_channels[:-1])
         self.fpn_bottleneck = ConvBNReLU(len(in_channels) * channels, channels, 3)
         self.dropout = nn.Dropout2d(dropout)
-        self.classifier = nn.Conv2d(channels, num_classes, 1)
+        self.classifier = Conv2d(channels, num_classes, 1)
         init_classifier(self.classifier)
 
     def _resize(self, x: torch.Tensor, size: torch.Size) -> torch.Tensor:

@@ -20,6 +20,7 @@ from vision_tx.heads.detr.postprocess import checked_sizes, per_image, postproce
 from vision_tx.heads.detr.transformer import Transformer
 from vision_tx.models.query_detector import checked_pixel_mask
 from vision_tx.necks.position_encoding import SinePositionEncoding
+from vision_tx.ops.conv import Conv2d
 
 
 @dataclass
@@ -85,7 +86,7 @@ class DETR(nn.Module):
         self.criterion = SetCriterion(num_classes, matcher, **(criterion_kwargs or {}))
         self.num_classes = num_classes
         self.aux_loss = aux_loss
-        self.input_proj = nn.Conv2d(backbone.out_channels[-1], hidden_dim, kernel_size=1)
+        self.input_proj = Conv2d(backbone.out_channels[-1], hidden_dim, kernel_size=1)
         self.position_encoding = SinePositionEncoding(hidden_dim // 2)
         self.transformer = Transformer(
             hidden_dim, num_heads, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, grad_checkpointing

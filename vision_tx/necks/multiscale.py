@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.necks.position_encoding import SinePositionEncoding
+from vision_tx.ops.conv import Conv2d
 
 
 @dataclass
@@ -45,7 +46,7 @@ class MultiScaleProjection(nn.Module):
         super().__init__()
         if num_levels < len(in_channels):
             raise ValueError(f"{__name__}: num_levels={num_levels} is below the {len(in_channels)} backbone maps given")
-        projections = [nn.Sequential(nn.Conv2d(c, dim, 1), nn.GroupNorm(num_groups, dim)) for c in in_channels]
+        projections = [nn.Sequential(Conv2d(c, dim, 1), nn.GroupNorm(num_groups, dim)) for c in in_channels]
         extra_in = in_channels[-1]
         for _ in range(num_levels - len(in_channels)):
             projections.append(

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vision_tx.ops.conv import Conv2d
+
 GROUPS = 8  # GroupNorm groups in the mask head, as in DETR
 
 
@@ -73,7 +75,7 @@ class MaskHead(nn.Module):
                 f"{context_dim}) divisible by {16 * GROUPS}: e.g. hidden_dim 128 or 256 with 8 heads"
             )
         self.blocks = nn.ModuleList(_conv_norm_relu(a, b) for a, b in zip([dim, dim, *widths[:-1]], [dim, *widths]))
-        self.adapters = nn.ModuleList(nn.Conv2d(c, w, 1) for c, w in zip(fpn_dims, widths[:-1]))
+        self.adapters = nn.ModuleList(Conv2d(c, w, 1) for c, w in zip(fpn_dims, widths[:-1]))
         self.out_conv = nn.Conv2d(widths[-1], 1, 3, padding=1)
         for module in self.modules():
             if isinstance(module, nn.Conv2d):

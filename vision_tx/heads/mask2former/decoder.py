@@ -13,6 +13,7 @@ from vision_tx.heads.detr.mlp import MLP
 from vision_tx.heads.detr.transformer import Attention
 from vision_tx.heads.dino.transformer import FeedForward
 from vision_tx.necks.position_encoding import SinePositionEncoding
+from vision_tx.ops.conv import Conv2d
 
 
 class MaskedAttentionLayer(nn.Module):
@@ -72,7 +73,7 @@ class MaskedAttentionDecoder(nn.Module):
         self.num_levels = num_levels
         self.position_encoding = SinePositionEncoding(hidden_dim // 2)
         self.input_proj = nn.ModuleList(
-            nn.Conv2d(in_dim, hidden_dim, 1) if in_dim != hidden_dim else nn.Identity() for _ in range(num_levels)
+            Conv2d(in_dim, hidden_dim, 1) if in_dim != hidden_dim else nn.Identity() for _ in range(num_levels)
         )
         self.level_embed = nn.Embedding(num_levels, hidden_dim)
         self.query_feat = nn.Embedding(num_queries, hidden_dim)

@@ -11,6 +11,7 @@ from torch import nn
 
 from vision_tx.heads.dino.transformer import DeformableEncoder, DeformableEncoderLayer
 from vision_tx.necks.multiscale import MultiScaleProjection
+from vision_tx.ops.conv import Conv2d
 
 
 class PixelDecoder(nn.Module):
@@ -50,13 +51,13 @@ class PixelDecoder(nn.Module):
         # Lateral and output convolutions, finest map last (the order they run in).
         fpn_channels = list(in_channels[: len(in_channels) - num_levels])[::-1]
         self.lateral_convs = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(c, dim, 1, bias=False), nn.GroupNorm(num_groups, dim)) for c in fpn_channels
+            nn.Sequential(Conv2d(c, dim, 1, bias=False), nn.GroupNorm(num_groups, dim)) for c in fpn_channels
         )
         self.output_convs = nn.ModuleList(
             nn.Sequential(nn.Conv2d(dim, dim, 3, padding=1, bias=False), nn.GroupNorm(num_groups, dim), nn.ReLU())
             for _ in fpn_channels
         )
-        self.mask_features = nn.Conv2d(dim, mask_dim, 1)
+        self.mask_features = Conv2d(dim, mask_dim, 1)
         for conv in [*(s[0] for s in self.lateral_convs), *(s[0] for s in self.output_convs)]:
             nn.init.kaiming_uniform_(conv.weight, a=1)  # c2_xavier_fill, as detectron2
         nn.init.kaiming_uniform_(self.mask_features.weight, a=1)
