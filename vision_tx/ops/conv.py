@@ -5,17 +5,18 @@ A 1x1 convolution (stride 1, no padding, no groups) is a product of the ``[C_out
 layout conversions in and out of oneDNN's blocked format, it scales badly on small maps: in the main job's training
 step (2-vCPU Intel Xeon, two threads, torch 2.14) the 1x1 convolutions took 39% of the time spent in convolutions,
 forward and backward, for about a fifth of their arithmetic. As one batched product per layer (``torch.bmm`` on a
-channels-first map, ``F.linear`` on a channels-last one) they run 1.7 times as fast, forward and backward (``python
-tools/benchmark.py conv``). Every other case, and code being compiled or exported (where the graph keeps its
-``Conv`` node for onnxruntime's fusions), runs ``nn.Conv2d``'s own forward. The parameters and their names are
-``nn.Conv2d``'s.
+channels-first map, ``vision_tx.ops.linear_autograd.linear``, the linear layers' product, on a channels-last one) they
+run 1.7 times as fast, forward and backward (``python tools/benchmark.py conv``). Every other case, and code being
+compiled or exported (where the graph keeps its ``Conv`` node for onnxruntime's fusions), runs ``nn.Conv2d``'s own
+forward. The parameters and their names are ``nn.Conv2d``'s.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from vision_tx.ops.linear_autograd import linear
 
 _PRODUCT_DTYPES = (torch.float32, torch.float64)
 
@@ -30,7 +31,7 @@ class Conv2d(nn.Conv2d):
         batch, channels, height, width = x.shape
         weight = self.weight.reshape(self.out_channels, channels)
         if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-            return F.linear(x.permute(0, 2, 3, 1), weight, self.bias).permute(0, 3, 1, 2)
+            return linear(x.permute(0, 2, 3, 1), weight, self.bias).permute(0, 3, 1, 2)
         weights = weight.expand(batch, -1, -1)  # one product per image, the weight's gradient summed over them
         if self.bias is None:
             product = torch.bmm(weights, x.reshape(batch, channels, height * width))
