@@ -17,6 +17,7 @@ from vision_tx.data.sampling import ResumableLoader
 from vision_tx.lightning.callbacks import NonFiniteLossError, NonFiniteLossGuard, RandomStateCheckpoint
 from vision_tx.lightning.checkpoint_io import AtomicCheckpointIO
 from vision_tx.lightning.cli import VisionTxCLI, resolve_config_args
+from vision_tx.lightning.task import TaskModule
 
 
 class Regression(pl.LightningModule):
@@ -40,6 +41,28 @@ class Regression(pl.LightningModule):
             loss_reg = loss_reg * float("inf")
         self.log_dict({"train/loss_fit": loss_fit, "train/loss_reg": loss_reg})
         return loss_fit + loss_reg
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class TaskRegression(TaskModule):
+    """A linear regression logging as the task modules do (``log_training_losses``: the ``train/`` terms reach
+    ``self.log`` only on the loggers' steps), its ``loss_reg`` infinite at ``inf_steps``."""
+
+    def __init__(self, inf_steps: tuple[int, ...]) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+        self.inf_steps = inf_steps
+
+    def training_step(self, batch: list[torch.Tensor], batch_index: int) -> torch.Tensor:
+        inputs, targets = batch
+        scale = float("inf") if self.global_step in self.inf_steps else 1e-3
+        losses = {"loss_fit": (self.layer(inputs) - targets).pow(2).mean(), "loss_reg": self.layer.weight.pow(2).sum()}
+        losses["loss_reg"] = losses["loss_reg"] * scale
+        losses["loss"] = losses["loss_fit"] + losses["loss_reg"]
+        self.log_training_losses(losses, len(inputs))
+        return losses["loss"]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -103,6 +126,16 @@ def test_stop_names_the_step_and_terms_and_keeps_the_last_good_checkpoint(tmp_pa
     assert last["global_step"] == 3  # written after the last good step, never after the bad one
     torch.testing.assert_close(last["state_dict"]["layer.weight"], module.weights_before_step[3], rtol=0, atol=0)
     assert torch.equal(module.layer.weight, module.weights_before_step[3])  # the bad step changed nothing
+
+
+def test_a_task_module_names_the_terms_of_a_step_the_loggers_skip(tmp_path: Path) -> None:
+    # fit() keeps Lightning's log_every_n_steps (50): step 3's terms are never logged, the guard reads them from the
+    # module.
+    with pytest.raises(NonFiniteLossError) as error:
+        fit(TaskRegression(inf_steps=(3,)), tmp_path, [NonFiniteLossGuard(policy="stop")])
+    assert str(error.value) == (
+        "step 3: non-finite loss (train/loss_reg=inf, train/loss=inf); training stopped before the weights changed"
+    )
 
 
 def test_unknown_policy_is_refused() -> None:

@@ -149,7 +149,7 @@ def test_max_steps_without_epochs_keeps_the_warmup_in_epochs(toy_root: Path) -> 
 def _fitting(module: ClassificationModule) -> ClassificationModule:
     """``module`` built as ``trainer.fit`` builds it (teacher loaded), its logging switched off."""
     module._trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING), datamodule=None)
-    module.log = module.log_dict = lambda *args, **kwargs: None
+    module.log_training_losses = lambda *args, **kwargs: None
     module.configure_model()
     return module.train()
 

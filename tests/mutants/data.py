@@ -265,4 +265,11 @@ MUTANTS = [
         "entropy = [seed, epoch, index]",
         (SAMPLING,),
     ),
+    Mutant(
+        "seeded samples: the sample's seed not applied (each read draws afresh)",
+        "vision_tx/data/sampling.py",
+        "            torch.default_generator.manual_seed(seed)\n",
+        "",
+        (SAMPLING,),
+    ),
 ]

@@ -232,4 +232,19 @@ MUTANTS = [
         "self.preview_truth.append(draw_top_classes(",
         ("tests/lightning/test_tensorboard.py::test_run_shows_its_curves_pictures_and_tables[classification]",),
     ),
+    # The training losses: logged on the loggers' steps, named by the non-finite guard from the step itself
+    Mutant(
+        "training losses: the train/ terms other than the total never logged",
+        "vision_tx/lightning/task.py",
+        "        writes = self._trainer is None or self.trainer._logger_connector.should_update_logs\n",
+        "        writes = self._trainer is None\n",
+        ("tests/lightning/test_tensorboard.py::test_run_shows_its_curves_pictures_and_tables[detection]",),
+    ),
+    Mutant(
+        "non-finite guard: a task module's terms of the step ignored (the last logged ones named)",
+        "vision_tx/lightning/callbacks.py",
+        'terms = getattr(pl_module, "training_losses", None)',
+        "terms = None",
+        ("tests/lightning/test_callbacks.py::test_a_task_module_names_the_terms_of_a_step_the_loggers_skip",),
+    ),
 ]

@@ -30,8 +30,9 @@ class NonFiniteLossGuard(pl.Callback):
     ``policy="skip"``: the optimiser step is skipped (every gradient dropped, no weight changes) with
     a warning that counts the skipped steps; after ``max_consecutive_skips`` skipped steps in a row
     the run stops. ``policy="stop"``: the run stops at once. Stopping raises
-    :class:`NonFiniteLossError` naming the step and the logged ``train/`` terms that are not finite,
-    before the weights change, so the checkpoints already written keep the last good weights.
+    :class:`NonFiniteLossError` naming the step and the ``train/`` terms that are not finite (a ``TaskModule``'s
+    ``training_losses`` of that step, else the logged ones), before the weights change, so the checkpoints already
+    written keep the last good weights.
     Under DDP the processes agree: a step is skipped everywhere when any process's loss is bad.
     """
 
@@ -46,11 +47,10 @@ class NonFiniteLossGuard(pl.Callback):
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         if self._bad_terms is None and not torch.isfinite(loss.detach()).all():
-            logged = {
-                name: float(value)
-                for name, value in trainer.callback_metrics.items()
-                if name.startswith("train/") and value.numel() == 1
-            }
+            terms = getattr(pl_module, "training_losses", None)  # a TaskModule's terms of this very step
+            if terms is None:
+                terms = {name: value for name, value in trainer.callback_metrics.items() if name.startswith("train/")}
+            logged = {name: float(value) for name, value in terms.items() if value.numel() == 1}
             self._bad_terms = {name: value for name, value in logged.items() if not math.isfinite(value)}
             if "train/loss" not in self._bad_terms:
                 self._bad_terms["loss"] = float(loss.detach().sum())

@@ -181,8 +181,7 @@ class ClassificationModule(TaskModule):
             losses["loss"] = (losses["class"] + losses["distillation"]) / 2
         else:
             losses["loss"] = losses["class"]
-        self.log_dict({f"train/{k}": v for k, v in losses.items()}, batch_size=len(images))
-        self.log("loss", losses["loss"], prog_bar=True, logger=False, batch_size=len(images))
+        self.log_training_losses(losses, len(images))
         return losses["loss"]
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> None:

@@ -150,8 +150,7 @@ class DetectionModule(TaskModule):
         outputs = self(batch["images"], batch["pixel_mask"], targets)
         losses = self.model.loss(outputs, targets)
         batch_size = batch["images"].shape[0]
-        self.log_dict({f"train/{k}": v for k, v in losses.items()}, batch_size=batch_size)
-        self.log("loss", losses["loss"], prog_bar=True, logger=False, batch_size=batch_size)
+        self.log_training_losses(losses, batch_size)
         return losses["loss"]
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_index: int) -> None:

@@ -133,8 +133,7 @@ class SegmentationModule(TaskModule):
     def training_step(self, batch: dict[str, Any], batch_index: int) -> torch.Tensor:
         losses = self.model.loss(self.model(batch["images"]), batch["labels"])
         batch_size = batch["images"].shape[0]
-        self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=False, batch_size=batch_size)
-        self.log("loss", losses["loss"], prog_bar=True, logger=False, batch_size=batch_size)
+        self.log_training_losses(losses, batch_size)
         return losses["loss"]
 
     def validation_step(self, batch: dict[str, Any], batch_index: int) -> None:

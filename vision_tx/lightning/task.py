@@ -42,12 +42,28 @@ class TaskModule(pl.LightningModule):
         self.preview: list[torch.Tensor] = []
         self.preview_truth: list[torch.Tensor] = []
         self.per_category_tables: dict[str, str] = {}
+        self.training_losses: dict[str, torch.Tensor] | None = None
 
     def compile_model(self) -> None:
         """Compiles ``self.model``'s forward pass in place when the ``compile`` option asks for it."""
         if self.compile_options is not None:
             self.model.compile(**self.compile_options)
             rank_zero_info(f"model forward compiled with torch.compile({self.compile_options or ''})")
+
+    def log_training_losses(self, losses: dict[str, torch.Tensor], batch_size: int) -> None:
+        """Logs the step's ``losses`` (``{name: scalar}``, ``loss`` the total) as ``train/<name>``, shows ``loss`` on
+        the progress bar, and keeps them as ``training_losses`` (``{"train/<name>": detached scalar}``, every step:
+        ``NonFiniteLossGuard`` names the bad terms from it).
+
+        ``train/loss`` is logged every step (callbacks can monitor it); the other terms only on the steps the loggers
+        write (every ``log_every_n_steps``), since Lightning's bookkeeping costs about a millisecond a key and a step
+        (25 keys for a detector) and the other steps' values would not be written.
+        """
+        self.training_losses = {f"train/{name}": value.detach() for name, value in losses.items()}
+        writes = self._trainer is None or self.trainer._logger_connector.should_update_logs
+        logged = self.training_losses if writes else {"train/loss": self.training_losses["train/loss"]}
+        self.log_dict(logged, batch_size=batch_size)
+        self.log("loss", losses["loss"], prog_bar=True, logger=False, batch_size=batch_size)
 
     def check_labels_fit(self) -> None:
         """Raises ``InvalidDataError`` when the datamodule holds labels beyond the model's classes."""
