@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from pathlib import Path
@@ -119,6 +120,59 @@ def test_modes_are_converted_to_rgb_and_exif_applied(tmp_path: Path) -> None:
     assert cmyk.shape == (3, 30, 40) and (cmyk == 255).all()
     assert rotated.shape == (3, 40, 30)
     assert rotated[:, 0, 29].tolist() == [255, 0, 0] and rotated[:, 39, 0].tolist() == [0, 0, 255]  # band now on top
+
+
+def _photo(width: int, height: int, box: tuple[int, int, int, int]) -> Image.Image:
+    """A black picture with the white rectangle ``box`` (x0, y0, x1, y1)."""
+    picture = Image.new("RGB", (width, height))
+    picture.paste((255, 255, 255), box)
+    return picture
+
+
+@pytest.mark.parametrize(
+    ("min_side", "expected"),
+    [(70, (75, 100)), (75, (75, 100)), (76, (150, 200)), (150, (150, 200)), (151, (300, 400)), (None, (300, 400))],
+)
+def test_jpegs_decode_reduced_as_far_as_the_shorter_side_allows_with_their_boxes(
+    tmp_path: Path, min_side: int | None, expected: tuple[int, int]
+) -> None:
+    box = (100, 60, 220, 180)
+    images = [("photo.jpg", _photo(400, 300, box)), ("photo.png", _photo(400, 300, box))]
+    anns = [_ann(1, [100, 60, 120, 120]), _ann(2, [100, 60, 120, 120], image_id=2)]
+    image_dir, ann_file = _write_dataset(tmp_path, anns, images)
+    (image_dir / "photo.jpg").write_bytes(_jpeg_bytes(images[0][1]))
+    dataset = CocoDetection(image_dir, ann_file, decode_shorter_side=min_side)
+    image, target = dataset[0]
+    assert tuple(image.shape[-2:]) == tuple(target["size"].tolist()) == expected
+    assert target["orig_size"].tolist() == [300, 400] and target["boxes"].canvas_size == expected
+    scale = expected[1] / 400
+    torch.testing.assert_close(target["boxes"].as_subclass(torch.Tensor), torch.tensor([box]) * scale)
+    x0, y0, x1, y1 = (round(v * scale) for v in box)
+    assert image[:, y0 + 1 : y1 - 1, x0 + 1 : x1 - 1].float().mean() > 240  # the rectangle is where its box is
+    assert image[:, : y0 - 1].float().mean() < 15 and image[:, :, x1 + 1 :].float().mean() < 15
+    png, png_target = dataset[1]
+    assert png.shape[-2:] == (300, 400) and png_target["boxes"].tolist() == [list(map(float, box))]
+
+
+def test_a_reduced_jpeg_is_turned_by_its_exif_orientation(tmp_path: Path) -> None:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored 400 wide, 300 high; displayed 300 wide, 400 high
+    displayed = [("a.png", Image.new("RGB", (300, 400)))]
+    image_dir, ann_file = _write_dataset(tmp_path, [_ann(1, [0, 0, 300, 40])], displayed)
+    (image_dir / "a.png").unlink()
+    stored = _photo(400, 300, (0, 0, 40, 300))  # a band on the stored left: on top once turned
+    stored.save(image_dir / "a.jpg", exif=exif, quality=95)
+    ann_file.write_text(ann_file.read_text().replace("a.png", "a.jpg"))
+    image, target = CocoDetection(image_dir, ann_file, decode_shorter_side=75)[0]
+    assert image.shape[-2:] == (100, 75) and target["orig_size"].tolist() == [400, 300]
+    assert target["boxes"].tolist() == [[0.0, 0.0, 75.0, 10.0]]
+    assert image[:, :8].float().mean() > 240 and image[:, 12:].float().mean() < 15
+
+
+def _jpeg_bytes(picture: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    picture.save(buffer, "JPEG", quality=95)
+    return buffer.getvalue()
 
 
 def test_image_size_must_match_the_json(tmp_path: Path) -> None:

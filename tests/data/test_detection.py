@@ -6,14 +6,21 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
+from pycocotools import mask as mask_utils
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
 from vision_tx.data.coco import CocoFormatError
 from vision_tx.data.coco_instances import CocoInstances
 from vision_tx.data.detection import CocoDetectionDataModule, CocoInstanceDataModule
 from vision_tx.data.mosaic import MosaicDetection
 from vision_tx.data.schedule import LongRun
-from vision_tx.data.transforms import DetrTrainTransform, DetrValTransform
+from vision_tx.data.toy import toy_coco_root
+from vision_tx.data.transforms import DetectionTransform, DetrTrainTransform, DetrValTransform
 
 
 def test_toy_datamodule_batches(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -188,3 +195,69 @@ def test_batches_of_one_orientation_at_one_scale(tmp_path: Path, copy_paste: flo
     data.train_dataset = None
     data.setup("fit")
     assert any(len({min(t["size"].tolist()) for t in b["targets"]}) > 1 for b in data.train_dataloader())
+
+
+def test_each_split_decodes_at_the_largest_size_its_transform_reads(tmp_path: Path) -> None:
+    def sides(**options) -> tuple[int | None, int | None]:
+        data = CocoDetectionDataModule(toy_cache_dir=str(tmp_path / "toy"), num_workers=0, **options)
+        data.setup("fit")
+        train = data.train_dataset
+        return getattr(train, "dataset", train).decode_shorter_side, data.val_dataset.decode_shorter_side
+
+    plain = DetrTrainTransform(scales=[64, 96], crop_scales=[128], crop_probability=0.0)
+    cropping = DetrTrainTransform(scales=[64, 96], crop_scales=[128, 112], crop_probability=0.5)
+    val = DetrValTransform(size=80)
+    assert sides(train_transform=plain, val_transform=val) == (96, 80)
+    assert sides(train_transform=cropping, val_transform=val) == (128, 80)  # the crop branch resizes to 128 first
+    assert sides(train_transform=plain, val_transform=val, mosaic_probability=0.5, mosaic_size=160) == (160, 80)
+    assert sides(train_transform=plain, val_transform=val, copy_paste_probability=0.5) == (96, 80)
+    assert sides(train_transform=plain, val_transform=val, reduced_decoding=False) == (None, None)
+    unknown = DetectionTransform(v2.Compose([v2.Resize(50)]))  # a pipeline that does not say what it reads
+    assert sides(train_transform=unknown, val_transform=unknown) == (None, None)
+
+
+def _jpeg_toy_root(tmp_path: Path) -> Path:
+    """The toy set (masks in its annotations) with its images stored as JPEGs twice their size."""
+    toy = toy_coco_root(str(tmp_path / "toy"))
+    root = tmp_path / "jpeg"
+    (root / "annotations").mkdir(parents=True)
+    for split in ("train2017", "val2017"):
+        (root / split).mkdir()
+        dataset = json.loads((toy / "annotations" / f"instances_{split}.json").read_text())
+        for image in dataset["images"]:
+            name = Path(image["file_name"]).with_suffix(".jpg").name
+            with Image.open(toy / split / image["file_name"]) as picture:
+                picture.convert("RGB").resize((2 * picture.width, 2 * picture.height)).save(root / split / name)
+            image.update(file_name=name, width=2 * image["width"], height=2 * image["height"])
+        for annotation in dataset["annotations"]:
+            annotation["bbox"] = [2 * v for v in annotation["bbox"]]
+            doubled = mask_utils.decode(annotation["segmentation"]).repeat(2, 0).repeat(2, 1)
+            rle = mask_utils.encode(np.asfortranarray(doubled))
+            annotation["segmentation"] = {"size": rle["size"], "counts": rle["counts"].decode()}
+        (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(dataset))
+    return root
+
+
+def test_masks_follow_the_reduced_jpegs_into_copy_paste_and_instance_targets(tmp_path: Path) -> None:
+    root = _jpeg_toy_root(tmp_path)
+    transform = DetrTrainTransform(scales=[64], max_size=128, crop_probability=0.0)
+    data = CocoDetectionDataModule(
+        root=str(root), train_transform=transform, num_workers=0, batch_size=4, copy_paste_probability=1.0
+    )
+    data.setup("fit")
+    source = data.train_dataset
+    for index in (0, 7):
+        image, target = source.paste_source(index)
+        height, width = int(source.dataset.heights[index]), int(source.dataset.widths[index])
+        assert image.shape[-1] < width and image.shape[-2] < height and min(image.shape[-2:]) >= 64
+        assert target["masks"].shape == (len(target["boxes"]), *image.shape[-2:])
+    batch = next(iter(data.train_dataloader()))
+    assert {min(t["size"].tolist()) for t in batch["targets"]} == {64}
+
+    paths = (root / "train2017", root / "annotations" / "instances_train2017.json")
+    reduced, whole = CocoInstances(*paths, decode_shorter_side=64), CocoInstances(*paths)
+    for index in (0, 7):
+        image, target = reduced[index]
+        _, full = whole[index]
+        assert target["masks"].shape == (len(target["boxes"]), *image.shape[-2:])
+        assert torch.equal(target["masks"], F.resize(full["masks"], list(image.shape[-2:])))

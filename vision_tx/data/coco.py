@@ -22,7 +22,7 @@ import torch
 from pycocotools.coco import COCO
 from torchvision import tv_tensors
 
-from vision_tx.data.image_io import ImageReadError, orientation_note, read_rgb_image
+from vision_tx.data.image_io import ImageReadError, decode_rgb_image, orientation_note
 from vision_tx.data.invalid import InvalidDataError, SkippingDataset, warn_skipped
 
 logger = logging.getLogger(__name__)
@@ -109,16 +109,19 @@ def coco_split_paths(root: str | os.PathLike, split: str) -> tuple[Path, Path]:
     return image_dir, ann_file
 
 
-def read_coco_image(path: Path, image_id: int, size: tuple[int, int], ann_file: Path) -> tv_tensors.Image:
+def read_coco_image(
+    path: Path, image_id: int, size: tuple[int, int], ann_file: Path, min_shorter_side: int | None = None
+) -> tv_tensors.Image:
     """The image ``[3, H, W]`` uint8 RGB at ``path``, checked against the ``size`` (h, w) that ``ann_file``
-    gives it; errors name the file, the ``image_id`` and the problem."""
+    gives it; errors name the file, the ``image_id`` and the problem. With ``min_shorter_side``, a JPEG comes
+    reduced (:func:`~vision_tx.data.image_io.decode_rgb_image`): smaller than ``size``."""
     try:
-        image = read_rgb_image(path)
+        image, full_size = decode_rgb_image(path, min_shorter_side)
     except ImageReadError as err:
         raise CocoFormatError(f"{err} (image id {image_id} in {ann_file})") from err
-    if image.shape[:2] != size:
+    if full_size != size:
         raise CocoFormatError(
-            f"{path}: the image is {image.shape[:2]} (h, w) after EXIF orientation but {ann_file} "
+            f"{path}: the image is {full_size} (h, w) after EXIF orientation but {ann_file} "
             f"says {size} for image id {image_id}{orientation_note(path)}"
         )
     return tv_tensors.Image(torch.from_numpy(image).permute(2, 0, 1))
@@ -134,6 +137,11 @@ class CocoDetection(SkippingDataset[tuple[Any, Target]]):
     valid (all background). Invalid records are errors; with ``skip_invalid=True`` an image with a
     missing file or an invalid annotation is left out, and one that fails to read is replaced by
     the next (``vision_tx.data.invalid``).
+
+    ``decode_shorter_side`` decodes each JPEG reduced by 2, 4 or 8 as far as its shorter side stays at least that
+    many pixels (:func:`~vision_tx.data.image_io.decode_rgb_image`): for transforms that never resize an image
+    larger (see :meth:`~vision_tx.data.transforms.DetectionTransform.largest_shorter_side`). The boxes are scaled with
+    the pixels and ``size`` is the reduced size; ``orig_size`` stays the annotated one, which predictions map back to.
     """
 
     format_error = CocoFormatError
@@ -144,10 +152,12 @@ class CocoDetection(SkippingDataset[tuple[Any, Target]]):
         ann_file: str | os.PathLike,
         transforms: Transforms | None = None,
         skip_invalid: bool = False,
+        decode_shorter_side: int | None = None,
     ):
         self.image_dir = Path(image_dir)
         self.ann_file = Path(ann_file)
         self.transforms = transforms
+        self.decode_shorter_side = decode_shorter_side
         super().__init__(skip_invalid)
         if not self.image_dir.is_dir():
             raise CocoFormatError(f"{self.image_dir}: image folder not found (images of {self.ann_file})")
@@ -179,17 +189,24 @@ class CocoDetection(SkippingDataset[tuple[Any, Target]]):
     def _load(self, index: int) -> tuple[Any, Target]:
         image_id = int(self.image_ids[index])
         height, width = int(self.heights[index]), int(self.widths[index])
-        image = read_coco_image(self.image_dir / self.file_names[index], image_id, (height, width), self.ann_file)
+        image = read_coco_image(
+            self.image_dir / self.file_names[index],
+            image_id,
+            (height, width),
+            self.ann_file,
+            self.decode_shorter_side,
+        )
         start, end = self.offsets[index], self.offsets[index + 1]
-        size = torch.tensor([height, width])
+        boxes = torch.from_numpy(self.boxes[start:end])
+        canvas = tuple(image.shape[-2:])
+        if canvas != (height, width):  # decoded reduced: the boxes follow the pixels
+            boxes = boxes * torch.tensor([canvas[1] / width, canvas[0] / height] * 2, dtype=boxes.dtype)
         target = {
-            "boxes": tv_tensors.BoundingBoxes(
-                torch.from_numpy(self.boxes[start:end]), format="XYXY", canvas_size=(height, width)
-            ),
+            "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=canvas),
             "labels": torch.from_numpy(self.labels[start:end]),
             "image_id": image_id,
-            "orig_size": size,
-            "size": size.clone(),
+            "orig_size": torch.tensor([height, width]),
+            "size": torch.tensor(canvas),
         }
         if self.transforms is not None:
             return self.transforms(image, target)

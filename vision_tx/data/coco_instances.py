@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from pycocotools import mask as mask_utils
 from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F
 
 from vision_tx.data.coco import CocoDetection, CocoFormatError, Target
 
@@ -32,12 +33,19 @@ def annotation_mask(segmentation: Any, height: int, width: int) -> np.ndarray:
     return mask_utils.decode(rle).astype(bool)
 
 
+def masks_at_size(masks: tv_tensors.Mask, size: list[int]) -> tv_tensors.Mask:
+    """``masks [K, H, W]`` at ``size`` (h, w): resized (nearest) where an image was decoded reduced, else as given."""
+    return masks if list(masks.shape[-2:]) == size else F.resize(masks, size)
+
+
 class CocoInstances(CocoDetection):
     """COCO instances as ``(image, target)``: :class:`CocoDetection`'s targets plus ``masks``
     (``tv_tensors.Mask`` ``[K, H, W]`` bool, one per training box, in the same order), moved by the
     same ``transforms``. An annotation without a readable ``segmentation`` is an error naming it, when its
     mask is decoded. ``masks_in_targets=False`` yields :class:`CocoDetection`'s targets alone and decodes an
-    item's masks only when :meth:`instance_masks` asks for them (copy-paste's source images)."""
+    item's masks only when :meth:`instance_masks` asks for them (copy-paste's source images). With
+    ``decode_shorter_side`` (see :class:`CocoDetection`) the targets' masks are resized (nearest) to the reduced
+    image."""
 
     def __init__(
         self,
@@ -46,8 +54,9 @@ class CocoInstances(CocoDetection):
         transforms: Any = None,
         skip_invalid: bool = False,
         masks_in_targets: bool = True,
+        decode_shorter_side: int | None = None,
     ) -> None:
-        super().__init__(image_dir, ann_file, None, skip_invalid)
+        super().__init__(image_dir, ann_file, None, skip_invalid, decode_shorter_side)
         self.segmentations = [self._all_segmentations[i] for i in self.annotation_index]
         del self._all_segmentations
         self.instance_transforms = transforms
@@ -81,7 +90,7 @@ class CocoInstances(CocoDetection):
     def _load(self, index: int) -> tuple[Any, Target]:
         image, target = super()._load(index)
         if self.masks_in_targets:
-            target["masks"] = self.instance_masks(index)
+            target["masks"] = masks_at_size(self.instance_masks(index), target["size"].tolist())
         if self.instance_transforms is not None:
             return self.instance_transforms(image, target)
         return image, target

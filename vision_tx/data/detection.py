@@ -52,8 +52,11 @@ class CocoDetectionDataModule(LightningDataModule):
     and ``set_augmentation_probabilities()``.
     Batches come from ``collate_detection``; with ``group_by_orientation`` each training batch holds images of one
     orientation (portrait or landscape, from the annotation file's sizes: less padding; see
-    :class:`~vision_tx.data.sampling.EpochSampler`). Another annotation format reuses this class by
-    overriding ``toy_root``, ``split_paths``, ``make_dataset`` and ``val_coco``.
+    :class:`~vision_tx.data.sampling.EpochSampler`). With ``reduced_decoding`` each split's JPEGs are decoded
+    reduced by 2, 4 or 8 as far as their shorter side stays at least the largest its transform resizes to (and the
+    mosaic size while mosaics run): photographs far larger than the training size load several times faster
+    (:class:`~vision_tx.data.coco.CocoDetection`). Another annotation format reuses this class by overriding
+    ``toy_root``, ``split_paths``, ``make_dataset`` and ``val_coco``.
     """
 
     annotation_files = "annotations/instances_*.json"  # named in the log line of the toy fallback
@@ -76,6 +79,7 @@ class CocoDetectionDataModule(LightningDataModule):
         copy_paste_probability: float = 0.0,
         augmentation_schedule: Mapping[str, LongRun | Mapping[str, Any]] | None = None,
         group_by_orientation: bool = False,
+        reduced_decoding: bool = True,
     ):
         super().__init__()
         self.given_root = root is not None
@@ -102,6 +106,7 @@ class CocoDetectionDataModule(LightningDataModule):
         self.mixup_probability = mixup_probability
         self.copy_paste_probability = copy_paste_probability
         self.group_by_orientation = group_by_orientation
+        self.reduced_decoding = reduced_decoding
         own = read_schedule(type(self).__name__, augmentation_schedule, self._configured_probabilities())
         self.augmentation_schedule: dict[str, LongRun] = {**own, **self.train_transform.augmentation_schedule}
         self.collate_fn = functools.partial(collate_detection, size_divisibility=size_divisibility)
@@ -183,9 +188,17 @@ class CocoDetectionDataModule(LightningDataModule):
         weakref.finalize(self, shutil.rmtree, folder, True)
         return Path(folder)
 
-    def make_dataset(self, paths: tuple[Path, ...], transform: DetectionTransform) -> Dataset:
-        """The dataset of one split from its ``split_paths``."""
-        return CocoDetection(*paths, transform, skip_invalid=self.skip_invalid)
+    def make_dataset(
+        self, paths: tuple[Path, ...], transform: DetectionTransform | None, decode_shorter_side: int | None = None
+    ) -> Dataset:
+        """The dataset of one split from its ``split_paths``, its JPEGs decoded reduced to ``decode_shorter_side``."""
+        return CocoDetection(*paths, transform, skip_invalid=self.skip_invalid, decode_shorter_side=decode_shorter_side)
+
+    def decode_shorter_side(self, transform: DetectionTransform, mosaics: bool = False) -> int | None:
+        """The shorter side a split read through ``transform`` (after ``mosaics``, when they run) needs its images
+        decoded at, at least: None (decoded whole) without ``reduced_decoding`` or where the transform does not say."""
+        side = transform.largest_shorter_side() if self.reduced_decoding else None
+        return None if side is None else max(side, self.mosaic_size if mosaics else 0)
 
     @functools.cached_property
     def val_coco(self) -> COCO:
@@ -205,12 +218,13 @@ class CocoDetectionDataModule(LightningDataModule):
     def make_train_dataset(self) -> Dataset:
         """The training split, through mosaics, mixup and copy-paste when their probabilities are above 0."""
         paths = self.split_paths(self.train_split)
+        side = self.decode_shorter_side(self.train_transform, mosaics=self.mosaic_probability > 0)
         if self.mosaic_probability == 0 and self.mixup_probability == 0 and self.copy_paste_probability == 0:
-            return self.make_dataset(paths, self.train_transform)
+            return self.make_dataset(paths, self.train_transform, side)
         if self.copy_paste_probability > 0:
-            dataset, masks = self.copy_paste_source(paths)
+            dataset, masks = self.copy_paste_source(paths, side)
         else:
-            dataset, masks = self.make_dataset(paths, None), None
+            dataset, masks = self.make_dataset(paths, None, side), None
         return MosaicDetection(
             dataset,
             self.train_transform,
@@ -221,16 +235,20 @@ class CocoDetectionDataModule(LightningDataModule):
             masks=masks,
         )
 
-    def copy_paste_source(self, paths: tuple[Path, ...]) -> tuple[Dataset, Callable[[int], torch.Tensor] | None]:
-        """The training split, its annotation file read once: its detection items, and what gives an item's
-        masks for copy-paste to cut the objects along; None when an annotation has no ``segmentation`` (copy-paste
-        then cuts the objects along their boxes)."""
+    def copy_paste_source(
+        self, paths: tuple[Path, ...], decode_shorter_side: int | None = None
+    ) -> tuple[Dataset, Callable[[int], torch.Tensor] | None]:
+        """The training split, its annotation file read once (its JPEGs decoded reduced to ``decode_shorter_side``):
+        its detection items, and what gives an item's masks for copy-paste to cut the objects along; None when an
+        annotation has no ``segmentation`` (copy-paste then cuts the objects along their boxes)."""
         if type(self).make_dataset is not CocoDetectionDataModule.make_dataset:
             raise ValueError(
                 f"{type(self).__name__}: copy-paste yields detection targets and reads COCO instance "
                 "masks; it is not supported for this data (set copy_paste_probability to 0)"
             )
-        instances = CocoInstances(*paths, skip_invalid=self.skip_invalid, masks_in_targets=False)
+        instances = CocoInstances(
+            *paths, skip_invalid=self.skip_invalid, masks_in_targets=False, decode_shorter_side=decode_shorter_side
+        )
         missing = instances.objects_without_masks
         if missing:
             logger.info(
@@ -259,7 +277,9 @@ class CocoDetectionDataModule(LightningDataModule):
         if stage in (None, "fit") and self.train_dataset is None:
             self.train_dataset = self.make_train_dataset()
         if self.val_dataset is None:
-            self.val_dataset = self.make_dataset(self.val_paths, self.val_transform)
+            self.val_dataset = self.make_dataset(
+                self.val_paths, self.val_transform, self.decode_shorter_side(self.val_transform)
+            )
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
@@ -291,5 +311,7 @@ class CocoInstanceDataModule(CocoDetectionDataModule):
     uses the built-in toy detection set, whose annotations carry RLE masks. Batches are detection batches
     whose targets also hold ``masks``."""
 
-    def make_dataset(self, paths: tuple[Path, ...], transform: DetectionTransform) -> Dataset:
-        return CocoInstances(*paths, transform, skip_invalid=self.skip_invalid)
+    def make_dataset(
+        self, paths: tuple[Path, ...], transform: DetectionTransform | None, decode_shorter_side: int | None = None
+    ) -> Dataset:
+        return CocoInstances(*paths, transform, skip_invalid=self.skip_invalid, decode_shorter_side=decode_shorter_side)

@@ -13,6 +13,7 @@ training on turned labels.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -70,15 +71,41 @@ def read_rgb_image(path: str | os.PathLike) -> np.ndarray:
 
     Raises ``ImageReadError`` naming the file for a missing, unrecognised, corrupt or truncated file.
     """
+    return decode_rgb_image(path)[0]
+
+
+def reduced_jpeg_request(width: int, height: int, min_shorter_side: int) -> tuple[int, int]:
+    """The size ``(w, h)`` to ask PIL's ``draft`` for so that a JPEG ``width`` wide and ``height`` high is decoded
+    reduced with its shorter side still at least ``min_shorter_side`` (``draft`` reduces by the largest of 2, 4 and 8
+    that keeps both sides at least the request's, or not at all)."""
+    shorter = min(width, height)
+    return math.ceil(width * min_shorter_side / shorter), math.ceil(height * min_shorter_side / shorter)
+
+
+def decode_rgb_image(
+    path: str | os.PathLike, min_shorter_side: int | None = None
+) -> tuple[np.ndarray, tuple[int, int]]:
+    """The image at ``path`` as :func:`read_rgb_image` reads it, and its full size ``(h, w)`` as displayed.
+
+    With ``min_shorter_side``, a JPEG is decoded reduced, by 2, 4 or 8 on each side (libjpeg's DCT scaling, through
+    PIL's ``draft``), as far as its shorter side stays at least ``min_shorter_side`` pixels: the array is then smaller
+    than the full size (each side the full one divided by the factor, rounded up). A 12-megapixel photograph read for
+    a model that sees it at 192 pixels decodes about 12 times faster. Other formats are read whole.
+    """
     path = Path(path)
     if not path.is_file():
         raise ImageReadError(f"{path}: image file not found")
     try:
         with Image.open(path) as stored:
+            orientation = exif_orientation(stored)
+            width, height = stored.size
+            full_size = (width, height) if orientation in (5, 6, 7, 8) else (height, width)
+            if min_shorter_side is not None and stored.format == "JPEG":
+                stored.draft(None, reduced_jpeg_request(width, height, min_shorter_side))
             stored.load()
             # exif_transpose copies the pixels even where the orientation turns nothing
-            image = ImageOps.exif_transpose(stored) if exif_orientation(stored) != 1 else stored
-            return _to_rgb(image, path)  # before the file closes: closing may free the pixels
+            image = ImageOps.exif_transpose(stored) if orientation != 1 else stored
+            return _to_rgb(image, path), full_size  # before the file closes: closing may free the pixels
     except ImageReadError:
         raise
     except Image.UnidentifiedImageError as err:

@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
+from vision_tx.data.coco_instances import masks_at_size
 from vision_tx.data.shared_probability import SharedProbability
 
 Target = dict[str, Any]
@@ -45,12 +46,12 @@ class MosaicDetection(Dataset):
     window; a box left with less than ``min_visible`` of its area, or under 2 pixels a side, is dropped.
     Mixup (:meth:`mixup`) scales another item drawn at random to fit inside the image, keeping its shape,
     places it at a random position on grey, blends the two with a weight ``w ~ Beta(32, 32)`` (the
-    image's share) and keeps the boxes and labels of both. Copy-paste (:meth:`copy_paste`) cuts each object of
-    the image it pastes from along its mask where ``masks(index)`` gives that item's masks (``[K, H, W]`` bool in
-    the item's pixels, one per box, as :meth:`vision_tx.data.coco_instances.CocoInstances.instance_masks` decodes
-    them: only for the images pasted from), and along its box where ``masks`` is None. The probabilities may be
-    changed during training (loader workers read them from shared memory); at 0 no random number is drawn, so the
-    images are those of the wrapped dataset and transform alone.
+    image's share) and keeps the boxes and labels of both. Copy-paste (:meth:`copy_paste`) cuts each object of the
+    image it pastes from along its mask where ``masks(index)`` gives that item's masks (``[K, H, W]`` bool in the
+    item's pixels, one per box, as :meth:`vision_tx.data.coco_instances.CocoInstances.instance_masks` decodes them:
+    only for the images pasted from; resized to an item decoded reduced), and along its box where ``masks`` is None.
+    The probabilities may be changed during training (loader workers read them from shared memory); at 0 no random
+    number is drawn, so the images are those of the wrapped dataset and transform alone.
     """
 
     probability = SharedProbability()
@@ -102,7 +103,7 @@ class MosaicDetection(Dataset):
         image, target = self.dataset[index]
         if self.masks is None:
             return image, target
-        return image, {**target, "masks": self.masks(index)}
+        return image, {**target, "masks": masks_at_size(self.masks(index), list(image.shape[-2:]))}
 
     @staticmethod
     def copy_paste(

@@ -71,7 +71,11 @@ class CocoPanopticDataModule(CocoDetectionDataModule):
         """``(image_dir, ann_file, png_dir)`` of ``split``."""
         return coco_panoptic_split_paths(self.root, split)
 
-    def make_dataset(self, paths: tuple[Path, ...], transform: DetectionTransform) -> Dataset:
+    def make_dataset(
+        self, paths: tuple[Path, ...], transform: DetectionTransform | None, decode_shorter_side: int | None = None
+    ) -> Dataset:
+        """The panoptic split: its images decoded whole (``decode_shorter_side`` unused: the segment PNGs are read at
+        the images' full size)."""
         return CocoPanoptic(*paths, transform, skip_invalid=self.skip_invalid)
 
     @property

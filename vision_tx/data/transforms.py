@@ -105,6 +105,11 @@ class DetectionTransform:
 
     augmentation_schedule: dict[str, LongRun] = {}  # none: what the pipeline draws, it draws throughout
 
+    def largest_shorter_side(self) -> int | None:
+        """The largest shorter side (pixels) the pipeline resizes any image to, from which it never reads finer detail:
+        the datasets decode JPEGs reduced to it. None (here): not known, the images are decoded whole."""
+        return None
+
     def switches(self) -> dict[str, SwitchableRandomApply]:
         """The augmentations whose probability may change during training, by name (none here)."""
         return {}
@@ -185,6 +190,8 @@ class DetrTrainTransform(DetectionTransform):
             if not 0.0 <= probability <= 1.0:
                 raise ValueError(f"{__name__}: {name} must be in [0, 1], got {probability}")
         multi_scale = RandomShortestSide(scales, max_size=max_size, per_batch=scale_per_batch)
+        # The crop branch resizes to a crop scale first: the finest it reads.
+        self._largest_shorter_side = max(max(scales), max(crop_scales) if crop_probability > 0 else 0)
         zoom_and_shift = v2.RandomAffine(
             0, (translate, translate), tuple(affine_scale), fill={tv_tensors.Image: FILL, "others": 0}
         )
@@ -225,6 +232,10 @@ class DetrTrainTransform(DetectionTransform):
             )
         )
 
+    def largest_shorter_side(self) -> int | None:
+        """The largest multi-scale size, or crop scale where the crop branch runs."""
+        return self._largest_shorter_side
+
     def switches(self) -> dict[str, SwitchableRandomApply]:
         """The affine, the channel permutation, the vertical flip and the quarter turn, by name."""
         return {
@@ -240,3 +251,8 @@ class DetrValTransform(DetectionTransform):
 
     def __init__(self, size: int = 800, max_size: int = 1333):
         super().__init__(v2.Compose([RandomShortestSide([size], max_size=max_size), *_to_normalized_float()]))
+        self.size = size
+
+    def largest_shorter_side(self) -> int | None:
+        """``size``."""
+        return self.size
