@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, JpegImagePlugin
 
 from vision_tx.data.invalid import InvalidDataError
 
@@ -100,7 +100,7 @@ def decode_rgb_image(
             orientation = exif_orientation(stored)
             width, height = stored.size
             full_size = (width, height) if orientation in (5, 6, 7, 8) else (height, width)
-            if min_shorter_side is not None and stored.format == "JPEG":
+            if min_shorter_side is not None and isinstance(stored, JpegImagePlugin.JpegImageFile):  # MPO too
                 stored.draft(None, reduced_jpeg_request(width, height, min_shorter_side))
             stored.load()
             # exif_transpose copies the pixels even where the orientation turns nothing
