@@ -395,8 +395,8 @@ MUTANTS = [
     Mutant(
         "detection data: every training item's masks decoded for copy-paste",
         "vision_tx/data/detection.py",
-        "masks_in_targets=False)",
-        "masks_in_targets=True)",
+        "masks_in_targets=False, decode_shorter_side",
+        "masks_in_targets=True, decode_shorter_side",
         (COPY_PASTE_DATA,),
     ),
     Mutant(
@@ -521,8 +521,8 @@ MUTANTS = [
     Mutant(
         "image reading: the EXIF orientation skipped",
         "vision_tx/data/image_io.py",
-        "if exif_orientation(stored) != 1 else stored",
-        "if exif_orientation(stored) == 1 else stored",
+        "if orientation != 1 else stored",
+        "if orientation == 1 else stored",
         ("tests/data/test_coco.py", "tests/data/test_bad_input.py"),
     ),
     Mutant(
@@ -556,8 +556,8 @@ MUTANTS = [
     Mutant(
         "copy-paste: the masks of another image than the one pasted from",
         "vision_tx/data/mosaic.py",
-        '"masks": self.masks(index)}',
-        '"masks": self.masks((index + 1) % len(self))}',
+        '"masks": masks_at_size(self.masks(index),',
+        '"masks": masks_at_size(self.masks((index + 1) % len(self)),',
         (MOSAIC,),
     ),
     Mutant(
