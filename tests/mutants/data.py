@@ -280,8 +280,8 @@ MUTANTS = [
     Mutant(
         "reduced decoding: the boxes left in the full image's pixels",
         "vision_tx/data/coco.py",
-        "boxes = boxes * torch.tensor([canvas[1] / width, canvas[0] / height] * 2, dtype=boxes.dtype)",
-        "boxes = boxes.clone()",
+        "            boxes = F.resize(boxes, list(canvas))\n",
+        "            boxes = tv_tensors.wrap(boxes, like=boxes, canvas_size=canvas)\n",
         (REDUCED_JPEGS, REDUCED_EXIF),
     ),
     Mutant(

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from pycocotools.coco import COCO
 from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F
 
 from vision_tx.data.image_io import ImageReadError, decode_rgb_image, orientation_note
 from vision_tx.data.invalid import InvalidDataError, SkippingDataset, warn_skipped
@@ -197,12 +198,14 @@ class CocoDetection(SkippingDataset[tuple[Any, Target]]):
             self.decode_shorter_side,
         )
         start, end = self.offsets[index], self.offsets[index + 1]
-        boxes = torch.from_numpy(self.boxes[start:end])
+        boxes = tv_tensors.BoundingBoxes(
+            torch.from_numpy(self.boxes[start:end]), format="XYXY", canvas_size=(height, width)
+        )
         canvas = tuple(image.shape[-2:])
         if canvas != (height, width):  # decoded reduced: the boxes follow the pixels
-            boxes = boxes * torch.tensor([canvas[1] / width, canvas[0] / height] * 2, dtype=boxes.dtype)
+            boxes = F.resize(boxes, list(canvas))
         target = {
-            "boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=canvas),
+            "boxes": boxes,
             "labels": torch.from_numpy(self.labels[start:end]),
             "image_id": image_id,
             "orig_size": torch.tensor([height, width]),
