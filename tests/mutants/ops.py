@@ -104,6 +104,49 @@ MUTANTS = [
         'grad_rows, grad_output, counts.cumsum(0) - counts, mode="sum", per_sample_weights=sorted_weights[3 - corner]',
         (MSDA,),
     ),
+    # Its C++ CPU kernel (the same tests, on the kernel)
+    Mutant(
+        "ms_deform_attn kernel: half-pixel offset dropped",
+        "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
+        "const scalar_t px = (x * 2 - 1 + 1) * (static_cast<scalar_t>(width) / 2) - static_cast<scalar_t>(0.5);",
+        "const scalar_t px = (x * 2 - 1 + 1) * (static_cast<scalar_t>(width) / 2);",
+        (MSDA,),
+    ),
+    Mutant(
+        "ms_deform_attn kernel: samples just outside the border read nothing",
+        "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
+        "n.touches_level = left >= -1 && left < width && top >= -1 && top < height;",
+        "n.touches_level = left >= 0 && left < width && top >= 0 && top < height;",
+        (MSDA,),
+    ),
+    Mutant(
+        "ms_deform_attn kernel: the next levels start one level late",
+        "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
+        "      starts.push_back(start);\n      start += shapes[2 * level] * shapes[2 * level + 1];",
+        "      start += shapes[2 * level] * shapes[2 * level + 1];\n      starts.push_back(start - shapes[0] * shapes[1]);",
+        (MSDA,),
+    ),
+    Mutant(
+        "ms_deform_attn kernel backward: value gradient with the opposite corner's weights",
+        "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
+        "const scalar_t w = weight * n.weight[k];",
+        "const scalar_t w = weight * n.weight[3 - k];",
+        (MSDA,),
+    ),
+    Mutant(
+        "ms_deform_attn kernel backward: weight gradient interpolated along x for y",
+        "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
+        "grad_weights[sample] = upper + (lower - upper) * n.fy;",
+        "grad_weights[sample] = upper + (lower - upper) * n.fx;",
+        (MSDA,),
+    ),
+    Mutant(
+        "ms_deform_attn kernel backward: wrong sign of the y location gradient",
+        "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
+        "grad_locations[2 * sample + 1] = weight * (lower - upper) * height;",
+        "grad_locations[2 * sample + 1] = weight * (upper - lower) * height;",
+        (MSDA,),
+    ),
     # The fused residual feed-forward block (against autograd through the plain layers)
     Mutant(
         "feed forward: ReLU gradient passes where the output is zero",

@@ -1,13 +1,20 @@
 """``ms_deform_attn`` against transformers' pure-PyTorch ``MultiScaleDeformableAttention`` (one
-``grid_sample`` per level), forward and gradients, on uneven levels and locations at and beyond the borders."""
+``grid_sample`` per level), forward and gradients, on uneven levels and locations at and beyond the borders: both
+its versions, the C++ CPU kernel and the PyTorch operators."""
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
 
-from tests.conftest import require_reference
+from tests.conftest import require_reference, unavailable
 from vision_tx.ops import ms_deform_attn
+from vision_tx.ops.cpu_kernels import cpu_kernels
+
+# The module (the package exports its function under the same name)
+ms_deform_attn_module = importlib.import_module("vision_tx.ops.ms_deform_attn")
 
 MultiScaleDeformableAttention = require_reference(
     "transformers.models.deformable_detr.modeling_deformable_detr"
@@ -21,6 +28,38 @@ def reference(value, shapes, locations, weights):
     spatial = torch.tensor(shapes)
     starts = torch.cat([spatial.new_zeros(1), spatial.prod(1).cumsum(0)[:-1]])
     return MultiScaleDeformableAttention()(value, spatial, shapes, starts, locations, weights, im2col_step=64)
+
+
+@pytest.fixture(params=["cpu kernel", "pytorch"], autouse=True)
+def version(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs on the C++ kernel (which must build: under CI a failed build fails) and on the PyTorch
+    operators (the kernel switched off)."""
+    if request.param == "cpu kernel":
+        if cpu_kernels() is None:
+            unavailable("the C++ CPU kernel of ms_deform_attn did not build (see the warning)")
+        monkeypatch.setattr(ms_deform_attn_module, "_CPUKernel", _CountingCPUKernel)
+        _CountingCPUKernel.calls = 0
+    else:
+        monkeypatch.setattr(ms_deform_attn_module, "cpu_kernels", lambda: None)
+    yield request.param
+    # float32 / float64 calls reach the kernel; a test whose calls all fell back would test the PyTorch version twice
+    if request.param == "cpu kernel" and not any(name in request.node.name for name in WITHOUT_KERNEL_CALLS):
+        assert _CountingCPUKernel.calls > 0
+
+
+WITHOUT_KERNEL_CALLS = ("half_precision", "raise", "kernel_only")  # tests whose calls never reach the kernel
+
+
+class _CountingCPUKernel(ms_deform_attn_module._CPUKernel):
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, *args):
+        _CountingCPUKernel.calls += 1
+        return _KERNEL_FORWARD(ctx, *args)
+
+
+_KERNEL_FORWARD = ms_deform_attn_module._CPUKernel.forward
 
 
 def make_inputs(batch: int, queries: int = 23, dtype=torch.float64, seed: int = 0):
@@ -98,6 +137,16 @@ def test_zero_outside_and_exact_on_pixel_centres() -> None:
     torch.testing.assert_close(ms_deform_attn(value, SHAPES, locations, weights)[0, 0], level_value[row, col].flatten())
     locations[0, 0, :, 1, 2] = torch.tensor([1 + 1.01 / w, 0.5], dtype=torch.float64)
     assert ms_deform_attn(value, SHAPES, locations, weights).abs().max() == 0
+
+
+def test_kernel_only_where_it_computes() -> None:
+    """The kernel takes plain float32 / float64 CPU tensors of one dtype; anything else runs the PyTorch version."""
+    value, locations, weights = make_inputs(1, dtype=torch.float32)
+    may_run = ms_deform_attn_module._cpu_kernel_may_run
+    assert may_run(value, locations, weights) == (ms_deform_attn_module.cpu_kernels() is not None)
+    assert not may_run(value, locations.double(), weights)
+    assert not may_run(value.bfloat16(), locations.bfloat16(), weights.bfloat16())
+    assert not may_run(value.to("meta"), locations.to("meta"), weights.to("meta"))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
