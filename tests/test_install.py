@@ -1,5 +1,6 @@
 """A wheel built from the checkout, installed in a fresh virtual environment outside it, finds its configs by
-name: ``vision-tx train --config rtdetr_convnext_toy --trainer.max_steps 2`` trains from the installed package."""
+name (``vision-tx train --config rtdetr_convnext_toy --trainer.max_steps 2`` trains from the installed package) and
+builds its C++ CPU kernel from the source it ships."""
 
 from __future__ import annotations
 
@@ -77,6 +78,12 @@ def test_an_installed_wheel_trains_a_config_by_name(tmp_path: Path) -> None:
     installed = Path(run([str(python), "-c", "import vision_tx; print(vision_tx.__file__)"], work).strip())
     assert installed.is_relative_to(tmp_path / "venv"), installed  # not the checkout, not an editable install
     assert (installed.parent / "configs" / "rtdetr_convnext_toy.yaml").is_file()
+    # The C++ kernel's source ships and builds (or loads from the cache) in the installed package
+    assert (installed.parent / "ops" / "csrc" / "ms_deform_attn_cpu.cpp").is_file()
+    run(
+        [str(python), "-W", "error", "-c", "from vision_tx.ops.cpu_kernels import cpu_kernels; assert cpu_kernels()"],
+        work,
+    )
     run(
         [
             str(bin_dir / "vision-tx"),

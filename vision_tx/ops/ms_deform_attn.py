@@ -1,4 +1,4 @@
-"""Multi-scale deformable attention (Zhu et al., Deformable DETR, 2021), in pure PyTorch.
+"""Multi-scale deformable attention (Zhu et al., Deformable DETR, 2021), in PyTorch operators and a C++ CPU kernel.
 
 Each query reads ``points`` bilinearly sampled values per head and per level of a feature pyramid
 and sums them with its attention weights. Sampling follows ``grid_sample`` with
