@@ -127,6 +127,13 @@ MUTANTS = [
         (MSDA,),
     ),
     Mutant(
+        "ms_deform_attn kernel: a NaN location read as nothing, its output finite",
+        "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
+        "  n.nan = std::isnan(px) || std::isnan(py);",
+        "  n.nan = false;",
+        (MSDA,),
+    ),
+    Mutant(
         "ms_deform_attn kernel backward: value gradient with the opposite corner's weights",
         "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
         "const scalar_t w = weight * n.weight[k];",

@@ -149,6 +149,18 @@ def test_kernel_only_where_it_computes() -> None:
     assert not may_run(value.to("meta"), locations.to("meta"), weights.to("meta"))
 
 
+def test_nan_location_gives_its_query_nan_and_reads_nothing() -> None:
+    """A NaN location (a diverged offset) reads no pixel, makes its query's head's output NaN, and leaves the other
+    heads and queries alone."""
+    value, locations, weights = make_inputs(1)
+    expected = ms_deform_attn(value, SHAPES, locations, weights).view(1, -1, HEADS, HEAD_DIM)
+    locations[0, 3, 1, 2, 0, 1] = float("nan")  # query 3, head 1
+    output = ms_deform_attn(value, SHAPES, locations, weights).view(1, -1, HEADS, HEAD_DIM)
+    assert output[0, 3, 1].isnan().all()
+    output[0, 3, 1] = expected[0, 3, 1]
+    torch.testing.assert_close(output, expected, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_within_rounding(dtype: torch.dtype) -> None:
     """bf16 / fp16 inputs: forward and gradients within two roundings (relative to their largest value)

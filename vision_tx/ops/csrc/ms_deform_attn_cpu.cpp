@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -18,6 +19,7 @@ namespace {
 template <typename scalar_t>
 struct Neighbours {
   bool touches_level;  // false when the 2x2 neighbourhood lies wholly outside the level, or the location is NaN
+  bool nan;            // the location is NaN: it reads nothing, and its query's output is NaN (as in PyTorch's version)
   int64_t token[4];
   scalar_t weight[4];
   scalar_t fx, fy;
@@ -31,6 +33,7 @@ inline Neighbours<scalar_t> neighbours(scalar_t x, scalar_t y, int64_t height, i
   const scalar_t px = (x * 2 - 1 + 1) * (static_cast<scalar_t>(width) / 2) - static_cast<scalar_t>(0.5);
   const scalar_t py = (y * 2 - 1 + 1) * (static_cast<scalar_t>(height) / 2) - static_cast<scalar_t>(0.5);
   const scalar_t left = std::floor(px), top = std::floor(py);
+  n.nan = std::isnan(px) || std::isnan(py);
   n.touches_level = left >= -1 && left < width && top >= -1 && top < height;
   if (!n.touches_level) return n;
   n.fx = px - left;
@@ -83,6 +86,9 @@ void forward_kernel(const Sizes& s, const scalar_t* value, const scalar_t* locat
           const int64_t sample = (bqh * s.levels + level) * s.points + point;
           const auto n = neighbours<scalar_t>(locations[2 * sample], locations[2 * sample + 1], s.shapes[2 * level],
                                               s.shapes[2 * level + 1], s.starts[level]);
+          if (n.nan) {
+            for (int64_t d = 0; d < dim; ++d) out[d] = std::numeric_limits<scalar_t>::quiet_NaN();
+          }
           if (!n.touches_level) continue;
           for (int k = 0; k < 4; ++k) {
             if (n.token[k] < 0) continue;
@@ -116,7 +122,8 @@ void backward_kernel(const Sizes& s, const scalar_t* grad_output, const scalar_t
             const auto n = neighbours<scalar_t>(locations[2 * sample], locations[2 * sample + 1], height, width,
                                                 s.starts[level]);
             if (!n.touches_level) {
-              grad_weights[sample] = grad_locations[2 * sample] = grad_locations[2 * sample + 1] = 0;
+              const scalar_t zero_or_nan = n.nan ? std::numeric_limits<scalar_t>::quiet_NaN() : 0;
+              grad_weights[sample] = grad_locations[2 * sample] = grad_locations[2 * sample + 1] = zero_or_nan;
               continue;
             }
             const scalar_t weight = weights[sample];
