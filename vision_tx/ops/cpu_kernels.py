@@ -71,7 +71,7 @@ def _build(directory: Path) -> ModuleType:
         from torch.utils.cpp_extension import load
     finally:
         cpp_logger.setLevel(level)
-    logger.warning("vision_tx: compiling the CPU kernel of deformable attention into %s (once, about 25 s)", directory)
+    logger.warning("compiling vision_tx's CPU kernel of deformable attention into %s (once, about 25 s)", directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     private = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f"{directory.name}.building-"))
     path = os.environ.get("PATH", "")
