@@ -154,6 +154,28 @@ MUTANTS = [
         "grad_locations[2 * sample + 1] = weight * (upper - lower) * height;",
         (MSDA,),
     ),
+    # Building and caching the C++ kernels
+    Mutant(
+        "cpu kernels: VISION_TX_CPU_KERNELS=0 ignored",
+        "vision_tx/ops/cpu_kernels.py",
+        '    if os.environ.get(ENV_SWITCH, "1") == "0":\n        return None',
+        "    if False:\n        return None",
+        ("tests/ops/test_cpu_kernels.py",),
+    ),
+    Mutant(
+        "cpu kernels: a failed build's private folder left in the cache",
+        "vision_tx/ops/cpu_kernels.py",
+        "    except BaseException:\n        shutil.rmtree(private, ignore_errors=True)\n        raise",
+        "    except BaseException:\n        raise",
+        ("tests/ops/test_cpu_kernels.py",),
+    ),
+    Mutant(
+        "cpu kernels: the cache keyed without the source text",
+        "vision_tx/ops/cpu_kernels.py",
+        "        source.read_bytes() + torch.__version__.encode()",
+        "        torch.__version__.encode()",
+        ("tests/ops/test_cpu_kernels.py",),
+    ),
     # The fused residual feed-forward block (against autograd through the plain layers)
     Mutant(
         "feed forward: ReLU gradient passes where the output is zero",
