@@ -1,12 +1,17 @@
-"""vision_tx's ``Conv2d`` against ``nn.Conv2d`` on the 1x1 convolutions of the main job's training step.
+"""vision_tx's ``Conv2d`` against ``nn.Conv2d`` on the 1x1 and the 7x7 depthwise convolutions of the main job's
+training step.
 
-The maps are those of ``rtdetr_convnext_toy`` at a 192x256 batch of 8: the hybrid encoder's projections and
-fusion blocks at strides 8, 16 and 32 (channels-first, 64 to 256 channels in, 64 out) and the small ConvNeXt's
-stage entries (channels-last, 32 to 128 in). Each call runs every shape once with a weight and input of its own;
-rows: forward + backward (the gradients of input and weight, from a fixed output gradient) and forward only, float32.
+The maps are those of ``rtdetr_convnext_toy`` at a 192x256 batch of 8: for the 1x1 convolutions the hybrid encoder's
+projections and fusion blocks at strides 8, 16 and 32 (channels-first, 64 to 256 channels in, 64 out) and the small
+ConvNeXt's stage entries (channels-last, 32 to 128 in); for the depthwise ones the ConvNeXt blocks' 7x7 convolutions
+(with bias, channels-last, strides 4 to 32). Each call runs every shape once with a weight and input of its own;
+rows: forward + backward (the gradients of input, weight and bias, from a fixed output gradient) and forward only
+(the 1x1 form; the depthwise form's forward is ``nn.Conv2d``'s), float32.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -28,15 +33,27 @@ SHAPES = [
 ]
 
 
-def layers(cls: type[nn.Conv2d], device: str) -> list[tuple[nn.Conv2d, torch.Tensor, torch.Tensor]]:
-    """One 1x1 convolution without bias (a BatchNorm follows each), its input and its output's gradient (in the
-    input's memory format, as a network's next layer hands it back) per shape, seeded alike for ``cls``."""
+# (channels, height, width) of the ConvNeXt blocks' 7x7 depthwise convolutions, channels-last
+DEPTHWISE_SHAPES = [(32, 64, 48), (64, 32, 24), (128, 16, 12), (256, 8, 6)]
+
+
+def layers(
+    cls: type[nn.Conv2d], device: str, depthwise: bool = False
+) -> list[tuple[nn.Conv2d, torch.Tensor, torch.Tensor]]:
+    """Per shape one convolution, its input and its output's gradient (in the input's memory format, as a network's
+    next layer hands it back), seeded alike for ``cls``: the 1x1 ones without bias (a BatchNorm follows each), or
+    (``depthwise``) the 7x7 depthwise ones with bias."""
     generator = torch.Generator().manual_seed(0)
     out = []
-    for in_channels, out_channels, height, width, channels_last in SHAPES:
-        conv = cls(in_channels, out_channels, 1, bias=False)
+    shapes = [(c, c, h, w, True) for c, h, w in DEPTHWISE_SHAPES] if depthwise else SHAPES
+    for in_channels, out_channels, height, width, channels_last in shapes:
+        if depthwise:
+            conv = cls(in_channels, out_channels, 7, padding=3, groups=in_channels)
+        else:
+            conv = cls(in_channels, out_channels, 1, bias=False)
         with torch.no_grad():
-            conv.weight.copy_(torch.randn(conv.weight.shape, generator=generator))
+            for parameter in conv.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
         x = torch.randn(BATCH, in_channels, height, width, generator=generator)
         grad = torch.randn(BATCH, out_channels, height, width, generator=generator)
         if channels_last:
@@ -46,8 +63,6 @@ def layers(cls: type[nn.Conv2d], device: str) -> list[tuple[nn.Conv2d, torch.Ten
 
 
 def run(device: str, quick: bool) -> list[Row]:
-    ours, reference = layers(Conv2d, device), layers(nn.Conv2d, device)
-
     def forward_backward(pairs):
         def call():
             for conv, x, grad in pairs:
@@ -63,16 +78,19 @@ def run(device: str, quick: bool) -> list[Row]:
 
         return call
 
+    def row(label: str, ours: Callable[[], None], reference: Callable[[], None]) -> Row:
+        iters = 5 if quick else 20
+        return compare(label, ours, reference, "nn.Conv2d", device, unit_items=BATCH, warmup=2, iters=iters)
+
+    pointwise = f"1x1 convolutions of the main job's step, batch {BATCH}, {len(SHAPES)} shapes"
+    depthwise = f"7x7 depthwise convolutions of the main job's step, batch {BATCH}, {len(DEPTHWISE_SHAPES)} shapes"
+    ours, reference = layers(Conv2d, device), layers(nn.Conv2d, device)
     return [
-        compare(
-            f"1x1 convolutions of the main job's step, batch {BATCH}, {len(SHAPES)} shapes, {label}",
-            make(ours),
-            make(reference),
-            "nn.Conv2d",
-            device,
-            unit_items=BATCH,
-            warmup=2,
-            iters=5 if quick else 20,
-        )
-        for label, make in (("forward+backward", forward_backward), ("forward", forward))
+        row(f"{pointwise}, forward+backward", forward_backward(ours), forward_backward(reference)),
+        row(f"{pointwise}, forward", forward(ours), forward(reference)),
+        row(
+            f"{depthwise}, forward+backward",
+            forward_backward(layers(Conv2d, device, depthwise=True)),
+            forward_backward(layers(nn.Conv2d, device, depthwise=True)),
+        ),
     ]

@@ -78,8 +78,9 @@ def test_an_installed_wheel_trains_a_config_by_name(tmp_path: Path) -> None:
     installed = Path(run([str(python), "-c", "import vision_tx; print(vision_tx.__file__)"], work).strip())
     assert installed.is_relative_to(tmp_path / "venv"), installed  # not the checkout, not an editable install
     assert (installed.parent / "configs" / "rtdetr_convnext_toy.yaml").is_file()
-    # The C++ kernel's source ships and builds (or loads from the cache) in the installed package
-    assert (installed.parent / "ops" / "csrc" / "ms_deform_attn_cpu.cpp").is_file()
+    # The C++ kernels' sources ship and build (or load from the cache) in the installed package
+    for source in ("bindings.cpp", "ms_deform_attn_cpu.cpp", "depthwise_conv_cpu.cpp"):
+        assert (installed.parent / "ops" / "csrc" / source).is_file()
     run(
         [str(python), "-W", "error", "-c", "from vision_tx.ops.cpu_kernels import cpu_kernels; assert cpu_kernels()"],
         work,

@@ -1,7 +1,7 @@
 """Planted bugs in the operators: deformable attention, the 1x1 convolution as a matrix product, the fused feed-forward block, the oneDNN training path (see ``tests/mutants/__init__.py``)."""
 
 from tests.mutants.mutant import Mutant
-from tests.mutants.targets import DINO_TX, DINO_TX_GRAD, FFN, LINEAR_TRAINING, MSDA, ONEDNN, POINTWISE_CONV
+from tests.mutants.targets import CONV, DINO_TX, DINO_TX_GRAD, FFN, LINEAR_TRAINING, MSDA, ONEDNN
 
 MUTANTS = [
     # The 1x1 convolution as a matrix product (against F.conv2d)
@@ -10,28 +10,82 @@ MUTANTS = [
         "vision_tx/ops/conv.py",
         "        if self.bias is None:\n            product = torch.bmm(",
         "        if True:\n            product = torch.bmm(",
-        (POINTWISE_CONV,),
+        (CONV,),
     ),
     Mutant(
         "1x1 conv as a product: a channels-last map read as channels-first",
         "vision_tx/ops/conv.py",
         "        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():",
         "        if False:",
-        (POINTWISE_CONV,),
+        (CONV,),
     ),
     Mutant(
         "1x1 conv as a product: a strided 1x1 convolution taken as one",
         "vision_tx/ops/conv.py",
-        "            and self.stride == (1, 1)\n",
-        "",
-        (POINTWISE_CONV,),
+        "            self.kernel_size == (1, 1)\n            and self.stride == (1, 1)\n",
+        "            self.kernel_size == (1, 1)\n",
+        (CONV,),
     ),
     Mutant(
         "1x1 conv as a product: the weight's input and output channels swapped (square layers agree)",
         "vision_tx/ops/conv.py",
         "        weight = self.weight.reshape(self.out_channels, channels)",
         "        weight = self.weight.reshape(channels, self.out_channels).t()",
-        (POINTWISE_CONV,),
+        (CONV,),
+    ),
+    # The depthwise convolution's weight gradient by the C++ kernel (against F.conv2d's autograd)
+    Mutant(
+        "depthwise kernel: each row's first reachable column left out",
+        "vision_tx/ops/csrc/depthwise_conv_cpu.cpp",
+        "const int64_t x_begin = std::max<int64_t>(0, g.pw - j)",
+        "const int64_t x_begin = std::max<int64_t>(0, g.pw - j) + 1",
+        (CONV,),
+    ),
+    Mutant(
+        "depthwise kernel: the filter's rows flipped",
+        "vision_tx/ops/csrc/depthwise_conv_cpu.cpp",
+        "const int64_t in_y = y + i - g.ph;",
+        "const int64_t in_y = y - i + g.ph;",
+        (CONV,),
+    ),
+    Mutant(
+        "depthwise kernel: the channels after the last full block overwrite instead of adding up",
+        "vision_tx/ops/csrc/depthwise_conv_cpu.cpp",
+        "tap[c] += shifted[x * channels + c] * grad_row[x * channels + c];",
+        "tap[c] = shifted[x * channels + c] * grad_row[x * channels + c];",
+        (CONV,),
+    ),
+    Mutant(
+        "depthwise kernel: the gradient's filter transposed (square filters keep their shape)",
+        "vision_tx/ops/csrc/depthwise_conv_cpu.cpp",
+        ".permute({2, 0, 1})",
+        ".permute({2, 1, 0})",
+        (CONV,),
+    ),
+    Mutant(
+        "depthwise kernel: partial sums split by thread, not by rows of the map",
+        "vision_tx/ops/csrc/depthwise_conv_cpu.cpp",
+        "    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {\n      for (int64_t block = begin; "
+        "block < end; ++block) {\n        accumulate_rows<scalar_t>(input_data, grad_data, partial_data + block * "
+        "taps,",
+        "    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {\n      for (int64_t block = begin; "
+        "block < end; ++block) {\n        accumulate_rows<scalar_t>(input_data, grad_data, partial_data + "
+        "at::get_thread_num() * taps,",
+        (CONV,),
+    ),
+    Mutant(
+        "depthwise conv: a strided depthwise convolution taken by the kernel",
+        "vision_tx/ops/conv.py",
+        "            self.groups == self.in_channels == self.out_channels\n            and self.stride == (1, 1)\n",
+        "            self.groups == self.in_channels == self.out_channels\n",
+        (CONV,),
+    ),
+    Mutant(
+        "depthwise conv: the bias's gradient left out",
+        "vision_tx/ops/conv.py",
+        "            grad_bias = grad_output.sum((0, 2, 3))",
+        "            pass",
+        (CONV,),
     ),
     # Multi-scale deformable attention (the operator, against transformers' grid_sample version)
     Mutant(
@@ -172,8 +226,8 @@ MUTANTS = [
     Mutant(
         "cpu kernels: the cache keyed without the source text",
         "vision_tx/ops/cpu_kernels.py",
-        "        source.read_bytes() + torch.__version__.encode()",
-        "        torch.__version__.encode()",
+        'key.update(source.name.encode() + b"\\0" + source.read_bytes() + b"\\0")',
+        'key.update(source.name.encode() + b"\\0")',
         ("tests/ops/test_cpu_kernels.py",),
     ),
     # The fused residual feed-forward block (against autograd through the plain layers)

@@ -109,7 +109,7 @@ class ConvNeXtBlock(nn.Module):
     def __init__(self, dim: int, layer_scale: float | None, drop_path_rate: float, norm: str = "layernorm") -> None:
         super().__init__()
         self.drop_path_rate = drop_path_rate
-        self.conv_dw = nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim)
+        self.conv_dw = Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim)
         self.norm = channel_norm(norm, dim)
         self.mlp = Mlp(dim, 4 * dim)
         self.gamma = nn.Parameter(torch.full((dim,), layer_scale)) if layer_scale is not None else None

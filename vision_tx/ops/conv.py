@@ -1,4 +1,5 @@
-"""A ``Conv2d`` whose 1x1 form runs on the CPU as a matrix product.
+"""A ``Conv2d`` whose 1x1 form runs on the CPU as a matrix product, and whose depthwise form takes its weight gradient
+from a C++ kernel.
 
 A 1x1 convolution (stride 1, no padding, no groups) is a product of the ``[C_out, C_in]`` weight with each image's
 ``[C_in, H*W]`` map. On the CPU, PyTorch hands it to oneDNN whenever more than one thread runs, and there, with its
@@ -8,14 +9,23 @@ forward and backward, for about a fifth of their arithmetic. As one batched prod
 channels-first map, ``vision_tx.ops.linear_autograd.linear``, the linear layers' product, on a channels-last one) they
 run 1.7 times as fast, forward and backward (``python tools/benchmark.py conv``). Every other case, and code being
 compiled or exported (where the graph keeps its ``Conv`` node for onnxruntime's fusions), runs ``nn.Conv2d``'s own
-forward. The parameters and their names are ``nn.Conv2d``'s.
+forward.
+
+A depthwise convolution (one filter a channel, stride 1: ConvNeXt's 7x7) on a channels-last float CPU map that needs
+gradients runs the convolution and its input gradient as ``nn.Conv2d`` does, but its weight gradient in a C++ kernel
+(``vision_tx/ops/csrc/depthwise_conv_cpu.cpp``, see :mod:`vision_tx.ops.cpu_kernels`): oneDNN's took 5 ms of a 7x7
+convolution's 5.6 ms backward on the main job's largest map, the kernel 1 ms (``python tools/benchmark.py conv``).
+Without the kernel, and for every other form, ``nn.Conv2d`` runs. The parameters and their names are ``nn.Conv2d``'s.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
+from vision_tx.ops.cpu_kernels import cpu_kernels, kernel_inputs
 from vision_tx.ops.linear_autograd import linear
 
 _PRODUCT_DTYPES = (torch.float32, torch.float64)
@@ -26,6 +36,8 @@ class Conv2d(nn.Conv2d):
     ``[N, C_in, H, W] -> [N, C_out, H, W]`` in the input's memory format."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._depthwise_kernel_runs(x):
+            return _DepthwiseConv2d.apply(x, self.weight, self.bias, self.padding)
         if not self._runs_as_product(x):
             return super().forward(x)
         batch, channels, height, width = x.shape
@@ -52,3 +64,62 @@ class Conv2d(nn.Conv2d):
             and not torch.compiler.is_compiling()
             and (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last))
         )
+
+    def _depthwise_kernel_runs(self, x: torch.Tensor) -> bool:
+        parameters = [self.weight] if self.bias is None else [self.weight, self.bias]
+        return (
+            self.groups == self.in_channels == self.out_channels
+            and self.stride == (1, 1)
+            and self.dilation == (1, 1)
+            and isinstance(self.padding, tuple)
+            and self.padding_mode == "zeros"
+            and x.dim() == 4
+            and x.permute(0, 2, 3, 1).is_contiguous()  # channels-last
+            and torch.is_grad_enabled()
+            and self.weight.requires_grad
+            and not torch.is_autocast_enabled("cpu")
+            and kernel_inputs(x, *parameters)
+            and cpu_kernels() is not None
+        )
+
+
+class _DepthwiseConv2d(torch.autograd.Function):
+    """A stride-1 depthwise convolution of a channels-last map: ``F.conv2d`` forward, the input's and bias's gradients
+    by ``convolution_backward``, the weight's by the C++ kernel."""
+
+    @staticmethod
+    def forward(
+        ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int]
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.padding, ctx.has_bias = padding, bias is not None
+        return F.conv2d(x, weight, bias, padding=padding, groups=weight.shape[0])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        channels = weight.shape[0]
+        grad_input = grad_bias = None
+        if ctx.needs_input_grad[0]:  # the input's gradient alone: oneDNN's with the bias's took 8x as long
+            grad_input = torch.ops.aten.convolution_backward(
+                grad_output,
+                x,
+                weight,
+                None,
+                [1, 1],
+                list(ctx.padding),
+                [1, 1],
+                False,
+                [0, 0],
+                channels,
+                [True, False, False],
+            )[0]
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_output.sum((0, 2, 3))
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = cpu_kernels().depthwise_conv2d_weight_grad(
+                x.permute(0, 2, 3, 1), grad_output.permute(0, 2, 3, 1), *weight.shape[2:], *ctx.padding
+            )
+        return grad_input, grad_weight, grad_bias, None

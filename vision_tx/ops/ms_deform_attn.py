@@ -29,9 +29,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from vision_tx.ops.cpu_kernels import cpu_kernels
+from vision_tx.ops.cpu_kernels import cpu_kernels, kernel_inputs
 
 
 def level_shapes(spatial_shapes: torch.Tensor | Sequence[Sequence[int]]) -> list[tuple[int, int]]:
@@ -80,16 +79,9 @@ def ms_deform_attn(
 
 
 def _cpu_kernel_may_run(value: torch.Tensor, locations: torch.Tensor, weights: torch.Tensor) -> bool:
-    """Whether the C++ kernel computes: plain CPU tensors of one float32 / float64 dtype, outside compiled or
-    exported code and dispatch modes (which must see aten operators), and the kernel built."""
-    tensors = (value, locations, weights)
-    return (
-        all(type(x) is torch.Tensor and x.device.type == "cpu" and x.dtype == value.dtype for x in tensors)
-        and value.dtype in (torch.float32, torch.float64)
-        and not torch.compiler.is_compiling()
-        and not is_in_torch_dispatch_mode()
-        and cpu_kernels() is not None
-    )
+    """Whether the C++ kernel computes: plain float CPU tensors of one dtype (:func:`kernel_inputs`), and the kernel
+    built."""
+    return kernel_inputs(value, locations, weights) and cpu_kernels() is not None
 
 
 class _CPUKernel(torch.autograd.Function):
@@ -101,13 +93,13 @@ class _CPUKernel(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.save_for_backward(value, locations, weights)
         ctx.shapes = shapes
-        return cpu_kernels().forward(value, shapes, locations, weights)
+        return cpu_kernels().ms_deform_attn_forward(value, shapes, locations, weights)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
         value, locations, weights = ctx.saved_tensors
-        grad_value, grad_locations, grad_weights = cpu_kernels().backward(
+        grad_value, grad_locations, grad_weights = cpu_kernels().ms_deform_attn_backward(
             grad_output, value, ctx.shapes, locations, weights
         )
         return grad_value, None, grad_locations, grad_weights

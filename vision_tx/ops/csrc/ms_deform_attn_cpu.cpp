@@ -4,8 +4,7 @@
 //
 // value [B, S, heads, dim] (the levels' tokens, highest resolution first), shapes (h0, w0, h1, w1, ...),
 // locations [B, Q, heads, L, P, 2] (x, y in [0, 1]), weights [B, Q, heads, L, P] -> output [B, Q, heads * dim].
-#include <torch/extension.h>
-
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -52,7 +51,7 @@ struct Sizes {
   int64_t batch, tokens, heads, dim, queries, levels, points;
   std::vector<int64_t> shapes, starts;  // (h, w) per level; each level's first token
 
-  Sizes(const torch::Tensor& value, const torch::Tensor& locations, std::vector<int64_t> level_shapes)
+  Sizes(const at::Tensor& value, const at::Tensor& locations, std::vector<int64_t> level_shapes)
       : batch(value.size(0)),
         tokens(value.size(1)),
         heads(value.size(2)),
@@ -153,7 +152,7 @@ void backward_kernel(const Sizes& s, const scalar_t* grad_output, const scalar_t
   });
 }
 
-void check(const torch::Tensor& value, const torch::Tensor& locations, const torch::Tensor& weights) {
+void check(const at::Tensor& value, const at::Tensor& locations, const at::Tensor& weights) {
   TORCH_CHECK(value.device().is_cpu() && locations.device().is_cpu() && weights.device().is_cpu(),
               "ms_deform_attn's CPU kernel: tensors on the CPU expected");
   TORCH_CHECK(value.scalar_type() == locations.scalar_type() && value.scalar_type() == weights.scalar_type(),
@@ -165,12 +164,14 @@ void check(const torch::Tensor& value, const torch::Tensor& locations, const tor
 
 }  // namespace
 
-torch::Tensor forward(torch::Tensor value, std::vector<int64_t> shapes, torch::Tensor locations,
-                      torch::Tensor weights) {
+namespace vision_tx {
+
+at::Tensor ms_deform_attn_forward(at::Tensor value, std::vector<int64_t> shapes, at::Tensor locations,
+                                  at::Tensor weights) {
   check(value, locations, weights);
   value = value.contiguous(), locations = locations.contiguous(), weights = weights.contiguous();
   const Sizes s(value, locations, std::move(shapes));
-  auto output = torch::empty({s.batch, s.queries, s.heads * s.dim}, value.options());
+  auto output = at::empty({s.batch, s.queries, s.heads * s.dim}, value.options());
   AT_DISPATCH_FLOATING_TYPES(value.scalar_type(), "ms_deform_attn_forward", [&] {
     forward_kernel<scalar_t>(s, value.data_ptr<scalar_t>(), locations.data_ptr<scalar_t>(),
                              weights.data_ptr<scalar_t>(), output.data_ptr<scalar_t>());
@@ -178,15 +179,16 @@ torch::Tensor forward(torch::Tensor value, std::vector<int64_t> shapes, torch::T
   return output;
 }
 
-std::vector<torch::Tensor> backward(torch::Tensor grad_output, torch::Tensor value, std::vector<int64_t> shapes,
-                                    torch::Tensor locations, torch::Tensor weights) {
+std::vector<at::Tensor> ms_deform_attn_backward(at::Tensor grad_output, at::Tensor value,
+                                                std::vector<int64_t> shapes, at::Tensor locations,
+                                                at::Tensor weights) {
   check(value, locations, weights);
   grad_output = grad_output.contiguous().to(value.scalar_type());
   value = value.contiguous(), locations = locations.contiguous(), weights = weights.contiguous();
   const Sizes s(value, locations, std::move(shapes));
-  auto grad_value = torch::zeros_like(value);
-  auto grad_locations = torch::empty_like(locations);
-  auto grad_weights = torch::empty_like(weights);
+  auto grad_value = at::zeros_like(value);
+  auto grad_locations = at::empty_like(locations);
+  auto grad_weights = at::empty_like(weights);
   AT_DISPATCH_FLOATING_TYPES(value.scalar_type(), "ms_deform_attn_backward", [&] {
     backward_kernel<scalar_t>(s, grad_output.data_ptr<scalar_t>(), value.data_ptr<scalar_t>(),
                               locations.data_ptr<scalar_t>(), weights.data_ptr<scalar_t>(),
@@ -196,7 +198,4 @@ std::vector<torch::Tensor> backward(torch::Tensor grad_output, torch::Tensor val
   return {grad_value, grad_locations, grad_weights};
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &forward, "multi-scale deformable attention, forward");
-  m.def("backward", &backward, "its gradients: (value, locations, weights)");
-}
+}  // namespace vision_tx
