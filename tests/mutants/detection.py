@@ -114,17 +114,24 @@ MUTANTS = [
     ),
     # Deformable attention module, encoder, decoder (DINO two-stage against transformers' DeformableDetr)
     Mutant(
+        "decoder self-attention: a mask shared by the images read as one per image",
+        "vision_tx/heads/detr/transformer.py",
+        "allowed = ~(attn_mask if attn_mask.dim() == 2 else attn_mask[:, None])",
+        "allowed = ~attn_mask[:, None]",
+        (DINO_TX, "tests/models/test_rtdetr.py"),
+    ),
+    Mutant(
         "deformable attention: sigmoid for softmax",
         "vision_tx/heads/dino/deformable_attention.py",
-        "weights = self.attention_weights(query).view(batch, queries, heads, levels * points).softmax(-1)",
-        "weights = self.attention_weights(query).view(batch, queries, heads, levels * points).sigmoid()",
+        "weights = (exps / exps.sum(-1, keepdim=True))",
+        "weights = (logits.sigmoid() + 0 * exps)",
         (DINO_TX,),
     ),
     Mutant(
         "deformable attention: softmax over points of each level",
         "vision_tx/heads/dino/deformable_attention.py",
-        "weights = self.attention_weights(query).view(batch, queries, heads, levels * points).softmax(-1)",
-        "weights = self.attention_weights(query).view(batch, queries, heads, levels, points).softmax(-1)",
+        "logits = self.attention_weights(query).view(batch, queries, heads, levels * points)",
+        "logits = self.attention_weights(query).view(batch, queries, heads, levels, points)",
         (DINO_TX,),
     ),
     Mutant(
@@ -144,8 +151,8 @@ MUTANTS = [
     Mutant(
         "deformable attention: wrong sign of the offset around a box",
         "vision_tx/heads/dino/deformable_attention.py",
-        "locations = reference[:, :, None, :, None, :2] + offsets * reference",
-        "locations = reference[:, :, None, :, None, :2] - offsets * reference",
+        "locations = torch.addcmul(reference[:, :, None, :, None, :2], offsets, half_size)",
+        "locations = torch.addcmul(reference[:, :, None, :, None, :2], offsets, -half_size)",
         (DINO_TX,),
     ),
     Mutant(

@@ -43,7 +43,7 @@ class Attention(nn.Module):
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``query [B,Lq,D]``, ``key``/``value [B,Lk,D]``, ``key_padding_mask [B,Lk]`` and ``attn_mask [B,Lq,Lk]``
-        (True: ignore) -> ``[B,Lq,D]``."""
+        or ``[Lq,Lk]`` (every image's) (True: ignore) -> ``[B,Lq,D]``."""
         dim = query.shape[-1]
         w, b = self.in_proj_weight, self.in_proj_bias
         if query is key:
@@ -55,7 +55,8 @@ class Attention(nn.Module):
         q, k, v = (t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for t in (q, k, v))
         mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
         if attn_mask is not None:
-            mask = ~attn_mask[:, None] if mask is None else mask & ~attn_mask[:, None]
+            allowed = ~(attn_mask if attn_mask.dim() == 2 else attn_mask[:, None])
+            mask = allowed if mask is None else mask & allowed
         p = self.dropout if self.training else 0.0
         if p and q.device.type == "cpu":  # SDPA's CPU path with dropout, with the faster mask of ops.dropout
             scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)

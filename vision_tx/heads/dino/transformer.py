@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vision_tx.heads.detr.mlp import MLP
+from vision_tx.heads.detr.transformer import Attention
 from vision_tx.heads.dino.deformable_attention import MultiScaleDeformableAttention
 from vision_tx.necks.position_encoding import sine_embedding
 from vision_tx.ops.feed_forward import residual_feed_forward
@@ -104,7 +105,7 @@ class DeformableDecoderLayer(nn.Module):
         self, dim: int, num_heads: int, num_levels: int, num_points: int, dim_feedforward: int, dropout: float
     ) -> None:
         super().__init__()
-        self.self_attn = nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True)
+        self.self_attn = Attention(dim, num_heads, dropout)
         self.norm1 = nn.LayerNorm(dim)
         self.cross_attn = MultiScaleDeformableAttention(dim, num_heads, num_levels, num_points)
         self.norm2 = nn.LayerNorm(dim)
@@ -113,7 +114,7 @@ class DeformableDecoderLayer(nn.Module):
 
     def forward(self, queries, query_pos, reference, memory, shapes, padding_mask, attn_mask=None) -> torch.Tensor:
         q = k = queries + query_pos
-        attended = self.self_attn(q, k, queries, attn_mask=attn_mask, need_weights=False)[0]
+        attended = self.self_attn(q, k, queries, attn_mask=attn_mask)
         queries = self.norm1(queries + self.dropout(attended))
         attended = self.cross_attn(queries + query_pos, reference, memory, shapes, padding_mask)
         queries = self.norm2(queries + self.dropout(attended))
