@@ -79,7 +79,7 @@ def test_an_installed_wheel_trains_a_config_by_name(tmp_path: Path) -> None:
     assert installed.is_relative_to(tmp_path / "venv"), installed  # not the checkout, not an editable install
     assert (installed.parent / "configs" / "rtdetr_convnext_toy.yaml").is_file()
     # The C++ kernels' sources ship and build (or load from the cache) in the installed package
-    for source in ("bindings.cpp", "ms_deform_attn_cpu.cpp", "depthwise_conv_cpu.cpp"):
+    for source in ("bindings.cpp", "ms_deform_attn_cpu.cpp", "depthwise_conv_cpu.cpp", "vector_clones.h"):
         assert (installed.parent / "ops" / "csrc" / source).is_file()
     run(
         [str(python), "-W", "error", "-c", "from vision_tx.ops.cpu_kernels import cpu_kernels; assert cpu_kernels()"],

@@ -213,22 +213,22 @@ MUTANTS = [
     Mutant(
         "install: the configs left out of the wheel",
         "pyproject.toml",
-        'vision_tx = ["configs/*.yaml", "configs/_base/*.yaml", "ops/csrc/*.cpp"]',
-        'vision_tx = ["ops/csrc/*.cpp"]',
+        'vision_tx = ["configs/*.yaml", "configs/_base/*.yaml", "ops/csrc/*.cpp", "ops/csrc/*.h"]',
+        'vision_tx = ["ops/csrc/*.cpp", "ops/csrc/*.h"]',
         ("tests/test_install.py",),
     ),
     Mutant(
-        "install: the C++ kernel's source left out of the wheel",
+        "install: the C++ kernels' header left out of the wheel",
         "pyproject.toml",
+        'vision_tx = ["configs/*.yaml", "configs/_base/*.yaml", "ops/csrc/*.cpp", "ops/csrc/*.h"]',
         'vision_tx = ["configs/*.yaml", "configs/_base/*.yaml", "ops/csrc/*.cpp"]',
-        'vision_tx = ["configs/*.yaml", "configs/_base/*.yaml"]',
         ("tests/test_install.py",),
     ),
     Mutant(
         "install: the config bases left out of the wheel",
         "pyproject.toml",
-        'vision_tx = ["configs/*.yaml", "configs/_base/*.yaml", "ops/csrc/*.cpp"]',
-        'vision_tx = ["configs/*.yaml", "ops/csrc/*.cpp"]',
+        'vision_tx = ["configs/*.yaml", "configs/_base/*.yaml", "ops/csrc/*.cpp", "ops/csrc/*.h"]',
+        'vision_tx = ["configs/*.yaml", "ops/csrc/*.cpp", "ops/csrc/*.h"]',
         ("tests/test_install.py",),
     ),
     # What each validation shows in TensorBoard (the task modules' shared report)

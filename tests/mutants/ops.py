@@ -190,8 +190,8 @@ MUTANTS = [
     Mutant(
         "ms_deform_attn kernel backward: value gradient with the opposite corner's weights",
         "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
-        "const scalar_t w = weight * n.weight[k];",
-        "const scalar_t w = weight * n.weight[3 - k];",
+        "weight * n.weight[k], dim);",
+        "weight * n.weight[3 - k], dim);",
         (MSDA,),
     ),
     Mutant(
@@ -206,6 +206,20 @@ MUTANTS = [
         "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
         "grad_locations[2 * sample + 1] = weight * (lower - upper) * height;",
         "grad_locations[2 * sample + 1] = weight * (upper - lower) * height;",
+        (MSDA,),
+    ),
+    Mutant(
+        "ms_deform_attn kernel backward: the first lane of the dot products dropped",
+        "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
+        "for (int64_t l = 0; l < kLanes; ++l) dot += lanes[l];",
+        "for (int64_t l = 1; l < kLanes; ++l) dot += lanes[l];",
+        (MSDA,),
+    ),
+    Mutant(
+        "ms_deform_attn kernel backward: the value gradient of the channels after the lanes left out",
+        "vision_tx/ops/csrc/ms_deform_attn_cpu.cpp",
+        "    dot += grad[d] * row[d];\n    grad_row[d] += w * grad[d];\n",
+        "    dot += grad[d] * row[d];\n",
         (MSDA,),
     ),
     # Building and caching the C++ kernels
@@ -228,6 +242,13 @@ MUTANTS = [
         "vision_tx/ops/cpu_kernels.py",
         'key.update(source.name.encode() + b"\\0" + source.read_bytes() + b"\\0")',
         'key.update(source.name.encode() + b"\\0")',
+        ("tests/ops/test_cpu_kernels.py",),
+    ),
+    Mutant(
+        "cpu kernels: the cache keyed without the headers",
+        "vision_tx/ops/cpu_kernels.py",
+        "def build_directory(sources: list[Path] = SOURCES + HEADERS) -> Path:",
+        "def build_directory(sources: list[Path] = SOURCES) -> Path:",
         ("tests/ops/test_cpu_kernels.py",),
     ),
     # The fused residual feed-forward block (against autograd through the plain layers)

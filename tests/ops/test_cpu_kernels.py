@@ -35,6 +35,7 @@ def test_cache_follows_the_sources(tmp_path: Path) -> None:
     two.write_text("// two, edited")
     assert kernels.build_directory([one, two]) != first
     assert kernels.build_directory([one]) != kernels.build_directory([one, two])
+    assert kernels.HEADERS and kernels.build_directory() != kernels.build_directory(kernels.SOURCES)  # headers count
     renamed = tmp_path / "renamed.cpp"
     renamed.write_text("// one")
     assert kernels.build_directory([renamed]) != kernels.build_directory([one])

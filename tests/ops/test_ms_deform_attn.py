@@ -62,12 +62,12 @@ class _CountingCPUKernel(ms_deform_attn_module._CPUKernel):
 _KERNEL_FORWARD = ms_deform_attn_module._CPUKernel.forward
 
 
-def make_inputs(batch: int, queries: int = 23, dtype=torch.float64, seed: int = 0):
+def make_inputs(batch: int, queries: int = 23, dtype=torch.float64, seed: int = 0, head_dim: int = HEAD_DIM):
     """Locations spread over [-0.3, 1.3], with some set exactly on 0, 1, pixel centres, pixel edges
     and the last pixel's centre of their level, in x, y or both."""
     generator = torch.Generator().manual_seed(seed)
     levels = len(SHAPES)
-    value = torch.randn(batch, sum(h * w for h, w in SHAPES), HEADS, HEAD_DIM, generator=generator, dtype=torch.float64)
+    value = torch.randn(batch, sum(h * w for h, w in SHAPES), HEADS, head_dim, generator=generator, dtype=torch.float64)
     locations = (
         torch.rand(batch, queries, HEADS, levels, POINTS, 2, generator=generator, dtype=torch.float64) * 1.6 - 0.3
     )
@@ -107,8 +107,9 @@ NAMES = ("output", "value grad", "locations grad", "weights grad")
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-13), (torch.float32, 1e-5)])
-def test_matches_transformers(batch: int, dtype: torch.dtype, tolerance: float) -> None:
-    value, locations, weights = make_inputs(batch, dtype=dtype)
+@pytest.mark.parametrize("head_dim", [HEAD_DIM, 12])  # 12: the kernel's 8-lane dot products and their remainder
+def test_matches_transformers(batch: int, dtype: torch.dtype, tolerance: float, head_dim: int) -> None:
+    value, locations, weights = make_inputs(batch, dtype=dtype, head_dim=head_dim)
     expected = forward_and_grads(reference, value, SHAPES, locations, weights)
     actual = forward_and_grads(ms_deform_attn, value, SHAPES, locations, weights)
     for name, a, e in zip(NAMES, actual, expected):

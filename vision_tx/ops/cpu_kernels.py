@@ -27,7 +27,9 @@ from types import ModuleType
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = sorted(CSRC.glob("*.cpp"))  # compiled into one library
+HEADERS = sorted(CSRC.glob("*.h"))  # included by them
 MODULE_NAME = "vision_tx_cpu_kernels"
 ENV_SWITCH = "VISION_TX_CPU_KERNELS"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -56,9 +58,10 @@ def _compiler_flags() -> tuple[list[str], list[str]]:
     return ["-O3"], []  # macOS's clang has no OpenMP: the kernel runs on one thread
 
 
-def build_directory(sources: list[Path] = SOURCES) -> Path:
-    """Where the library built from ``sources`` is cached: one folder per source text, torch and Python version (a
-    newer torch or an edited source builds afresh, never loads a stale binary)."""
+def build_directory(sources: list[Path] = SOURCES + HEADERS) -> Path:
+    """Where the library built from ``sources`` (and the headers they include) is cached: one folder per source text,
+    torch and Python version (a newer torch or an edited source or header builds afresh, never loads a stale
+    binary)."""
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
     key = hashlib.sha256()
     for source in sources:

@@ -11,17 +11,13 @@
 
 #include <algorithm>
 
+#include "vector_clones.h"
+
 namespace {
 
 constexpr int64_t kChannelBlock = 16;  // channels summed together: one AVX-512 register of float32
 constexpr int64_t kRowBlock = 8;       // output rows a partial sum: the partial sums and their order depend on the
                                        // map alone, not on the threads, so the result is the same on any machine
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define VISION_TX_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define VISION_TX_VECTOR_CLONES
-#endif
 
 struct Geometry {
   int64_t height, width, in_height, in_width, channels, kh, kw, ph, pw;

@@ -11,6 +11,8 @@
 #include <limits>
 #include <vector>
 
+#include "vector_clones.h"
+
 namespace {
 
 // A sample's four neighbours (top-left, top-right, bottom-left, bottom-right): their token index in the value
@@ -70,84 +72,117 @@ struct Sizes {
   }
 };
 
+// The output rows of (image, query, head) triples [begin, end).
 template <typename scalar_t>
-void forward_kernel(const Sizes& s, const scalar_t* value, const scalar_t* locations, const scalar_t* weights,
-                    scalar_t* output) {
+VISION_TX_VECTOR_CLONES void forward_rows(const Sizes& s, const scalar_t* value, const scalar_t* locations,
+                                          const scalar_t* weights, scalar_t* output, int64_t begin, int64_t end) {
   const int64_t row_stride = s.heads * s.dim, dim = s.dim;
-  at::parallel_for(0, s.batch * s.queries * s.heads, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t bqh = begin; bqh < end; ++bqh) {  // (image, query, head)
-      const int64_t image = bqh / (s.queries * s.heads), head = bqh % s.heads;
-      const scalar_t* table = value + image * s.tokens * row_stride + head * dim;
-      scalar_t* out = output + bqh * dim;
-      for (int64_t d = 0; d < dim; ++d) out[d] = 0;
-      for (int64_t level = 0; level < s.levels; ++level) {
-        for (int64_t point = 0; point < s.points; ++point) {
-          const int64_t sample = (bqh * s.levels + level) * s.points + point;
-          const auto n = neighbours<scalar_t>(locations[2 * sample], locations[2 * sample + 1], s.shapes[2 * level],
-                                              s.shapes[2 * level + 1], s.starts[level]);
-          if (n.nan) {
-            for (int64_t d = 0; d < dim; ++d) out[d] = std::numeric_limits<scalar_t>::quiet_NaN();
-          }
-          if (!n.touches_level) continue;
-          for (int k = 0; k < 4; ++k) {
-            if (n.token[k] < 0) continue;
-            const scalar_t w = weights[sample] * n.weight[k];
-            const scalar_t* row = table + n.token[k] * row_stride;
-            for (int64_t d = 0; d < dim; ++d) out[d] += w * row[d];
-          }
+  for (int64_t bqh = begin; bqh < end; ++bqh) {  // (image, query, head)
+    const int64_t image = bqh / (s.queries * s.heads), head = bqh % s.heads;
+    const scalar_t* table = value + image * s.tokens * row_stride + head * dim;
+    scalar_t* out = output + bqh * dim;
+    for (int64_t d = 0; d < dim; ++d) out[d] = 0;
+    for (int64_t level = 0; level < s.levels; ++level) {
+      for (int64_t point = 0; point < s.points; ++point) {
+        const int64_t sample = (bqh * s.levels + level) * s.points + point;
+        const auto n = neighbours<scalar_t>(locations[2 * sample], locations[2 * sample + 1], s.shapes[2 * level],
+                                            s.shapes[2 * level + 1], s.starts[level]);
+        if (n.nan) {
+          for (int64_t d = 0; d < dim; ++d) out[d] = std::numeric_limits<scalar_t>::quiet_NaN();
+        }
+        if (!n.touches_level) continue;
+        for (int k = 0; k < 4; ++k) {
+          if (n.token[k] < 0) continue;
+          const scalar_t w = weights[sample] * n.weight[k];
+          const scalar_t* row = table + n.token[k] * row_stride;
+          for (int64_t d = 0; d < dim; ++d) out[d] += w * row[d];
         }
       }
     }
+  }
+}
+
+template <typename scalar_t>
+void forward_kernel(const Sizes& s, const scalar_t* value, const scalar_t* locations, const scalar_t* weights,
+                    scalar_t* output) {
+  at::parallel_for(0, s.batch * s.queries * s.heads, 16, [&](int64_t begin, int64_t end) {
+    forward_rows<scalar_t>(s, value, locations, weights, output, begin, end);
   });
+}
+
+// grad . row, and grad_row += w * grad, over dim channels. The dot product is summed in kLanes running sums (one per
+// vector lane, then added in order), which the compiler vectorises where one running sum could not be reordered.
+template <typename scalar_t>
+inline scalar_t dot_and_scatter(const scalar_t* __restrict grad, const scalar_t* __restrict row,
+                                scalar_t* __restrict grad_row, scalar_t w, int64_t dim) {
+  constexpr int64_t kLanes = 8;
+  scalar_t lanes[kLanes] = {};
+  int64_t d = 0;
+  for (; d + kLanes <= dim; d += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      lanes[l] += grad[d + l] * row[d + l];
+      grad_row[d + l] += w * grad[d + l];
+    }
+  }
+  scalar_t dot = 0;
+  for (int64_t l = 0; l < kLanes; ++l) dot += lanes[l];
+  for (; d < dim; ++d) {
+    dot += grad[d] * row[d];
+    grad_row[d] += w * grad[d];
+  }
+  return dot;
+}
+
+// The gradients of the (image, head) pair bh: its rows of grad_value, and its samples' location and weight gradients.
+template <typename scalar_t>
+VISION_TX_VECTOR_CLONES void backward_image_head(const Sizes& s, const scalar_t* grad_output, const scalar_t* value,
+                                                 const scalar_t* locations, const scalar_t* weights,
+                                                 scalar_t* grad_value, scalar_t* grad_locations,
+                                                 scalar_t* grad_weights, int64_t bh) {
+  const int64_t row_stride = s.heads * s.dim, dim = s.dim;
+  const int64_t image = bh / s.heads, head = bh % s.heads;
+  const scalar_t* table = value + image * s.tokens * row_stride + head * dim;
+  scalar_t* grad_table = grad_value + image * s.tokens * row_stride + head * dim;
+  for (int64_t query = 0; query < s.queries; ++query) {
+    const int64_t bqh = (image * s.queries + query) * s.heads + head;
+    const scalar_t* grad = grad_output + bqh * dim;
+    for (int64_t level = 0; level < s.levels; ++level) {
+      const int64_t height = s.shapes[2 * level], width = s.shapes[2 * level + 1];
+      for (int64_t point = 0; point < s.points; ++point) {
+        const int64_t sample = (bqh * s.levels + level) * s.points + point;
+        const auto n = neighbours<scalar_t>(locations[2 * sample], locations[2 * sample + 1], height, width,
+                                            s.starts[level]);
+        if (!n.touches_level) {
+          const scalar_t zero_or_nan = n.nan ? std::numeric_limits<scalar_t>::quiet_NaN() : 0;
+          grad_weights[sample] = grad_locations[2 * sample] = grad_locations[2 * sample + 1] = zero_or_nan;
+          continue;
+        }
+        const scalar_t weight = weights[sample];
+        scalar_t dots[4] = {0, 0, 0, 0};  // grad . each neighbour's row
+        for (int k = 0; k < 4; ++k) {
+          if (n.token[k] < 0) continue;
+          dots[k] = dot_and_scatter(grad, table + n.token[k] * row_stride, grad_table + n.token[k] * row_stride,
+                                    weight * n.weight[k], dim);
+        }
+        const scalar_t upper = dots[0] + (dots[1] - dots[0]) * n.fx;  // the sample's value along the top row
+        const scalar_t lower = dots[2] + (dots[3] - dots[2]) * n.fx;
+        grad_weights[sample] = upper + (lower - upper) * n.fy;
+        // d pixel / d location is the level's size in pixels.
+        grad_locations[2 * sample] = weight * ((dots[1] - dots[0]) * (1 - n.fy) + (dots[3] - dots[2]) * n.fy) * width;
+        grad_locations[2 * sample + 1] = weight * (lower - upper) * height;
+      }
+    }
+  }
 }
 
 template <typename scalar_t>
 void backward_kernel(const Sizes& s, const scalar_t* grad_output, const scalar_t* value, const scalar_t* locations,
                      const scalar_t* weights, scalar_t* grad_value, scalar_t* grad_locations, scalar_t* grad_weights) {
-  const int64_t row_stride = s.heads * s.dim, dim = s.dim;
   // One task per (image, head): no other task adds to its rows of grad_value, and its order of additions is fixed.
   at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t image = bh / s.heads, head = bh % s.heads;
-      const scalar_t* table = value + image * s.tokens * row_stride + head * dim;
-      scalar_t* grad_table = grad_value + image * s.tokens * row_stride + head * dim;
-      for (int64_t query = 0; query < s.queries; ++query) {
-        const int64_t bqh = (image * s.queries + query) * s.heads + head;
-        const scalar_t* grad = grad_output + bqh * dim;
-        for (int64_t level = 0; level < s.levels; ++level) {
-          const int64_t height = s.shapes[2 * level], width = s.shapes[2 * level + 1];
-          for (int64_t point = 0; point < s.points; ++point) {
-            const int64_t sample = (bqh * s.levels + level) * s.points + point;
-            const auto n = neighbours<scalar_t>(locations[2 * sample], locations[2 * sample + 1], height, width,
-                                                s.starts[level]);
-            if (!n.touches_level) {
-              const scalar_t zero_or_nan = n.nan ? std::numeric_limits<scalar_t>::quiet_NaN() : 0;
-              grad_weights[sample] = grad_locations[2 * sample] = grad_locations[2 * sample + 1] = zero_or_nan;
-              continue;
-            }
-            const scalar_t weight = weights[sample];
-            scalar_t dots[4] = {0, 0, 0, 0};  // grad . each neighbour's row
-            for (int k = 0; k < 4; ++k) {
-              if (n.token[k] < 0) continue;
-              const scalar_t* row = table + n.token[k] * row_stride;
-              scalar_t* grad_row = grad_table + n.token[k] * row_stride;
-              const scalar_t w = weight * n.weight[k];
-              scalar_t dot = 0;
-              for (int64_t d = 0; d < dim; ++d) {
-                dot += grad[d] * row[d];
-                grad_row[d] += w * grad[d];
-              }
-              dots[k] = dot;
-            }
-            const scalar_t upper = dots[0] + (dots[1] - dots[0]) * n.fx;  // the sample's value along the top row
-            const scalar_t lower = dots[2] + (dots[3] - dots[2]) * n.fx;
-            grad_weights[sample] = upper + (lower - upper) * n.fy;
-            // d pixel / d location is the level's size in pixels.
-            grad_locations[2 * sample] = weight * ((dots[1] - dots[0]) * (1 - n.fy) + (dots[3] - dots[2]) * n.fy) * width;
-            grad_locations[2 * sample + 1] = weight * (lower - upper) * height;
-          }
-        }
-      }
+      backward_image_head<scalar_t>(s, grad_output, value, locations, weights, grad_value, grad_locations,
+                                    grad_weights, bh);
     }
   });
 }
