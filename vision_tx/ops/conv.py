@@ -66,7 +66,6 @@ class Conv2d(nn.Conv2d):
         )
 
     def _depthwise_kernel_runs(self, x: torch.Tensor) -> bool:
-        parameters = [self.weight] if self.bias is None else [self.weight, self.bias]
         return (
             self.groups == self.in_channels == self.out_channels
             and self.stride == (1, 1)
@@ -78,7 +77,7 @@ class Conv2d(nn.Conv2d):
             and torch.is_grad_enabled()
             and self.weight.requires_grad
             and not torch.is_autocast_enabled("cpu")
-            and kernel_inputs(x, *parameters)
+            and kernel_inputs(x, *[p for p in (self.weight, self.bias) if p is not None])
             and cpu_kernels() is not None
         )
 
